@@ -1,0 +1,69 @@
+"""accel_widgets: make PyTorch training faster by measurement, not folklore.
+
+Hand it your model and data, flip the classic speed-ups one at a time, and each flip runs a short
+timed training burst in an isolated worker process::
+
+    import accel_widgets as aw
+    wl = aw.Workload(model=MyNet(), dataset=my_ds, loss_fn=F.cross_entropy)
+    base = aw.run_burst(wl, aw.Config(), steps=40)
+    fast = aw.run_burst(wl, aw.Config(num_workers=2, precision="bf16"), steps=40)
+    print(fast.samples_per_s / base.samples_per_s, fast.summary())
+
+Importing this package pulls in neither the UI (ipywidgets, plotly) nor CUDA.
+"""
+
+from .config import Config
+from .demos import DEMO_NAMES, demo_workload
+from .device import DeviceInfo, probe_device
+from .engine.launcher import (
+    BurstError,
+    BurstTimeout,
+    IsolationWarning,
+    WorkerCrashed,
+    WorkerError,
+    WorkerOutOfMemory,
+    WorkloadNotPicklable,
+    run_burst,
+    warm_up,
+)
+from .knobs import GROUPS, KNOBS, Knob, KnobValueError
+from .ladder import classic_ladder, run_ladder
+from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from .stats import Summary, summarize
+from .validation import ConfigError, check_config
+from .workload import Workload
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEMO_NAMES",
+    "GROUPS",
+    "KNOBS",
+    "BurstError",
+    "BurstResult",
+    "BurstTimeout",
+    "Config",
+    "ConfigError",
+    "DeviceInfo",
+    "ErrorInfo",
+    "IsolationWarning",
+    "Knob",
+    "KnobValueError",
+    "RankSummary",
+    "StepRecord",
+    "Summary",
+    "TelemetrySample",
+    "WorkerCrashed",
+    "WorkerError",
+    "WorkerOutOfMemory",
+    "Workload",
+    "WorkloadNotPicklable",
+    "check_config",
+    "classic_ladder",
+    "demo_workload",
+    "probe_device",
+    "run_burst",
+    "run_ladder",
+    "summarize",
+    "warm_up",
+]

@@ -1,0 +1,508 @@
+"""The ``data_cache`` knob: materialise a dataset once so later epochs and bursts read finished items.
+
+Every item is computed exactly once, per-item preprocessing included, and stored field by field in one
+array per field: in RAM (``"memory"``) or in ``.npy`` files opened with ``numpy.memmap`` (``"memmap"``),
+which later runs with the same dataset reuse without calling its ``__getitem__`` at all and which loader
+workers share through the page cache instead of each holding a copy.
+
+Items are tensors, numpy arrays or python ``int``/``float``/``bool`` values, alone or nested in plain
+tuples, lists and ``str``-keyed dicts; every item must have the same structure, shapes and dtypes.
+Cached items come back with the same structure, but every field is a ``torch.Tensor``: numpy fields
+keep their dtype, python ``int`` becomes an int64 scalar tensor, ``float`` float64 and ``bool`` bool,
+exactly what ``default_collate`` makes of them, so collated batches are identical to uncached ones.
+Random augmentation is frozen to the one draw made while caching.
+
+The memmap cache lives in ``<cache_dir>/<fingerprint>/`` (one ``fieldK.npy`` per field plus
+``meta.json``). It is built in a private temporary directory and renamed into place, so concurrent
+builders never see a half-written cache; the check-and-rename runs under an ``flock`` on ``cache_dir``
+(POSIX), so a damaged cache can be replaced without racing a writer that is placing a good one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import cloudpickle
+import numpy as np
+import torch
+from numpy.lib.format import open_memmap
+from torch.utils.data import Dataset, IterableDataset
+
+#: Bumped whenever the on-disk layout changes; caches of another version count as damaged and are rebuilt.
+FORMAT_VERSION = 1
+
+_PICKLE_PROTOCOL = 5
+_META = "meta.json"
+_FINGERPRINT_RE = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CONTAINERS: dict[type, str] = {tuple: "tuple", list: "list", dict: "dict"}
+
+#: An item's structure with its leaves left out: ``None`` for a leaf, ``[kind, children]`` for a container
+#: (dict children are ``[key, spec]`` pairs). Lists only, so it survives a JSON round trip unchanged.
+Spec = Any
+#: An item's leaves as ``(path, value)`` pairs, depth first.
+Leaves = list[tuple[str, Any]]
+
+
+class DataCacheError(ValueError):
+    """The dataset cannot be cached as asked; the message says what to change (often: set data_cache='none')."""
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What ``cache_dataset`` did, for results and logs. ``build_s`` is 0.0 when an existing cache was reused."""
+
+    mode: Literal["memory", "memmap"]
+    fingerprint: str
+    path: Path | None
+    items: int
+    bytes: int
+    build_s: float
+    reused: bool
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One leaf position in an item: ``path`` names it in messages, e.g. ``[0]`` or ``[1]['input_ids']``."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The fixed structure every item shares; it rebuilds items from stored rows without the dataset."""
+
+    spec: Spec
+    fields: tuple[_Field, ...]
+
+    def pack(self, values: list[Any]) -> Any:
+        """Reassemble one item from its field values, in field order."""
+        return _unflatten(self.spec, iter(values))
+
+    def to_json(self) -> dict[str, Any]:
+        """The layout as JSON data for ``meta.json``."""
+        fields = [{"path": f.path, "shape": list(f.shape), "dtype": _dtype_name(f.dtype)} for f in self.fields]
+        return {"spec": self.spec, "fields": fields}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> _Layout:
+        """Parse ``to_json`` output; raises ValueError/KeyError/TypeError on anything malformed."""
+        fields = tuple(_Field(f["path"], tuple(int(s) for s in f["shape"]), _dtype_from_name(f["dtype"]))
+                       for f in data["fields"])
+        layout = cls(data["spec"], fields)
+        try:
+            rebuilt = layout.pack(list(range(len(fields))))
+        except StopIteration as exc:
+            raise ValueError("meta.json spec has more leaves than fields") from exc
+        if _flatten(rebuilt)[1] != [(f.path, k) for k, f in enumerate(fields)]:
+            raise ValueError("meta.json spec does not match its fields")
+        return layout
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """Hex digest of the dataset's *definition*: sha256 over ``cloudpickle.dumps(dataset)`` and ``len(dataset)``.
+
+    The same object, or two objects built from the same class and arguments, give the same digest; a
+    different seed, size or any other attribute gives a different one. Limits, all by design of hashing the
+    pickle rather than the items (which would mean computing them, the very cost the cache avoids):
+
+    * a dataset reading files is fingerprinted by its paths, not the files' contents: edit the files and
+      the stale cache is reused (pass ``fingerprint=`` or delete the cache directory);
+    * a class importable from a module is pickled by reference, so editing its ``__getitem__`` does not
+      change the digest (classes defined in a notebook or ``__main__`` are pickled by value and do);
+    * mutable state (e.g. a call counter) is part of the definition, and objects whose pickle is not
+      deterministic (sets of strings under hash randomisation) give a different digest per process.
+    """
+    try:
+        payload = cloudpickle.dumps(dataset, protocol=_PICKLE_PROTOCOL)
+    except Exception as exc:  # cloudpickle raises whatever the object's reducer raises
+        raise DataCacheError(
+            f"cannot fingerprint {type(dataset).__name__}: it does not pickle ({exc}); pass fingerprint= explicitly"
+        ) from exc
+    digest = hashlib.sha256(payload)
+    digest.update(f"len={_length(dataset)}".encode())
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$ACCEL_WIDGETS_CACHE/data``, else ``~/.cache/accel_widgets/data``: outside the repo, shared by runs."""
+    return Path(os.environ.get("ACCEL_WIDGETS_CACHE", Path.home() / ".cache" / "accel_widgets")) / "data"
+
+
+def cache_dataset(
+    dataset: Any,
+    mode: Literal["memory", "memmap"],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    fingerprint: str | None = None,
+) -> tuple[Dataset, CacheInfo]:
+    """Materialise ``dataset`` once and return a map-style dataset over the finished items, plus what was done.
+
+    ``mode="memory"`` stacks the items in RAM (``cache_dir`` unused). ``mode="memmap"`` writes them under
+    ``cache_dir/<fingerprint>/`` (default :func:`default_cache_dir`) or reuses that directory when a
+    previous call already built it; a damaged directory is removed and rebuilt with a warning.
+    ``fingerprint`` overrides :func:`dataset_fingerprint` (needed for datasets that do not pickle).
+    Raises DataCacheError for variable-size or unsupported items, naming the first offending item and field.
+    """
+    n = _length(dataset)
+    fingerprint = dataset_fingerprint(dataset) if fingerprint is None else _checked_fingerprint(fingerprint)
+    if mode == "memory":
+        return _cache_memory(dataset, n, fingerprint)
+    if mode == "memmap":
+        return _cache_memmap(dataset, n, fingerprint, Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    raise DataCacheError(f"data_cache mode must be 'memory' or 'memmap' ('none' means: do not cache), got {mode!r}")
+
+
+# -- items ---------------------------------------------------------------------------------------------
+
+
+def _length(dataset: Any) -> int:
+    """``len(dataset)``, refusing datasets that cannot be indexed 0..len-1."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise DataCacheError(
+            f"data_cache needs a map-style dataset (__getitem__ + __len__), got {type(dataset).__name__}"
+        )
+    try:
+        n = len(dataset)
+    except TypeError as exc:
+        raise DataCacheError(f"data_cache needs a dataset with __len__; {type(dataset).__name__} has none") from exc
+    if n == 0:
+        raise DataCacheError("data_cache cannot cache an empty dataset")
+    return n
+
+
+def _checked_fingerprint(fingerprint: str) -> str:
+    """A fingerprint names a directory, so it must be a plain file name (no separators, no leading dot)."""
+    if not _FINGERPRINT_RE.fullmatch(fingerprint):
+        raise DataCacheError(f"fingerprint must match {_FINGERPRINT_RE.pattern}, got {fingerprint!r}")
+    return fingerprint
+
+
+def _flatten(obj: Any, path: str = "", leaves: Leaves | None = None) -> tuple[Spec, Leaves]:
+    """Split an item into its structure and its ``(path, leaf)`` pairs, depth first."""
+    leaves = [] if leaves is None else leaves
+    kind = _CONTAINERS.get(type(obj))
+    if kind == "dict":
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError(f"dict field {_shown(path)} has non-str keys {list(obj)!r}; data_cache needs str keys")
+        return ["dict", [[k, _flatten(v, f"{path}[{k!r}]", leaves)[0]] for k, v in obj.items()]], leaves
+    if kind is not None:
+        return [kind, [_flatten(v, f"{path}[{i}]", leaves)[0] for i, v in enumerate(obj)]], leaves
+    leaves.append((path, obj))
+    return None, leaves
+
+
+def _unflatten(spec: Spec, leaves: Iterator[Any]) -> Any:
+    """Inverse of ``_flatten``: consume leaves in order and rebuild the containers."""
+    if spec is None:
+        return next(leaves)
+    kind, children = spec
+    if kind == "dict":
+        return {key: _unflatten(child, leaves) for key, child in children}
+    if kind not in ("tuple", "list"):
+        raise ValueError(f"unknown container kind {kind!r}")
+    values = [_unflatten(child, leaves) for child in children]
+    return tuple(values) if kind == "tuple" else values
+
+
+def _leaf_tensor(value: Any, index: int, path: str) -> torch.Tensor:
+    """One field as a CPU-storable tensor, with the dtype ``default_collate`` would give it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, bool):
+        return torch.tensor(value)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float64)
+    if isinstance(value, (np.ndarray, np.generic)):
+        with contextlib.suppress(TypeError):  # str/object arrays fall through to the error below
+            return torch.from_numpy(np.asarray(value, order="C"))
+    raise DataCacheError(
+        f"data_cache cannot store item {index} field {_shown(path)}: {type(value).__name__} "
+        f"{getattr(value, 'dtype', '')}; it stores tensors, numeric numpy arrays and python int/float/bool. "
+        "Set data_cache='none' for this dataset."
+    )
+
+
+def _read_item(dataset: Any, index: int) -> tuple[Spec, list[tuple[str, torch.Tensor]]]:
+    """Compute item ``index`` and split it into structure and tensor fields."""
+    item = dataset[index]
+    try:
+        spec, leaves = _flatten(item)
+    except TypeError as exc:
+        raise DataCacheError(f"item {index}: {exc}") from exc
+    return spec, [(path, _leaf_tensor(value, index, path)) for path, value in leaves]
+
+
+def _layout_of(spec: Spec, fields: list[tuple[str, torch.Tensor]]) -> _Layout:
+    """The layout item 0 sets for all the others."""
+    return _Layout(spec, tuple(_Field(path, tuple(t.shape), t.dtype) for path, t in fields))
+
+
+def _check_matches(layout: _Layout, index: int, spec: Spec, fields: list[tuple[str, torch.Tensor]]) -> None:
+    """Raise DataCacheError naming the first field of item ``index`` that differs from item 0."""
+    if spec != layout.spec:
+        raise DataCacheError(
+            f"data_cache needs fixed-shape items: item {index} has a different structure from item 0 "
+            f"({len(fields)} fields vs {len(layout.fields)}). Set data_cache='none' for this dataset."
+        )
+    for field, (path, tensor) in zip(layout.fields, fields, strict=True):
+        if (tuple(tensor.shape), tensor.dtype) != (field.shape, field.dtype):
+            raise DataCacheError(
+                f"data_cache needs fixed-shape items: item {index} field {_shown(path)} is "
+                f"{tuple(tensor.shape)} {tensor.dtype}, item 0's is {field.shape} {field.dtype}. "
+                "Set data_cache='none' for datasets with variable-size items."
+            )
+
+
+def _shown(path: str) -> str:
+    """A field path for messages; the empty path is an item that is a single value."""
+    return path or "(the whole item)"
+
+
+def _store(storage: list[torch.Tensor], index: int, fields: list[tuple[str, torch.Tensor]]) -> None:
+    """Copy one item's fields into row ``index`` of the per-field storage."""
+    for out, (_, tensor) in zip(storage, fields, strict=True):
+        out[index] = tensor
+
+
+def _materialise(dataset: Any, n: int, layout: _Layout, first: list[tuple[str, torch.Tensor]],
+                 storage: list[torch.Tensor]) -> None:
+    """Compute every item once, in index order, into ``storage`` (one preallocated tensor per field).
+
+    Item 0 was already computed to size the storage, so it is stored, not computed again.
+    """
+    _store(storage, 0, first)
+    for index in range(1, n):
+        spec, fields = _read_item(dataset, index)
+        _check_matches(layout, index, spec, fields)
+        _store(storage, index, fields)
+
+
+# -- memory --------------------------------------------------------------------------------------------
+
+
+class _MemoryCache(Dataset):
+    """Items served from one stacked tensor per field.
+
+    Rows are cloned: a caller mutating an item in place cannot corrupt the cache, and a loader worker
+    returning an unbatched item ships that row, not the whole backing tensor, to the main process.
+    """
+
+    def __init__(self, layout: _Layout, storage: list[torch.Tensor]) -> None:
+        self._layout = layout
+        self._storage = storage
+
+    def __len__(self) -> int:
+        return len(self._storage[0])
+
+    def __getitem__(self, index: int) -> Any:
+        return self._layout.pack([t[index].clone() for t in self._storage])
+
+
+def _cache_memory(dataset: Any, n: int, fingerprint: str) -> tuple[Dataset, CacheInfo]:
+    """Materialise into RAM; nothing persists beyond the returned dataset."""
+    start = time.perf_counter()
+    spec, first = _read_item(dataset, 0)
+    layout = _layout_of(spec, first)
+    storage = [torch.empty((n, *f.shape), dtype=f.dtype) for f in layout.fields]
+    _materialise(dataset, n, layout, first, storage)
+    nbytes = sum(t.numel() * t.element_size() for t in storage)
+    info = CacheInfo("memory", fingerprint, None, n, nbytes, time.perf_counter() - start, reused=False)
+    return _MemoryCache(layout, storage), info
+
+
+# -- memmap --------------------------------------------------------------------------------------------
+
+
+class _MemmapCache(Dataset):
+    """Items served from the ``.npy`` files of a finished cache directory.
+
+    Pickles as its path and layout only; the memmaps open lazily on the first ``__getitem__`` in each
+    process, so it travels to spawned loader workers (forked ones simply inherit open maps).
+    """
+
+    def __init__(self, path: Path, layout: _Layout, n: int) -> None:
+        self.path = path
+        self._layout = layout
+        self._n = n
+        self._arrays: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: int) -> Any:
+        if self._arrays is None:
+            self._arrays = _open_memmaps(self.path, self._layout, self._n)
+        rows = zip(self._arrays, self._layout.fields, strict=True)
+        return self._layout.pack([_row_tensor(array[index], field.dtype) for array, field in rows])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_arrays": None}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of item data on disk (file headers excluded)."""
+        return sum(_numpy_dtype(f.dtype).itemsize * self._n * int(np.prod(f.shape)) for f in self._layout.fields)
+
+
+def _row_tensor(row: np.ndarray | np.generic, dtype: torch.dtype) -> torch.Tensor:
+    """A private, writable tensor for one stored row.
+
+    The copy is needed: a memmap row is a read-only view of the file, which torch cannot safely wrap (writes
+    would fault), and a view would keep the whole mapping alive wherever the item travels.
+    """
+    return torch.from_numpy(np.array(row)).view(dtype)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``, the spelling stored in meta.json."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    """Inverse of ``_dtype_name``; TypeError for anything that is not a torch dtype."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"unknown torch dtype {name!r}")
+    return dtype
+
+
+def _storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a field is written as: numpy has no bfloat16/float8, so those go as same-width integers.
+
+    The bits are kept exactly and viewed back as ``dtype`` on read.
+    """
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+    except TypeError:
+        return _INT_OF_WIDTH[dtype.itemsize]
+    return dtype
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of the file storing a field of torch ``dtype``."""
+    return torch.empty(0, dtype=_storage_dtype(dtype)).numpy().dtype
+
+
+def _field_file(path: Path, position: int) -> Path:
+    """Fields are named by position: dict keys may not be valid file names."""
+    return path / f"field{position}.npy"
+
+
+def _open_memmaps(path: Path, layout: _Layout, n: int) -> list[np.ndarray]:
+    """Open every field file read-only, raising DataCacheError unless each has exactly the expected shape,
+    dtype and size (a truncated or extended file is damage, never data)."""
+    arrays = []
+    for position, field in enumerate(layout.fields):
+        file = _field_file(path, position)
+        array = np.load(file, mmap_mode="r")
+        expected = ((n, *field.shape), _numpy_dtype(field.dtype))
+        if (array.shape, array.dtype) != expected or array.offset + array.nbytes != file.stat().st_size:
+            raise DataCacheError(f"{file} holds {array.shape} {array.dtype}, expected {expected[0]} {expected[1]}")
+        arrays.append(array)
+    return arrays
+
+
+def _load_cache(path: Path, fingerprint: str, n: int) -> _MemmapCache | None:
+    """The finished cache at ``path``; None if there is none. A damaged one is removed with a warning.
+
+    Call under ``_dir_lock``: removal must not race another process placing a good cache at ``path``.
+    """
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads((path / _META).read_text())
+        if (meta["format"], meta["fingerprint"], meta["len"]) != (FORMAT_VERSION, fingerprint, n):
+            raise DataCacheError(f"meta.json is for format {meta['format']}, {meta['len']} items, another fingerprint")
+        layout = _Layout.from_json(meta)
+        _open_memmaps(path, layout, n)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(f"data cache {path} is damaged ({exc}); rebuilding it", RuntimeWarning, stacklevel=4)
+        shutil.rmtree(path)
+        return None
+    return _MemmapCache(path, layout, n)
+
+
+@contextlib.contextmanager
+def _dir_lock(directory: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``directory`` for check-and-replace of a cache dir.
+
+    Held only for those short steps, never while items are computed; the kernel drops it if the holder dies.
+    """
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _write_cache(dataset: Any, n: int, fingerprint: str, tmp: Path) -> None:
+    """Materialise into ``.npy`` files in ``tmp``, synced to disk, then ``meta.json`` last.
+
+    Syncing before the rename means a crash can never leave a placed directory with unwritten data.
+    """
+    spec, first = _read_item(dataset, 0)
+    layout = _layout_of(spec, first)
+    arrays = [
+        open_memmap(_field_file(tmp, k), mode="w+", dtype=_numpy_dtype(f.dtype), shape=(n, *f.shape))
+        for k, f in enumerate(layout.fields)
+    ]
+    storage = [torch.from_numpy(a).view(f.dtype) for a, f in zip(arrays, layout.fields, strict=True)]
+    _materialise(dataset, n, layout, first, storage)
+    for array in arrays:
+        array.flush()
+    meta = {"format": FORMAT_VERSION, "fingerprint": fingerprint, "len": n, **layout.to_json()}
+    with open(tmp / _META, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _build_and_place(dataset: Any, n: int, fingerprint: str, root: Path) -> _MemmapCache:
+    """Build in a private temp dir, then rename it to ``root/fingerprint`` unless a concurrent builder got
+    there first, in which case theirs is used and ours discarded. The temp dir never outlives this call."""
+    final = root / fingerprint
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{fingerprint}-", dir=root))
+    try:
+        _write_cache(dataset, n, fingerprint, tmp)
+        with _dir_lock(root):
+            cached = _load_cache(final, fingerprint, n)
+            if cached is None:
+                os.rename(tmp, final)
+                cached = _load_cache(final, fingerprint, n)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if cached is None:
+        raise DataCacheError(f"data cache {final} failed its own check right after being written")
+    return cached
+
+
+def _cache_memmap(dataset: Any, n: int, fingerprint: str, root: Path) -> tuple[Dataset, CacheInfo]:
+    """Reuse ``root/fingerprint`` if it is complete, else build it."""
+    root.mkdir(parents=True, exist_ok=True)
+    with _dir_lock(root):
+        cached = _load_cache(root / fingerprint, fingerprint, n)
+    if cached is not None:
+        return cached, CacheInfo("memmap", fingerprint, cached.path, n, cached.nbytes, 0.0, reused=True)
+    start = time.perf_counter()
+    cached = _build_and_place(dataset, n, fingerprint, root)
+    build_s = time.perf_counter() - start
+    return cached, CacheInfo("memmap", fingerprint, cached.path, n, cached.nbytes, build_s, reused=False)

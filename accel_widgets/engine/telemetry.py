@@ -1,0 +1,281 @@
+"""Background device/host telemetry for a burst, sampled in the parent process while workers train.
+
+The sampler runs in the notebook kernel, which must stay CUDA-free so it can still launch DDP workers:
+GPUs are read through NVML (``pynvml`` never creates a CUDA context) and, where there is no usable GPU,
+the workers' CPU and memory use is read through psutil. Timestamps are ``time.perf_counter()`` minus the
+burst's ``clock_origin``; on Linux perf_counter is CLOCK_MONOTONIC, shared by every process on the
+machine, so samples line up with the step events the workers stamp on the same clock.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import psutil
+
+from ..results import TelemetrySample
+
+THREAD_NAME = "accel-widgets-telemetry"
+
+_GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
+
+
+class TelemetrySampler:
+    """Samples GPUs (NVML) or the watched worker processes (psutil) at a fixed rate on a daemon thread.
+
+    Backend: NVML when ``gpu_indices`` is non-empty and NVML initialises; psutil otherwise (no driver,
+    no ``pynvml``, a bad index). ``gpu_indices`` are *NVML* indices, which follow PCI bus order and so may
+    differ from CUDA ordinals (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=FASTEST_FIRST): the caller maps
+    them. Each sample is labelled ``cuda:{index}`` with the index exactly as given.
+
+    ``clock`` only stamps samples; the tick schedule runs on ``time.monotonic`` so a fake clock in tests
+    cannot stall or race the thread. A tick that falls behind (a stalled machine) re-aligns instead of
+    firing a catch-up burst of back-to-back readings.
+
+    ``on_sample`` runs on the sampler thread, once per sample after it is appended to ``samples``: keep it
+    quick (hand the sample to a queue or a widget) or it delays the next tick. Anything a tick raises,
+    the callback included, is recorded in ``errors`` (each distinct message once, so a persistent fault
+    cannot grow the list at 10 Hz for a whole burst) and sampling goes on: telemetry must never end a
+    burst. ``errors`` also says why NVML was not used when GPUs were asked for.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock_origin: float,
+        gpu_indices: Sequence[int] = (),
+        interval_s: float = 0.1,
+        on_sample: Callable[[TelemetrySample], None] | None = None,
+        nvml: Any | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.samples: list[TelemetrySample] = []
+        self.errors: list[str] = []
+        self._origin = clock_origin
+        self._interval = interval_s
+        self._on_sample = on_sample
+        self._clock = clock
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        # psutil state. Pids handed to watch() wait in _pending until the sampler thread opens them, so
+        # every psutil.Process is created and read on that one thread.
+        self._pending: set[int] = set()
+        self._roots: dict[int, psutil.Process] = {}
+        self._known: dict[int, psutil.Process] = {}
+        self._cpus = _usable_cpus()
+        self._mem_total = int(psutil.virtual_memory().total)
+        # NVML state: a module with NVML open, and the (index, handle) pairs to read.
+        self._nvml: Any | None = None
+        self._handles: list[tuple[int, Any]] = []
+        use_nvml = bool(gpu_indices) and self._open_nvml(nvml, gpu_indices)
+        self.source: Literal["nvml", "psutil"] = "nvml" if use_nvml else "psutil"
+
+    # -- public API -------------------------------------------------------------------------------
+    def watch(self, pid: int) -> None:
+        """Include ``pid`` and, from each tick on, all its descendants (DataLoader workers spawn late).
+
+        Safe to call from any thread, before or after ``start()``. A pid that is already gone is
+        dropped silently at the next tick: a worker that died fast is the burst's error to report.
+        """
+        with self._lock:
+            self._pending.add(pid)
+
+    def start(self) -> None:
+        """Start sampling on a daemon thread (daemon: a kernel that exits must not wait on telemetry)."""
+        if self._thread is not None or self._stop_event.is_set():
+            raise RuntimeError("a TelemetrySampler runs once; create a new one for each burst")
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[TelemetrySample]:
+        """Stop, wait for the thread to end, release NVML and return the samples. Idempotent.
+
+        The join has no timeout on purpose: callers rely on no sampler thread touching NVML or the
+        samples once this returns.
+        """
+        self._stop_event.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._nvml is not None:
+            nvml, self._nvml = self._nvml, None
+            try:
+                nvml.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                self._record(f"nvmlShutdown: {_describe(exc)}")
+        return self.samples
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _open_nvml(self, nvml: Any | None, gpu_indices: Sequence[int]) -> bool:
+        """Initialise NVML and look up every handle; on any failure leave NVML closed and say why."""
+        if nvml is None:
+            try:
+                nvml = importlib.import_module("pynvml")
+            except ImportError as exc:
+                self._record(f"NVML unavailable ({_describe(exc)}); sampling worker processes with psutil")
+                return False
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            self._record(f"NVML unavailable ({_describe(exc)}); sampling worker processes with psutil")
+            return False
+        try:
+            self._handles = [(index, nvml.nvmlDeviceGetHandleByIndex(index)) for index in gpu_indices]
+        except nvml.NVMLError as exc:
+            nvml.nvmlShutdown()
+            self._record(f"NVML device lookup failed ({_describe(exc)}); sampling worker processes with psutil")
+            return False
+        self._nvml = nvml
+        return True
+
+    # -- sampler thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop_event.is_set():
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - telemetry must never end a burst
+                self._record(_describe(exc))
+            next_tick += self._interval
+            now = time.monotonic()
+            next_tick = max(next_tick, now)
+            if self._stop_event.wait(next_tick - now):
+                break
+
+    def _tick(self) -> None:
+        t = self._clock() - self._origin
+        readings = self._read_nvml(t) if self.source == "nvml" else self._read_psutil(t)
+        for sample in readings:
+            self.samples.append(sample)
+            if self._on_sample is not None:
+                try:
+                    self._on_sample(sample)
+                except Exception as exc:  # noqa: BLE001 - a broken display must not stop the readings
+                    self._record(f"on_sample: {_describe(exc)}")
+
+    def _read_nvml(self, t: float) -> list[TelemetrySample]:
+        """One sample per GPU; a GPU that fails this tick is skipped so the others still report."""
+        nvml = self._nvml
+        readings = []
+        for index, handle in self._handles:
+            device = f"cuda:{index}"
+            try:
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                power_mw = _unless_unsupported(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
+                sm_clock = _unless_unsupported(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+                readings.append(
+                    TelemetrySample(
+                        t=t,
+                        source="nvml",
+                        util_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                        mem_used_bytes=int(memory.used),
+                        mem_total_bytes=int(memory.total),
+                        power_w=None if power_mw is None else power_mw / 1000.0,
+                        sm_clock_mhz=None if sm_clock is None else float(sm_clock),
+                        device=device,
+                    )
+                )
+            except nvml.NVMLError as exc:
+                self._record(f"{device}: {_describe(exc)}")
+        return readings
+
+    def _read_psutil(self, t: float) -> list[TelemetrySample]:
+        """One sample for the watched processes and all their descendants, or none before any has a rate.
+
+        ``cpu_percent`` reports use since the previous call on the same ``psutil.Process``, so objects are
+        kept across ticks, keyed by pid and checked against the creation time so a recycled pid counts as
+        a new process. A process's first reading only primes it: it is left out of that tick's CPU sum
+        (its RSS still counts) rather than adding a meaningless 0, and a tick where no process has a
+        rate yet emits no sample at all. Cost: up to one interval of a new process's CPU use goes
+        unreported. RSS is summed per process, so pages shared by forked DataLoader workers count once
+        per worker: an upper bound on what the workers hold.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, set()
+        for pid in pending:
+            try:
+                self._roots[pid] = psutil.Process(pid)
+            except _GONE:
+                pass
+        family: dict[int, psutil.Process] = {}
+        for pid, root in list(self._roots.items()):
+            try:
+                if not root.is_running():  # exited and reaped, its pid maybe reused
+                    raise psutil.NoSuchProcess(pid)
+                members = [root, *root.children(recursive=True)]
+            except _GONE:
+                del self._roots[pid]
+                continue
+            for proc in members:
+                family.setdefault(proc.pid, proc)
+
+        cpu_pct, rss, rated = 0.0, 0, False
+        known: dict[int, psutil.Process] = {}
+        for pid, proc in family.items():
+            cached = self._known.get(pid)
+            primed = cached is not None and cached == proc
+            if primed:
+                proc = cached
+            try:
+                pct = proc.cpu_percent(interval=None)
+                rss += proc.memory_info().rss
+            except _GONE:
+                continue
+            known[pid] = proc
+            if primed:
+                cpu_pct += pct
+                rated = True
+        self._known = known
+        if not rated:
+            return []
+        return [
+            TelemetrySample(
+                t=t,
+                source="psutil",
+                util_pct=cpu_pct / self._cpus,
+                mem_used_bytes=rss,
+                mem_total_bytes=self._mem_total,
+                device="cpu",
+            )
+        ]
+
+    def _record(self, message: str) -> None:
+        if message not in self.errors:
+            self.errors.append(message)
+
+
+def _unless_unsupported(nvml: Any, read: Callable[..., Any], *args: Any) -> Any | None:
+    """``read(*args)``, or None where this GPU does not report the quantity (power/clocks on some boards)."""
+    try:
+        return read(*args)
+    except nvml.NVMLError_NotSupported:
+        return None
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on: psutil's per-process percent is per core, and 100% must mean all of these."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,436 @@
+"""The training step every burst runs, with each knob applied where a hand-written loop would apply it.
+
+This module runs inside a worker process (or, for the explicit in-process fallback, inside the
+caller). Read :meth:`TrainingLoop._step` top to bottom: it is an ordinary PyTorch training step, and
+every performance trick in it carries a one-line why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import resource
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+
+from ..config import Config
+from ..results import RankSummary, StepRecord
+from ..workload import Workload
+
+Clock = Callable[[], float]
+Emit = Callable[[tuple[Any, ...]], None]
+
+DEFAULT_BATCH_SIZE = 64
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class CompileError(RuntimeError):
+    """torch.compile failed at the first step (that is where inductor errors surface)."""
+
+
+class BatchFormatError(TypeError):
+    """A collated batch is not an ``(input, target)`` pair."""
+
+
+# -- timing ---------------------------------------------------------------------------------------
+@dataclass
+class StepTiming:
+    t: float
+    data_s: float
+    h2d_s: float
+    total_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return max(0.0, self.total_s - self.data_s - self.h2d_s)
+
+
+class HostStepClock:
+    """Wall-clock step timing. Exact on CPU, where every op finishes before the next Python line runs."""
+
+    def __init__(self, clock: Clock, origin: float) -> None:
+        self._clock, self._origin = clock, origin
+        self._done: deque[StepTiming] = deque()
+
+    def start_step(self) -> None:
+        self._start, self._data, self._h2d = self._clock(), 0.0, 0.0
+
+    @contextlib.contextmanager
+    def waiting_for_data(self) -> Iterator[None]:
+        begin = self._clock()
+        yield
+        self._data += self._clock() - begin
+
+    @contextlib.contextmanager
+    def copying(self) -> Iterator[None]:
+        begin = self._clock()
+        yield
+        self._h2d += self._clock() - begin
+
+    def end_step(self) -> None:
+        end = self._clock()
+        self._done.append(StepTiming(end - self._origin, self._data, self._h2d, end - self._start))
+
+    def synchronize(self) -> None:
+        """Nothing is in flight on the host."""
+
+    def completed(self) -> list[StepTiming]:
+        out = list(self._done)
+        self._done.clear()
+        return out
+
+    def flush(self) -> list[StepTiming]:
+        return self.completed()
+
+
+class CudaStepClock(HostStepClock):
+    """GPU step timing with CUDA events, so measuring never adds a host-device sync.
+
+    The host runs ahead of the GPU; events mark step boundaries on the stream and are read only once
+    the GPU has passed them (``Event.query``), so a config that avoids syncs is measured without one.
+    A step's total is the GPU-side time between its start and end markers, idle gaps included.
+    """
+
+    def __init__(self, clock: Clock, origin: float, device: torch.device) -> None:
+        super().__init__(clock, origin)
+        self._device = device
+        torch.cuda.synchronize(device)
+        self._reference = self._event()
+        torch.cuda.synchronize(device)
+        self._reference_t = clock() - origin
+        self._pending: deque[tuple[Any, Any, list[tuple[Any, Any]], float]] = deque()
+
+    @staticmethod
+    def _event() -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start_step(self) -> None:
+        super().start_step()
+        self._start_event, self._copies = self._event(), []
+
+    @contextlib.contextmanager
+    def copying(self) -> Iterator[None]:
+        begin = self._event()
+        yield
+        self._copies.append((begin, self._event()))
+
+    def end_step(self) -> None:
+        self._pending.append((self._start_event, self._event(), self._copies, self._data))
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self._device)
+
+    def _resolve(self, start: Any, end: Any, copies: list[tuple[Any, Any]], data_s: float) -> StepTiming:
+        h2d = sum(a.elapsed_time(b) for a, b in copies) / 1e3
+        t = self._reference_t + self._reference.elapsed_time(end) / 1e3
+        return StepTiming(t, data_s, h2d, start.elapsed_time(end) / 1e3)
+
+    def completed(self) -> list[StepTiming]:
+        out = []
+        while self._pending and self._pending[0][1].query():
+            out.append(self._resolve(*self._pending.popleft()))
+        return out
+
+    def flush(self) -> list[StepTiming]:
+        self.synchronize()
+        return self.completed()
+
+
+# -- building blocks ------------------------------------------------------------------------------
+def resolve_batch_size(config: Config, workload: Workload) -> int:
+    return config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
+
+
+def build_loader(
+    dataset: Dataset, workload: Workload, config: Config, device: torch.device, rank: int, world_size: int
+) -> DataLoader:
+    """The DataLoader with the data-loading knobs; the same seeded order in every burst."""
+    batch_size = resolve_batch_size(config, workload)
+    per_rank = len(dataset) // world_size
+    if per_rank < batch_size:
+        raise ValueError(
+            f"the dataset has {len(dataset)} items ({per_rank} per rank), fewer than one batch of {batch_size}: "
+            "use a smaller batch_size or a larger dataset"
+        )
+    generator = torch.Generator().manual_seed(workload.seed)
+    if world_size > 1:
+        sampler: Any = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=workload.seed)
+    else:
+        sampler = RandomSampler(dataset, generator=generator)
+    workers = config.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=workload.collate_fn,
+        # Why: pinned host memory lets the copy engine DMA batches to the GPU asynchronously.
+        pin_memory=config.pin_memory and device.type == "cuda",
+        # Why: equal batch shapes keep compiled graphs and cuDNN plans valid for every step.
+        drop_last=True,
+        prefetch_factor=config.prefetch_factor if workers else None,
+        persistent_workers=config.persistent_workers if workers else False,
+        generator=generator,
+        # Explicit: notebook-defined datasets need fork (spawn cannot import __main__ classes), and
+        # Python 3.14 changes the Linux default to forkserver.
+        multiprocessing_context="fork" if workers else None,
+    )
+
+
+class EpochIterator:
+    """Endless batches: a new epoch (and sampler epoch) whenever the loader is exhausted."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader, self._epoch = loader, 0
+        self._iterator = iter(loader)
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._epoch += 1
+            if isinstance(self._loader.sampler, DistributedSampler):
+                self._loader.sampler.set_epoch(self._epoch)
+            self._iterator = iter(self._loader)
+            return next(self._iterator)
+
+
+def prepare_model(
+    model: nn.Module, config: Config, device: torch.device, world_size: int
+) -> tuple[nn.Module, nn.Module]:
+    """Move, reformat, wrap and compile the model; returns ``(model to call, unwrapped model)``."""
+    model = model.to(device)
+    if config.channels_last:
+        # Why: tensor-core convolutions run in NHWC; NCHW weights pay a transpose around every conv.
+        model = model.to(memory_format=torch.channels_last)
+    raw = model
+    if config.parallel == "ddp" and world_size > 1:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    elif config.parallel == "dataparallel":
+        # Legacy single-process data parallelism: one Python thread drives every GPU (DDP avoids that).
+        model = nn.DataParallel(model)
+    if config.compile_mode != "off":
+        # Why: inductor fuses elementwise ops and strips Python overhead; pays a compile on step one.
+        model = torch.compile(model, mode=None if config.compile_mode == "default" else config.compile_mode)
+    return model, raw
+
+
+def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Config) -> torch.optim.Optimizer:
+    """The workload's optimizer, rebuilt with the requested implementation (for-loop / foreach / fused)."""
+    optimizer = workload.optimizer(params)
+    if config.optimizer_impl == "default":
+        return optimizer
+    flags = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
+             "fused": {"foreach": False, "fused": True}}[config.optimizer_impl]
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    missing = [name for name in flags if name not in accepted]
+    if missing:
+        raise ValueError(f"optimizer_impl={config.optimizer_impl!r}: {cls.__name__} has no {missing[0]!r} option")
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    groups = [{k: v for k, v in g.items() if k == "params" or k in accepted} for g in optimizer.param_groups]
+    return cls(groups, **{**defaults, **flags})
+
+
+def prepare_loss(workload: Workload, config: Config) -> Callable[[Any, Any], torch.Tensor]:
+    if not config.script_loss:
+        return workload.loss_fn
+    # Legacy path, kept for comparison: TorchScript is deprecated in favour of torch.compile.
+    try:
+        return torch.jit.script(workload.loss_fn)
+    except Exception as exc:
+        raise ValueError(
+            f"script_loss=True: the loss function cannot be compiled by TorchScript ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0]}). TorchScript is legacy; turn script_loss off."
+        ) from exc
+
+
+def to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
+    """Move every tensor of a (possibly nested) batch to the device."""
+    if isinstance(obj, torch.Tensor):
+        if channels_last and obj.dim() == 4 and obj.is_floating_point():
+            return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, Mapping):
+        return {k: to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device, non_blocking, channels_last) for v in obj)
+    return obj
+
+
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise BatchFormatError(
+        f"each dataset item must be an (input, target) pair; a collated batch was a {type(batch).__name__}"
+        + (f" of {len(batch)} elements" if isinstance(batch, (list, tuple)) else "")
+    )
+
+
+def batch_length(obj: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor."""
+    if isinstance(obj, torch.Tensor):
+        return int(obj.shape[0]) if obj.dim() else 1
+    values = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, (list, tuple)) else ()
+    for value in values:
+        return batch_length(value)
+    raise BatchFormatError(f"cannot tell the batch size of a {type(obj).__name__}")
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+# -- the loop -------------------------------------------------------------------------------------
+@dataclass
+class TrainingLoop:
+    """Runs warmup plus measured steps of one rank and streams a record per step through ``emit``."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    batches: EpochIterator
+    config: Config
+    device: torch.device
+    rank: int
+    emit: Emit
+    step_clock: HostStepClock
+    clock: Clock = time.perf_counter
+    should_stop: Callable[[], bool] = lambda: False
+    scaler: torch.amp.GradScaler = field(init=False)
+    _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
+    _losses: list[float] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Why: fp16 has a narrow exponent range; scaling the loss keeps small gradients from flushing to 0.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
+        self._next_step = 0
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = _AUTOCAST_DTYPES.get(self.config.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _step(self) -> int:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; returns the samples it consumed."""
+        config, clock = self.config, self.step_clock
+        clock.start_step()
+        samples, step_loss = 0, None
+        accum = config.grad_accum_steps
+        for micro in range(accum):
+            with clock.waiting_for_data():
+                batch = next(self.batches)
+            with clock.copying():
+                # Why non_blocking: from pinned memory the copy overlaps compute instead of stalling the host.
+                inputs, targets = split_batch(to_device(batch, self.device, config.non_blocking, config.channels_last))
+            samples += batch_length(targets)
+            # Why no_sync: DDP all-reduces gradients only on the micro-batch that steps the optimizer.
+            last = micro == accum - 1
+            sync_context = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            with sync_context:
+                with self._autocast():
+                    loss = self.loss_fn(call_model(self.model, inputs), targets)
+                # Why /accum: the accumulated gradient then equals that of one batch of accum x the size.
+                self.scaler.scale(loss / accum).backward()
+            detached = loss.detach()
+            step_loss = detached if step_loss is None else step_loss + detached
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        # Why set_to_none: the next backward writes fresh gradients instead of adding into zeroed ones.
+        self.optimizer.zero_grad(set_to_none=config.set_to_none)
+        self._pending_losses.append(step_loss / accum)
+        # Why sync_every: .item() blocks the host until the device has finished every queued kernel.
+        if config.sync_every and len(self._pending_losses) >= config.sync_every:
+            self._read_losses()
+        clock.end_step()
+        return samples
+
+    def _read_losses(self) -> None:
+        if self._pending_losses:
+            self._losses.extend(torch.stack(self._pending_losses).float().tolist())
+            self._pending_losses.clear()
+
+    def _emit_completed(self, timings: list[StepTiming], warmup: bool, samples: int) -> None:
+        for timing in timings:
+            step = self._next_step
+            loss = self._losses[step] if step < len(self._losses) else None
+            record = StepRecord(self.rank, step, timing.t, timing.data_s, timing.h2d_s, timing.compute_s,
+                                timing.total_s, samples, loss, warmup)
+            self.emit(("step", record))
+            self._next_step += 1
+
+    def _first_step(self) -> int:
+        try:
+            return self._step()
+        except Exception as exc:
+            if self.config.compile_mode != "off" and type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise CompileError(
+                    f"torch.compile(mode={self.config.compile_mode!r}) failed at the first step: "
+                    f"{type(exc).__name__}: {first_line}. Run with compile_mode='off', or fix the graph break."
+                ) from exc
+            raise
+
+    def run(self, warmup_steps: int, steps: int | None, seconds: float | None) -> tuple[int, float, float]:
+        """Warm up, then measure; returns ``(measured samples, measured seconds, first step seconds)``."""
+        start = self.clock()
+        samples = self._first_step()
+        first_step_s = self.clock() - start
+        self._emit_completed(self.step_clock.completed(), True, samples)
+        for _ in range(max(0, warmup_steps - 1)):
+            samples = self._step()
+            self._emit_completed(self.step_clock.completed(), True, samples)
+        self._emit_completed(self.step_clock.flush(), True, samples)
+        if self.config.empty_cache and self.device.type == "cuda":
+            # Return warmup's cached blocks so the peak reflects steady state, not compilation.
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        measured_samples, measured_steps = 0, 0
+        window_start = self.clock()
+        while not self.should_stop():
+            if steps is not None and measured_steps >= steps:
+                break
+            if seconds is not None and self.clock() - window_start >= seconds:
+                break
+            samples = self._step()
+            measured_samples += samples
+            measured_steps += 1
+            self._emit_completed(self.step_clock.completed(), False, samples)
+        self._read_losses()
+        timings = self.step_clock.flush()
+        window_s = self.clock() - window_start
+        self._emit_completed(timings, False, samples)
+        self.emit(("losses", self.rank, list(self._losses)))
+        return measured_samples, window_s, first_step_s
+
+
+def rank_summary(
+    rank: int, device: torch.device, measured: tuple[int, float, float], setup_s: float, device_name: str
+) -> RankSummary:
+    samples, window_s, first_step_s = measured
+    return RankSummary(
+        rank=rank,
+        measured_samples=samples,
+        measured_s=window_s,
+        peak_memory_bytes=peak_memory_bytes(device),
+        memory_kind="cuda_allocator" if device.type == "cuda" else "rss",
+        setup_s=setup_s,
+        first_step_s=first_step_s,
+        device=device_name,
+    )

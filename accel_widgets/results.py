@@ -1,0 +1,255 @@
+"""What a burst measured: raw step and telemetry records, plus the statistics derived from them.
+
+A ``BurstResult`` stores only raw data (every step of every rank, every telemetry sample, one summary
+per rank); the headline numbers are computed from it, so a result loaded back from JSON gives exactly
+the same numbers as the live one, and ranks merge by concatenation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .config import Config
+from .stats import Summary, summarize
+
+Status = Literal["ok", "failed", "stopped", "timeout"]
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step of one rank. Times in seconds; ``t`` is its end on the burst's clock."""
+
+    rank: int
+    step: int
+    t: float
+    data_s: float
+    h2d_s: float
+    compute_s: float
+    total_s: float
+    samples: int
+    loss: float | None = None
+    warmup: bool = False
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """Device (NVML) or host-process (psutil) reading on the burst's clock.
+
+    ``util_pct`` is NVML's "a kernel was running" share for a GPU, and the workers' CPU use as a share
+    of the machine's cores for ``source="psutil"``: a busy signal, never an efficiency measure.
+    """
+
+    t: float
+    source: Literal["nvml", "psutil"]
+    util_pct: float
+    mem_used_bytes: int
+    device: str = ""
+    mem_total_bytes: int | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What one rank measured about itself over its steady-state window."""
+
+    rank: int
+    measured_samples: int
+    measured_s: float
+    peak_memory_bytes: int
+    memory_kind: Literal["cuda_allocator", "rss"]
+    setup_s: float
+    first_step_s: float
+    device: str
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """Why a burst did not finish: the root-cause rank, its message and its own traceback."""
+
+    kind: Literal["exception", "oom", "crash", "timeout", "stopped", "config"]
+    message: str
+    rank: int | None = None
+    traceback: str = ""
+
+
+@dataclass
+class BurstResult:
+    """Everything one burst measured. Numbers are properties derived from the raw records."""
+
+    workload: str
+    config: Config
+    status: Status
+    world_size: int = 1
+    warmup_steps: int = 0
+    steps: list[StepRecord] = field(default_factory=list)
+    telemetry: list[TelemetrySample] = field(default_factory=list)
+    ranks: list[RankSummary] = field(default_factory=list)
+    tokens_per_sample: int | None = None
+    time_to_first_step_s: float | None = None
+    wall_s: float = 0.0
+    environment: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    error: ErrorInfo | None = None
+    label: str = ""
+
+    # -- derived numbers ------------------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def measured_steps(self, rank: int | None = None) -> list[StepRecord]:
+        return [s for s in self.steps if not s.warmup and (rank is None or s.rank == rank)]
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Steady-state throughput summed over ranks (each rank: its samples over its own window)."""
+        rates = [r.measured_samples / r.measured_s for r in self.ranks if r.measured_s > 0]
+        return sum(rates) if rates and len(rates) == len(self.ranks) else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        rate = self.samples_per_s
+        return rate * self.tokens_per_sample if rate is not None and self.tokens_per_sample else None
+
+    def step_times(self) -> list[float]:
+        """Per-step time of the group: the slowest rank's time at each measured step."""
+        slowest: dict[int, float] = {}
+        for s in self.measured_steps():
+            slowest[s.step] = max(slowest.get(s.step, 0.0), s.total_s)
+        return [slowest[k] for k in sorted(slowest)]
+
+    @property
+    def step_time(self) -> Summary | None:
+        times = self.step_times()
+        return summarize(times) if times else None
+
+    def _share(self, attribute: str) -> float | None:
+        measured = self.measured_steps()
+        total = sum(s.total_s for s in measured)
+        return sum(getattr(s, attribute) for s in measured) / total if total > 0 else None
+
+    @property
+    def data_wait_share(self) -> float | None:
+        """Share of measured step time spent blocked on the data loader."""
+        return self._share("data_s")
+
+    @property
+    def h2d_share(self) -> float | None:
+        """Share of measured step time spent copying batches to the device."""
+        return self._share("h2d_s")
+
+    @property
+    def compute_share(self) -> float | None:
+        return self._share("compute_s")
+
+    @property
+    def peak_memory_bytes(self) -> int | None:
+        return max((r.peak_memory_bytes for r in self.ranks), default=None)
+
+    @property
+    def memory_kind(self) -> str | None:
+        return self.ranks[0].memory_kind if self.ranks else None
+
+    @property
+    def first_step_s(self) -> float | None:
+        return max((r.first_step_s for r in self.ranks), default=None)
+
+    @property
+    def compile_s(self) -> float | None:
+        """Extra time of the first step over a steady step: what compiling cost (compiled runs only)."""
+        if self.config.compile_mode == "off" or self.first_step_s is None or self.step_time is None:
+            return None
+        return max(0.0, self.first_step_s - self.step_time.median)
+
+    @property
+    def straggler_rank(self) -> int | None:
+        """The rank with the lowest throughput, when there are several."""
+        if len(self.ranks) < 2:
+            return None
+        return min(self.ranks, key=lambda r: r.measured_samples / r.measured_s if r.measured_s else 0).rank
+
+    def losses(self, rank: int = 0) -> list[float | None]:
+        return [s.loss for s in self.steps if s.rank == rank]
+
+    @property
+    def final_loss(self) -> float | None:
+        finite = [v for v in self.losses() if v is not None]
+        return finite[-1] if finite else None
+
+    @property
+    def mean_utilisation_pct(self) -> float | None:
+        values = [t.util_pct for t in self.telemetry]
+        return sum(values) / len(values) if values else None
+
+    def speedup_over(self, baseline: BurstResult) -> float | None:
+        mine, theirs = self.samples_per_s, baseline.samples_per_s
+        return mine / theirs if mine and theirs else None
+
+    # -- text ---------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """A few lines a person reads: throughput, step time with spread, where the time went."""
+        head = f"{self.label or self.config.label()} [{self.workload}] {self.status}"
+        if not self.ok and self.error is not None:
+            return f"{head}: {self.error.message}"
+        lines = [head]
+        if self.samples_per_s is not None:
+            tokens = f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
+            lines.append(f"  throughput  {self.samples_per_s:,.1f} samples/s{tokens}")
+        if self.step_time is not None:
+            st = self.step_time
+            noise = "  (noisy: IQR/median >= 10%)" if st.noisy else ""
+            lines.append(f"  step        {st.median * 1e3:.2f} ms median, IQR {st.iqr * 1e3:.2f} ms, n={st.n}{noise}")
+        shares = [(n, v) for n, v in (("data wait", self.data_wait_share), ("h2d copy", self.h2d_share),
+                                      ("compute", self.compute_share)) if v is not None]
+        if shares:
+            lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
+        if self.compile_s is not None:
+            lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)")
+        if self.peak_memory_bytes is not None:
+            lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")
+        lines.extend(f"  warning     {w}" for w in self.warnings)
+        return "\n".join(lines)
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["config"] = self.config.to_dict()
+        return _json_safe(data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BurstResult:
+        data = dict(data)
+        data["config"] = Config.from_dict(data["config"])
+        data["steps"] = [StepRecord(**{**s, "loss": _float_or_none(s.get("loss"))}) for s in data.get("steps", [])]
+        data["telemetry"] = [TelemetrySample(**t) for t in data.get("telemetry", [])]
+        data["ranks"] = [RankSummary(**r) for r in data.get("ranks", [])]
+        data["error"] = ErrorInfo(**data["error"]) if data.get("error") else None
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> BurstResult:
+        return cls.from_dict(json.loads(text))
+
+
+def _json_safe(value: Any) -> Any:
+    """Spell NaN/inf (a diverged loss) as strings: strict JSON (and the browser) has no spelling for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _float_or_none(value: Any) -> float | None:
+    """Inverse of :func:`_json_safe` for losses: "nan"/"inf" strings back to floats."""
+    return None if value is None else float(value)

@@ -1,0 +1,76 @@
+"""``Workload``: the user's model, data, loss and optimizer, as the engine needs them.
+
+A workload is plain data that travels to worker processes by value (cloudpickle), so classes defined
+in a notebook work. The engine builds a private copy of everything in the worker: the user's model
+object is never touched by a burst.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+ModelSource = nn.Module | Callable[[], nn.Module]
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+
+
+def default_optimizer(params: Any) -> torch.optim.Optimizer:
+    """AdamW at a conventional learning rate: what most training scripts start from."""
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+@dataclass
+class Workload:
+    """What to train. ``dataset`` is map-style (``__getitem__`` + ``__len__``) or a tuple of tensors.
+
+    ``loss_fn(output, target)`` receives the model's raw output (a tensor, dict or dataclass: the loss
+    decides what to use). Items are ``(input, target)`` pairs. ``tokens_per_sample`` makes results
+    report tokens/s as well (language models). ``batch_size`` is this workload's natural batch, used when
+    the config leaves ``batch_size`` at its default.
+    """
+
+    model: ModelSource
+    dataset: Dataset | Sequence[torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    optimizer: OptimizerFactory = default_optimizer
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    name: str = "workload"
+    tokens_per_sample: int | None = None
+    batch_size: int | None = None
+    seed: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.model, nn.Module) or callable(self.model)):
+            raise TypeError(f"Workload.model must be an nn.Module or a zero-argument factory, got {self.model!r}")
+        if not callable(self.loss_fn):
+            raise TypeError(f"Workload.loss_fn must be callable as loss_fn(output, target), got {self.loss_fn!r}")
+        if not callable(self.optimizer):
+            raise TypeError("Workload.optimizer must be a factory: optimizer(params) -> torch.optim.Optimizer")
+        if isinstance(self.dataset, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in self.dataset):
+            self.dataset = TensorDataset(*self.dataset)
+        if not (hasattr(self.dataset, "__getitem__") and hasattr(self.dataset, "__len__")):
+            raise TypeError(
+                "Workload.dataset must be map-style (define __getitem__ and __len__) or a tuple of tensors; "
+                f"got {type(self.dataset).__name__}"
+            )
+        if len(self.dataset) == 0:
+            raise ValueError("Workload.dataset is empty: a burst needs at least one batch of data")
+
+    def build_model(self) -> nn.Module:
+        """A fresh model: the factory's product under the workload seed, or the instance as given.
+
+        Workers call this on their own unpickled copy, so the instance returned here is private.
+        """
+        if isinstance(self.model, nn.Module):
+            return self.model
+        torch.manual_seed(self.seed)
+        model = self.model()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Workload.model() must return an nn.Module, got {type(model).__name__}")
+        return model

@@ -1,0 +1,310 @@
+"""TelemetrySampler: NVML through a fake module, psutil against real child processes, and thread hygiene.
+
+Real processes are used for psutil because the point is that CPU use of workers *and their descendants*
+is attributed correctly; every child is started in its own session and its whole group killed in a
+``finally``, so a failing assertion cannot leave a core spinning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from accel_widgets.engine.telemetry import THREAD_NAME, TelemetrySampler
+from accel_widgets.results import TelemetrySample
+
+BUSY = "while True: pass"
+MiB = 2**20
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+class FakeNotSupported(FakeNVMLError):
+    pass
+
+
+class FakeNvml:
+    """The slice of ``pynvml`` the sampler uses. Handles are the NVML indices themselves."""
+
+    NVML_CLOCK_SM = 1
+    NVMLError = FakeNVMLError
+    NVMLError_NotSupported = FakeNotSupported
+
+    def __init__(
+        self,
+        *,
+        device_count: int = 2,
+        init_error: Exception | None = None,
+        no_power: frozenset[int] = frozenset(),
+        lost: frozenset[int] = frozenset(),
+    ) -> None:
+        self.device_count = device_count
+        self.init_error = init_error
+        self.no_power = no_power
+        self.lost = lost
+        self.shutdown_calls = 0
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown_calls += 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if not 0 <= index < self.device_count:
+            raise FakeNVMLError("Invalid Argument")
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=40 + handle, memory=7)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        if handle in self.lost:
+            raise FakeNVMLError("GPU is lost")
+        return SimpleNamespace(used=(handle + 1) * MiB, total=80 * 1024 * MiB, free=0)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        if handle in self.no_power:
+            raise FakeNotSupported("Not Supported")
+        return 123_456  # milliwatts
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock_type: int) -> int:
+        assert clock_type == self.NVML_CLOCK_SM
+        return 1980
+
+
+class FakeClock:
+    """perf_counter stand-in: 500.0, 500.25, 500.5, ... one step per call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        value = 500.0 + 0.25 * self.calls
+        self.calls += 1
+        return value
+
+
+def _sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def _no_sampler_thread_left() -> Iterator[None]:
+    """Every test must leave no sampler thread behind: stop() joins it."""
+    yield
+    assert _sampler_threads() == []
+
+
+@contextlib.contextmanager
+def _child(code: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python child in its own process group; the group (grandchildren included) is always killed."""
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _mean_util(samples: list[TelemetrySample]) -> float:
+    return sum(s.util_pct for s in samples) / len(samples)
+
+
+# -- NVML backend (fake module) -------------------------------------------------------------------
+def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
+    nvml, clock, seen = FakeNvml(no_power=frozenset({1})), FakeClock(), []
+    sampler = TelemetrySampler(clock_origin=500.0, gpu_indices=(0, 1), nvml=nvml, clock=clock, on_sample=seen.append)
+    assert sampler.source == "nvml"
+    with sampler:
+        time.sleep(0.5)
+        assert len(_sampler_threads()) == 1
+    samples = sampler.samples
+
+    assert sampler.errors == []
+    assert nvml.shutdown_calls == 1
+    assert seen == samples
+    gpu0 = [s for s in samples if s.device == "cuda:0"]
+    gpu1 = [s for s in samples if s.device == "cuda:1"]
+    assert len(gpu0) >= 4 and len(gpu0) == len(gpu1)
+    # One clock reading per tick, shared by every GPU read in it, relative to clock_origin.
+    assert [s.t for s in gpu0] == pytest.approx([0.25 * k for k in range(len(gpu0))])
+    assert [s.t for s in gpu1] == [s.t for s in gpu0]
+    assert gpu0[0] == TelemetrySample(
+        t=0.0, source="nvml", util_pct=40.0, mem_used_bytes=MiB, device="cuda:0",
+        mem_total_bytes=80 * 1024 * MiB, power_w=pytest.approx(123.456), sm_clock_mhz=1980.0,
+    )
+    assert gpu1[0].power_w is None  # NotSupported on this board, not an error
+    assert (gpu1[0].util_pct, gpu1[0].mem_used_bytes, gpu1[0].sm_clock_mhz) == (41.0, 2 * MiB, 1980.0)
+
+
+def test_stop_is_idempotent_and_works_without_start() -> None:
+    nvml = FakeNvml()
+    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,), nvml=nvml)
+    assert sampler.stop() == []
+    assert sampler.stop() == []
+    assert nvml.shutdown_calls == 1
+    with pytest.raises(RuntimeError):
+        sampler.start()  # NVML is closed: a sampler runs once
+
+
+def test_start_twice_is_refused() -> None:
+    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,), nvml=FakeNvml())
+    sampler.start()
+    try:
+        with pytest.raises(RuntimeError):
+            sampler.start()
+    finally:
+        sampler.stop()
+
+
+def test_nvml_init_failure_falls_back_to_psutil() -> None:
+    nvml = FakeNvml(init_error=FakeNVMLError("NVML Shared Library Not Found"))
+    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,), nvml=nvml)
+    assert sampler.source == "psutil"
+    assert "NVML Shared Library Not Found" in sampler.errors[0]
+    sampler.stop()
+    assert nvml.shutdown_calls == 0  # never initialised, nothing to shut down
+
+
+def test_bad_gpu_index_closes_nvml_and_falls_back() -> None:
+    nvml = FakeNvml(device_count=1)
+    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0, 3), nvml=nvml)
+    assert sampler.source == "psutil"
+    assert nvml.shutdown_calls == 1
+    assert "Invalid Argument" in sampler.errors[0]
+    sampler.stop()
+    assert nvml.shutdown_calls == 1
+
+
+def test_no_gpu_indices_never_touches_nvml() -> None:
+    nvml = FakeNvml(init_error=AssertionError("nvmlInit must not be called"))
+    sampler = TelemetrySampler(clock_origin=0.0, nvml=nvml)
+    assert (sampler.source, sampler.errors) == ("psutil", [])
+    sampler.stop()
+
+
+def test_faults_inside_ticks_are_recorded_once_and_sampling_goes_on() -> None:
+    def broken_display(sample: TelemetrySample) -> None:
+        raise ValueError("widget closed")
+
+    sampler = TelemetrySampler(
+        clock_origin=0.0, gpu_indices=(0, 1), nvml=FakeNvml(lost=frozenset({1})), on_sample=broken_display
+    )
+    with sampler:
+        time.sleep(0.35)
+    assert sorted(sampler.errors) == ["cuda:1: FakeNVMLError: GPU is lost", "on_sample: ValueError: widget closed"]
+    assert len(sampler.samples) >= 3
+    assert {s.device for s in sampler.samples} == {"cuda:0"}
+
+
+# -- psutil backend (real processes) --------------------------------------------------------------
+def test_psutil_measures_a_busy_worker() -> None:
+    origin = time.perf_counter()
+    with _child(BUSY) as worker:
+        sampler = TelemetrySampler(clock_origin=origin)
+        sampler.watch(worker.pid)
+        with sampler:
+            time.sleep(0.6)
+        elapsed = time.perf_counter() - origin
+    samples = sampler.samples
+
+    assert sampler.errors == []
+    # The first tick only primes cpu_percent, so ~5 of the ~6 ticks report.
+    assert len(samples) >= 4
+    assert all(s.source == "psutil" and s.device == "cpu" for s in samples)
+    assert all(0.0 <= s.t <= elapsed for s in samples)
+    assert [s.t for s in samples] == sorted(s.t for s in samples)
+    # One busy core is 100 / usable-cores percent of the machine (50% on 2 cores); allow for a loaded box.
+    assert _mean_util(samples[1:]) > 20.0
+    assert all(s.mem_used_bytes > MiB for s in samples)
+    assert all(s.mem_total_bytes == psutil.virtual_memory().total for s in samples)
+
+
+def test_psutil_counts_descendants_that_appear_after_watch() -> None:
+    # The watched process sleeps; only the grandchild it spawns (as a DataLoader worker would) burns CPU.
+    spawner = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {BUSY!r}]); time.sleep(60)"
+    with _child(spawner) as worker:
+        sampler = TelemetrySampler(clock_origin=time.perf_counter())
+        sampler.watch(worker.pid)
+        with sampler:
+            time.sleep(0.8)
+        assert len(psutil.Process(worker.pid).children()) == 1
+    assert sampler.errors == []
+    assert _mean_util(sampler.samples[-3:]) > 20.0
+
+
+def test_a_worker_that_exits_mid_burst_is_dropped_quietly() -> None:
+    origin = time.perf_counter()
+    with _child(BUSY) as busy, _child("import time; time.sleep(0.2)") as short:
+        sampler = TelemetrySampler(clock_origin=origin)
+        sampler.watch(busy.pid)
+        sampler.watch(short.pid)
+        with sampler:
+            time.sleep(0.35)
+            short.wait()  # reaped: its pid is gone for good
+            sampler.watch(short.pid)  # watching a dead pid is harmless too
+            reaped_at = time.perf_counter() - origin
+            time.sleep(0.35)
+            assert len(_sampler_threads()) == 1
+    assert sampler.errors == []
+    after = [s for s in sampler.samples if s.t > reaped_at]
+    assert len(after) >= 2
+    assert _mean_util(after) > 20.0
+
+
+def test_psutil_emits_nothing_until_a_watched_process_has_a_rate() -> None:
+    # No pid watched: there is no honest utilisation to report, so no sample rather than a made-up 0.
+    sampler = TelemetrySampler(clock_origin=0.0)
+    with sampler:
+        time.sleep(0.25)
+    assert (sampler.samples, sampler.errors) == ([], [])
+
+
+# -- real pynvml ----------------------------------------------------------------------------------
+def _nvml_present(pynvml: Any) -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def test_real_pynvml_without_a_driver_falls_back_to_psutil() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    if _nvml_present(pynvml):
+        pytest.skip("an NVIDIA driver is present here")
+    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,))
+    assert sampler.source == "psutil"
+    assert "NVML unavailable" in sampler.errors[0]
+    sampler.stop()
+
+
+def test_real_pynvml_reads_gpu_zero() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    if not _nvml_present(pynvml):
+        pytest.skip("no NVIDIA driver here")
+    with TelemetrySampler(clock_origin=time.perf_counter(), gpu_indices=(0,)) as sampler:
+        time.sleep(0.3)
+    assert (sampler.source, sampler.errors) == ("nvml", [])
+    assert len(sampler.samples) >= 2
+    sample = sampler.samples[-1]
+    assert sample.device == "cuda:0" and 0.0 <= sample.util_pct <= 100.0
+    assert sample.mem_total_bytes is not None and 0 < sample.mem_used_bytes <= sample.mem_total_bytes
+    assert sample.power_w is None or sample.power_w > 0

@@ -1,0 +1,270 @@
+"""Tests of accel_widgets.report on hand-built results: no engine, no GPU, a few seconds."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from accel_widgets.config import Config
+from accel_widgets.report import (
+    build_figures,
+    comparison_rows,
+    format_table,
+    rows_to_dataframe,
+    write_csv,
+    write_json,
+    write_report,
+)
+from accel_widgets.results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+
+if TYPE_CHECKING:
+    from plotly.graph_objects import Figure
+
+MIB = 2**20
+
+
+def make_result(workload: str = "mlp", config: Config | None = None, *, step_ms: float | list[float] = 10.0,
+                data_ms: float = 2.0, h2d_ms: float = 1.0, samples_per_s: float = 100.0, ranks: int = 1,
+                util: tuple[float, ...] = (50.0, 70.0), source: str = "psutil", label: str = "",
+                warmup: int = 2, first_step_s: float = 0.5) -> BurstResult:
+    """An ok result whose every number is known: ``ranks`` ranks, each at ``samples_per_s / ranks``."""
+    config = config or Config()
+    times = step_ms if isinstance(step_ms, list) else [step_ms] * 8
+    steps = []
+    for rank in range(ranks):
+        steps += [StepRecord(rank, i, 0.1 * (i + 1), 0.0, 0.0, 0.1, 0.1, 64, warmup=True) for i in range(warmup)]
+        steps += [StepRecord(rank, warmup + i, 1.0 + i * ms / 1e3, data_ms / 1e3, h2d_ms / 1e3,
+                             (ms - data_ms - h2d_ms) / 1e3, ms / 1e3, 64, loss=1.0 / (i + 1))
+                  for i, ms in enumerate(times)]
+    telemetry = [TelemetrySample(t=0.5 * i, source=source, util_pct=u, mem_used_bytes=MIB, device="cpu" if
+                                 source == "psutil" else "cuda:0") for i, u in enumerate(util)]
+    summaries = [RankSummary(rank, int(samples_per_s / ranks * 8), 8.0, (100 + rank) * MIB, "rss", 0.1,
+                             first_step_s, "cpu") for rank in range(ranks)]
+    return BurstResult(workload=workload, config=config, status="ok", world_size=ranks, warmup_steps=warmup,
+                       steps=steps, telemetry=telemetry, ranks=summaries, tokens_per_sample=16,
+                       environment={"torch": "2.13.0", "device": "cpu", "cpu_count": 16}, label=label)
+
+
+def make_failed(workload: str = "mlp") -> BurstResult:
+    error = ErrorInfo(kind="oom", message="CUDA out of memory. Tried to allocate 2 GiB\nsecond line", rank=0,
+                      traceback="Traceback (most recent call last): ...")
+    return BurstResult(workload=workload, config=Config(batch_size=4096), status="failed", error=error)
+
+
+@pytest.fixture()
+def runs() -> list[BurstResult]:
+    """A faster run listed before the plain baseline, a noisy one, a DDP one and a failure."""
+    fast = make_result(config=Config(num_workers=2), step_ms=5.0, data_ms=0.5, samples_per_s=200.0,
+                       util=(80.0, 90.0))
+    base = make_result()
+    noisy = make_result(config=Config(precision="bf16"), step_ms=[5, 10, 5, 10, 5, 10, 5, 10], samples_per_s=150.0,
+                        label="bf16 <try>")
+    ddp = make_result(config=Config(parallel="ddp", world_size=2), samples_per_s=180.0, ranks=2)
+    base.warnings.append("only 8 measured steps")
+    return [fast, base, noisy, ddp, make_failed()]
+
+
+# -- rows --------------------------------------------------------------------------------------------
+def test_rows_numbers_against_plain_baseline(runs: list[BurstResult]) -> None:
+    rows = comparison_rows(runs)
+    fast, base, noisy, ddp, _ = rows
+    assert [r["run"] for r in rows] == [0, 1, 2, 3, 4]
+    assert base["changes"] == "baseline" and base["speedup"] == pytest.approx(1.0)
+    assert fast["changes"] == "num_workers=2" and fast["speedup"] == pytest.approx(2.0)
+    assert ddp["speedup"] == pytest.approx(1.8)
+    assert fast["samples_per_s"] == pytest.approx(200.0) and fast["tokens_per_s"] == pytest.approx(3200.0)
+    assert base["step_ms_median"] == pytest.approx(10.0) and base["step_ms_iqr"] == pytest.approx(0.0)
+    assert base["data_wait_pct"] == pytest.approx(20.0) and fast["data_wait_pct"] == pytest.approx(10.0)
+    assert base["util_pct"] == pytest.approx(60.0)
+    assert base["peak_mem_mib"] == pytest.approx(100.0) and ddp["peak_mem_mib"] == pytest.approx(101.0)
+    assert base["compile_s"] is None  # compile_mode="off": nothing to attribute to compiling
+    assert base["noisy"] is False and noisy["noisy"] is True
+    assert noisy["label"] == "bf16 <try>" and base["label"] == "baseline"
+    assert base["error"] == ""
+
+
+def test_failed_row_keeps_error_first_line_and_unknowns(runs: list[BurstResult]) -> None:
+    failed = comparison_rows(runs)[-1]
+    assert failed["status"] == "failed"
+    assert failed["error"] == "CUDA out of memory. Tried to allocate 2 GiB"
+    assert failed["changes"] == "batch_size=4096"
+    for key in ("samples_per_s", "speedup", "step_ms_median", "util_pct", "data_wait_pct", "peak_mem_mib"):
+        assert failed[key] is None
+
+
+def test_speedup_is_per_workload_and_falls_back_to_first_ok_run() -> None:
+    cnn_first = make_result("cnn", Config(precision="bf16"), samples_per_s=50.0)
+    cnn_second = make_result("cnn", Config(precision="bf16", num_workers=4), samples_per_s=75.0)
+    rows = comparison_rows([make_failed("cnn"), make_result(samples_per_s=1000.0), cnn_first, cnn_second])
+    assert rows[1]["speedup"] == pytest.approx(1.0)
+    assert rows[2]["speedup"] == pytest.approx(1.0) and rows[2]["changes"] == "baseline"
+    assert rows[3]["speedup"] == pytest.approx(1.5) and rows[3]["changes"] == "num_workers=4"
+    assert rows[0]["speedup"] is None
+    assert rows[0]["changes"] == "batch_size=4096, precision=fp32"  # vs the cnn baseline's config
+
+
+def test_explicit_baseline(runs: list[BurstResult]) -> None:
+    rows = comparison_rows(runs, baseline=runs[0])
+    assert rows[0]["changes"] == "baseline" and rows[0]["speedup"] == pytest.approx(1.0)
+    assert rows[1]["changes"] == "num_workers=0" and rows[1]["speedup"] == pytest.approx(0.5)
+
+
+# -- text table ----------------------------------------------------------------------------------------
+def test_format_table_values_and_width(runs: list[BurstResult]) -> None:
+    long = make_result(config=Config(num_workers=4, pin_memory=True, non_blocking=True, precision="bf16",
+                                     tf32=True, compile_mode="max-autotune", optimizer_impl="fused"))
+    table = format_table(comparison_rows([*runs, long]))
+    lines = table.splitlines()
+    assert all(len(line) <= 120 for line in lines), max(lines, key=len)
+    for text in ("num_workers=2", "baseline", "bf16 <try> (precision=bf16)", "2.00×", "200.0", "10.00 ± 0.00",
+                 "20.0", "60.0", "failed", "#4 failed: CUDA out of memory"):
+        assert text in table
+    assert "…" in table  # the long changes were truncated
+    noisy_line = next(line for line in lines if "bf16 <try>" in line)
+    assert "7.50 ± 5.00 ~" in noisy_line
+    assert lines[0].split() == ["speedup", "util", "data", "peak", "compile"]
+    assert "step ms" in lines[1] and "changes" in lines[1] and "wait %" in lines[1]
+
+
+def test_format_table_empty() -> None:
+    assert format_table([]).splitlines()[1].startswith("#  workload  changes")
+
+
+# -- figures -------------------------------------------------------------------------------------------
+def _traces(fig: Figure, kind: str) -> list[Any]:
+    return [t for t in fig.data if isinstance(t.meta, dict) and t.meta.get("kind") == kind]
+
+
+def test_timeline_one_trace_per_run_per_subplot(runs: list[BurstResult]) -> None:
+    fig = build_figures(runs[:3])["timeline"]
+    util, steps, warmups = _traces(fig, "util"), _traces(fig, "step"), _traces(fig, "warmup")
+    assert [t.meta["run"] for t in util] == [0, 1, 2] and all(t.xaxis == "x" for t in util)
+    assert [t.meta["run"] for t in steps] == [0, 1, 2] and all(t.xaxis == "x2" for t in steps)
+    assert list(util[1].x) == [0.0, 0.5] and list(util[1].y) == [50.0, 70.0]
+    assert list(steps[0].x) == list(range(2, 10)) and list(steps[0].y) == pytest.approx([5.0] * 8)
+    assert steps[0].mode == "lines+markers"
+    # warm-up steps: their own hollow-marker trace, not part of the measured line
+    assert [t.meta["run"] for t in warmups] == [0, 1, 2] and all(t.xaxis == "x2" for t in warmups)
+    assert list(warmups[0].x) == [0, 1] and warmups[0].mode == "markers"
+    assert warmups[0].marker.symbol == "circle-open"
+    for run in range(3):
+        mine = [t for t in fig.data if t.meta["run"] == run]
+        assert {t.legendgroup for t in mine} == {f"run{run}"}
+        assert sum(bool(t.showlegend) for t in mine) == 1
+        assert len({t.line.color for t in mine if t.mode != "markers"}) == 1
+    assert len({util[r].line.color for r in range(3)}) == 3
+    assert fig.layout.yaxis.title.text == "worker CPU utilisation (% of machine)"
+
+
+def test_timeline_gpu_axis_and_per_rank_traces() -> None:
+    ddp = make_result(config=Config(parallel="ddp", world_size=2), ranks=2, source="nvml")
+    fig = build_figures([ddp])["timeline"]
+    assert fig.layout.yaxis.title.text == "GPU utilisation (NVML) %"
+    assert sorted(t.meta["rank"] for t in _traces(fig, "step")) == [0, 1]
+    assert sorted(t.meta["rank"] for t in _traces(fig, "warmup")) == [0, 1]
+
+
+def test_throughput_and_breakdown(runs: list[BurstResult]) -> None:
+    figures = build_figures(runs)
+    (bar,) = figures["throughput"].data
+    assert bar.orientation == "h" and bar.meta["runs"] == [0, 1, 2, 3]  # the failed run has no bar
+    assert list(bar.x) == pytest.approx([200.0, 100.0, 150.0, 180.0])
+    assert list(bar.text) == ["2.00×", "1.00×", "1.50×", "1.80×"]
+    breakdown = figures["breakdown"]
+    assert breakdown.layout.barmode == "stack"
+    by_kind = {t.meta["kind"]: t for t in breakdown.data}
+    assert list(by_kind["data_s"].y) == pytest.approx([0.5, 2.0, 2.0, 2.0])
+    assert list(by_kind["h2d_s"].y) == pytest.approx([1.0] * 4)
+    assert list(by_kind["compute_s"].y) == pytest.approx([3.5, 7.0, 4.5, 7.0])
+
+
+# -- HTML report ---------------------------------------------------------------------------------------
+class _Parser(HTMLParser):
+    """Collects script sources and table cells; raises nothing on well-formed input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.script_srcs: list[str] = []
+        self.cells: list[str] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "script":
+            self.script_srcs += [v or "" for k, v in attrs if k == "src"]
+        self._in_cell = tag == "td"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_cell = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_cell:
+            self.cells.append(data)
+
+
+@pytest.fixture()
+def report(tmp_path: Path, runs: list[BurstResult]) -> tuple[Path, str]:
+    path = write_report(runs, tmp_path / "out" / "report.html", title="Speed <check>",
+                        notes=["Measured on a shared runner & noisy."])
+    return path, path.read_text(encoding="utf-8")
+
+
+def test_report_is_one_offline_file(report: tuple[Path, str]) -> None:
+    path, text = report
+    assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["report.html"]  # no temp file left
+    assert text.count("* plotly.js v") == 1
+    assert text.count("Plotly.newPlot") == 3
+    parser = _Parser()
+    parser.feed(text)
+    parser.close()
+    assert parser.script_srcs == []  # nothing loaded from a CDN or anywhere else
+
+
+def test_report_content(report: tuple[Path, str]) -> None:
+    _, text = report
+    parser = _Parser()
+    parser.feed(text)
+    assert {"num_workers=2", "baseline", "bf16 <try>", "200.0", "2.00×", "10.00 ± 0.00", "failed",
+            "CUDA out of memory. Tried to allocate 2 GiB", "2.13.0"} <= set(parser.cells)
+    assert "Speed &lt;check&gt;" in text and "bf16 &lt;try&gt;" in text and "Speed <check>" not in text
+    assert "only 8 measured steps" in text
+    assert "Measured on a shared runner &amp; noisy." in text
+    assert "Traceback (most recent call last)" in text
+
+
+# -- exports -------------------------------------------------------------------------------------------
+def test_csv_and_json_round_trip(tmp_path: Path, runs: list[BurstResult]) -> None:
+    rows = comparison_rows(runs)
+    with write_csv(rows, tmp_path / "rows.csv").open(newline="", encoding="utf-8") as handle:
+        read = list(csv.DictReader(handle))
+    assert [r["label"] for r in read] == [r["label"] for r in rows]
+    assert float(read[0]["samples_per_s"]) == pytest.approx(200.0) and read[4]["samples_per_s"] == ""
+    loaded = [BurstResult.from_dict(d) for d in json.loads(write_json(runs, tmp_path / "runs.json").read_text())]
+    assert [r.samples_per_s for r in loaded] == [r.samples_per_s for r in runs]
+    assert loaded[4].error == runs[4].error
+
+
+def test_rows_to_dataframe(runs: list[BurstResult], monkeypatch: pytest.MonkeyPatch) -> None:
+    frame = rows_to_dataframe(comparison_rows(runs))
+    assert frame.shape[0] == 5 and frame.loc[0, "speedup"] == pytest.approx(2.0)
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="needs pandas"):
+        rows_to_dataframe([])
+
+
+def test_import_does_not_load_plotly() -> None:
+    code = ("import sys, accel_widgets.report as r; "
+            "r.format_table(r.comparison_rows([])); "
+            "assert 'plotly' not in sys.modules and 'pandas' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_report_of_no_runs(tmp_path: Path) -> None:
+    text = write_report([], tmp_path / "empty.html").read_text(encoding="utf-8")
+    assert text.count("* plotly.js v") == 1 and "<h2>Errors</h2>" not in text
