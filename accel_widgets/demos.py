@@ -53,7 +53,6 @@ _IMAGE_DATA_TAG = 101
 _IMAGE_AUG_TAG = 102
 _LM_DATA_TAG = 201
 _MLP_DATA_TAG = 301
-_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 
 
 # ----------------------------------------------------------------------------------------------- image
@@ -90,6 +89,11 @@ def synthetic_images(num_samples: int, image_size: int, num_classes: int, seed: 
         np.clip(block, 0, 255, out=block)
         images[start : start + n] = block
     return images, labels
+
+
+def _luma(img: np.ndarray) -> np.ndarray:
+    """Rec. 601 luma of an ``(H, W, 3)`` image, written out so no BLAS thread pool spins up in loader workers."""
+    return 0.299 * img[..., 0] + 0.587 * img[..., 1] + 0.114 * img[..., 2]
 
 
 def _bilinear_crop_resize(
@@ -208,9 +212,9 @@ class AugmentedImages(Dataset):
         x = x.reshape(rows, ss, cols, ss, 3).mean(axis=(1, 3))
         brightness, contrast, saturation = rng.uniform(0.7, 1.3, 3)
         x = x * brightness
-        grey_mean = float((x @ _LUMA).mean())
+        grey_mean = float(_luma(x).mean())
         x = (x - grey_mean) * contrast + grey_mean
-        grey = (x @ _LUMA)[..., None]
+        grey = _luma(x)[..., None]
         x = (x - grey) * saturation + grey
         np.clip(x, 0.0, 1.0, out=x)
         cut_h, cut_w = max(1, rows // 4), max(1, cols // 4)

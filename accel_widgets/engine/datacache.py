@@ -135,7 +135,7 @@ def dataset_fingerprint(dataset: Any) -> str:
             f"cannot fingerprint {type(dataset).__name__}: it does not pickle ({exc}); pass fingerprint= explicitly"
         ) from exc
     digest = hashlib.sha256(payload)
-    digest.update(f"len={_length(dataset)}".encode())
+    digest.update(f"len={len(dataset)}".encode())
     return digest.hexdigest()
 
 
@@ -233,10 +233,10 @@ def _leaf_tensor(value: Any, index: int, path: str) -> torch.Tensor:
     if isinstance(value, (np.ndarray, np.generic)):
         with contextlib.suppress(TypeError):  # str/object arrays fall through to the error below
             return torch.from_numpy(np.asarray(value, order="C"))
+    kind = f"numpy {value.dtype}" if isinstance(value, (np.ndarray, np.generic)) else type(value).__name__
     raise DataCacheError(
-        f"data_cache cannot store item {index} field {_shown(path)}: {type(value).__name__} "
-        f"{getattr(value, 'dtype', '')}; it stores tensors, numeric numpy arrays and python int/float/bool. "
-        "Set data_cache='none' for this dataset."
+        f"data_cache cannot store item {index} field {_shown(path)}: {kind}; it stores tensors, numeric numpy "
+        "arrays and python int/float/bool. Set data_cache='none' for this dataset."
     )
 
 
@@ -252,6 +252,8 @@ def _read_item(dataset: Any, index: int) -> tuple[Spec, list[tuple[str, torch.Te
 
 def _layout_of(spec: Spec, fields: list[tuple[str, torch.Tensor]]) -> _Layout:
     """The layout item 0 sets for all the others."""
+    if not fields:
+        raise DataCacheError("data_cache found no values in item 0: nothing to cache")
     return _Layout(spec, tuple(_Field(path, tuple(t.shape), t.dtype) for path, t in fields))
 
 
@@ -430,7 +432,7 @@ def _load_cache(path: Path, fingerprint: str, n: int) -> _MemmapCache | None:
     try:
         meta = json.loads((path / _META).read_text())
         if (meta["format"], meta["fingerprint"], meta["len"]) != (FORMAT_VERSION, fingerprint, n):
-            raise DataCacheError(f"meta.json is for format {meta['format']}, {meta['len']} items, another fingerprint")
+            raise DataCacheError("meta.json is for another format version, length or fingerprint")
         layout = _Layout.from_json(meta)
         _open_memmaps(path, layout, n)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

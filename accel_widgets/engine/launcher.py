@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import cloudpickle
 import psutil
+from torch import nn
 import torch.multiprocessing as torch_mp
 from torch.multiprocessing.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException
 
@@ -241,7 +242,7 @@ def _run_in_workers(
         sampler.start()
         outcome = _collect(context, events, samples, collected, on_event, stop, called_at + timeout_s)
     finally:
-        sampler.stop()
+        result.telemetry = sampler.stop()
         if context is not None:
             _terminate(context)
             _drain(events, collected, None)
@@ -249,8 +250,6 @@ def _run_in_workers(
         events.close()
         events.join_thread()
         shutil.rmtree(temp_dir, ignore_errors=True)
-    while not samples.empty():
-        result.telemetry.append(samples.get())
     return _finish(result, collected, outcome, called_at, timeout_s)
 
 
@@ -385,7 +384,7 @@ def _run_in_process(
         stacklevel=3,
     )
     collected = _Collected()
-    private = copy.deepcopy(workload)  # the user's model must never be trained in place
+    private = _with_private_model(workload)
     try:
         run_rank(0, private, spec, lambda event: collected.handle(event, on_event, time.perf_counter()),
                  should_stop=stop.is_set if stop is not None else lambda: False)
@@ -399,6 +398,20 @@ def _run_in_process(
     if outcome == "exited" and stop is not None and stop.is_set():
         outcome = "stopped"
     return _finish(result, collected, outcome, called_at, 0.0)
+
+
+def _with_private_model(workload: Workload) -> Workload:
+    """The user's model must never be trained in place; the dataset is only read, so it is shared."""
+    if not isinstance(workload.model, nn.Module):
+        return workload
+    try:
+        model = copy.deepcopy(workload.model)
+    except Exception as exc:
+        raise WorkloadNotPicklable(
+            f"isolation='inprocess' needs a private copy of the model, and copy.deepcopy failed ({exc}). "
+            "Pass a zero-argument model factory instead of an instance."
+        ) from exc
+    return replace(workload, model=model)
 
 
 def leftover_temp_files() -> list[str]:

@@ -237,7 +237,9 @@ def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Conf
     if missing:
         raise ValueError(f"optimizer_impl={config.optimizer_impl!r}: {cls.__name__} has no {missing[0]!r} option")
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    groups = [{k: v for k, v in g.items() if k == "params" or k in accepted} for g in optimizer.param_groups]
+    # Per-group copies of the old flags would override the new defaults, so groups drop them.
+    groups = [{k: v for k, v in g.items() if k == "params" or (k in accepted and k not in flags)}
+              for g in optimizer.param_groups]
     return cls(groups, **{**defaults, **flags})
 
 

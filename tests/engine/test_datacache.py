@@ -174,8 +174,10 @@ def test_variable_size_items_are_refused_naming_the_item(mode: str, tmp_path: Pa
 
 
 def test_unsupported_fields_are_refused_naming_the_item() -> None:
-    with pytest.raises(DataCacheError, match=r"item 0 field \[1\]: str"):
+    with pytest.raises(DataCacheError, match=r"item 0 field \[1\]: str;"):
         cache_dataset([(torch.zeros(2), "label")], "memory")
+    with pytest.raises(DataCacheError, match=r"item 1 field \(the whole item\): numpy object;"):
+        cache_dataset([np.zeros(2), np.array([None, 1])], "memory")
     with pytest.raises(DataCacheError, match=r"item 0: dict field \[0\] has non-str keys"):
         cache_dataset([({1: torch.zeros(2)},)], "memory")
 
@@ -252,3 +254,5 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         cache_dataset(Images(), "memmap", tmp_path, fingerprint="../escape")
     with pytest.raises(DataCacheError, match="empty dataset"):
         cache_dataset([], "memory")
+    with pytest.raises(DataCacheError, match="no values in item 0"):
+        cache_dataset([(), ()], "memory")

@@ -1,0 +1,115 @@
+"""Shared fixtures. Every test is checked for leaks: processes, threads, sockets and temp files.
+
+The preloaded forkserver and multiprocessing's resource tracker are session-long infrastructure
+(started once, like a kernel's), so they are allowed; anything they or the test started must be gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import torch
+
+from accel_widgets.engine.launcher import leftover_temp_files
+
+LEAK_GRACE_S = 3.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir() -> Iterator[str]:
+    """Keep memmap caches and compiled kernels of the test session out of the user's home."""
+    path = tempfile.mkdtemp(prefix="accel-widgets-test-cache-")
+    previous = os.environ.get("ACCEL_WIDGETS_CACHE")
+    os.environ["ACCEL_WIDGETS_CACHE"] = path
+    yield path
+    if previous is None:
+        os.environ.pop("ACCEL_WIDGETS_CACHE", None)
+    else:
+        os.environ["ACCEL_WIDGETS_CACHE"] = previous
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _infrastructure_pids() -> set[int]:
+    pids = set()
+    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
+    for pid in (server, tracker):
+        if pid:
+            pids.add(pid)
+    return pids
+
+
+def _descendants() -> dict[int, str]:
+    """Every live process below this one, except the allowed infrastructure processes themselves."""
+    allowed = _infrastructure_pids()
+    found = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in allowed and child.status() != psutil.STATUS_ZOMBIE:
+                found[child.pid] = " ".join(child.cmdline()[:4])
+        except psutil.Error:
+            continue
+    return found
+
+
+def _listening_ports() -> set[int]:
+    return {c.laddr.port for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+
+
+def _wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail the test if it leaves a process, thread, listening port or torch temp file behind."""
+    threads_before = set(threading.enumerate())
+    processes_before = set(_descendants())
+    ports_before = _listening_ports()
+    temp_before = set(leftover_temp_files())
+    yield
+    _wait_until(lambda: not (set(_descendants()) - processes_before), LEAK_GRACE_S)
+    extra_processes = {p: c for p, c in _descendants().items() if p not in processes_before}
+    _wait_until(lambda: not [t for t in threading.enumerate() if t not in threads_before and t.is_alive()], 1.0)
+    extra_threads = [t.name for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+    extra_ports = _listening_ports() - ports_before
+    extra_temp = set(leftover_temp_files()) - temp_before
+    problems = []
+    if extra_processes:
+        for pid in extra_processes:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        problems.append(f"processes left running: {extra_processes}")
+    if extra_threads:
+        problems.append(f"threads left running: {extra_threads}")
+    if extra_ports:
+        problems.append(f"listening ports left open: {sorted(extra_ports)}")
+    if extra_temp:
+        problems.append(f"temp files left behind: {sorted(extra_temp)}")
+    if problems:
+        pytest.fail("leak check: " + "; ".join(problems))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU tests run only where CUDA exists (the GPU check script runs them on a lent GPU)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

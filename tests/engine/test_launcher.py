@@ -1,0 +1,184 @@
+"""Bursts in real worker processes: isolation, live events, failures, teardown (leaks: see conftest)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from accel_widgets import (
+    BurstResult,
+    BurstTimeout,
+    Config,
+    ConfigError,
+    IsolationWarning,
+    StepRecord,
+    WorkerCrashed,
+    WorkerError,
+    WorkerOutOfMemory,
+    WorkloadNotPicklable,
+    Workload,
+    run_burst,
+)
+from tests.workloads import FailAt, LockedDataset, TinyNet, conv_workload, tiny_workload
+
+
+def test_burst_runs_in_a_worker_and_streams_every_step_live():
+    events, arrival = [], []
+
+    def on_event(event):
+        events.append(event)
+        arrival.append(time.perf_counter())
+
+    started = time.perf_counter()
+    result = run_burst(tiny_workload(), Config(), steps=10, on_event=on_event)
+    finished = time.perf_counter()
+    steps = [e for e in events if isinstance(e, StepRecord)]
+    assert result.ok and len(steps) == 12 == len(result.steps)
+    assert result.environment["pid"] != __import__("os").getpid()
+    assert result.environment["start_method"] == "forkserver"
+    assert result.samples_per_s > 0 and result.step_time.n == 10
+    assert 0 < result.time_to_first_step_s < finished - started
+    assert min(arrival) < finished - 0.005  # events arrived while the burst ran, not after it
+    assert BurstResult.from_json(result.to_json()).samples_per_s == result.samples_per_s
+
+
+def test_the_users_model_is_never_touched():
+    model = TinyNet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    workload = tiny_workload(model)
+    run_burst(workload, Config(), steps=5)
+    with pytest.warns(IsolationWarning):
+        run_burst(workload, Config(), steps=5, isolation="inprocess")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_worker_and_in_process_bursts_train_identically():
+    workload = tiny_workload()
+    in_worker = run_burst(workload, Config(), steps=6)
+    in_process = run_burst(workload, Config(), steps=6, isolation="inprocess")
+    assert in_worker.losses() == pytest.approx(in_process.losses(), abs=1e-6)
+
+
+def test_locally_defined_classes_travel_by_value():
+    class LocalNet(torch.nn.Module):  # not importable by name in the worker: cloudpickle ships it
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    assert run_burst(tiny_workload(LocalNet()), Config(), steps=3).ok
+
+
+def test_seconds_bound_bursts_stop_on_time():
+    result = run_burst(tiny_workload(), Config(), seconds=0.5)
+    assert result.ok
+    assert 0.45 <= result.ranks[0].measured_s < 1.5
+    assert result.step_time.n > 3
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(num_workers=2, persistent_workers=True, prefetch_factor=4),
+        Config(num_workers=1, data_cache="memmap"),
+        Config(data_cache="memmap", precision="bf16", grad_accum_steps=2, sync_every=0),
+    ],
+    ids=lambda c: c.label(),
+)
+def test_data_loading_knobs_work_in_workers(config):
+    result = run_burst(tiny_workload(), config, steps=6)
+    assert result.ok and result.ranks[0].measured_samples == 6 * 32 * config.grad_accum_steps
+
+
+def test_a_raising_worker_reports_its_own_traceback():
+    with pytest.raises(WorkerError) as info:
+        run_burst(tiny_workload(FailAt("raise", at_call=4)), Config(), steps=10)
+    error = info.value
+    assert "rank 0 failed: ValueError: deliberate failure at call 4" in str(error)
+    assert "in forward" in error.result.error.traceback
+    assert error.result.status == "failed" and len(error.result.steps) == 3  # the steps before the failure
+
+
+def test_out_of_memory_is_reported_as_such_with_advice():
+    with pytest.raises(WorkerOutOfMemory, match="smaller batch_size"):
+        run_burst(tiny_workload(FailAt("oom")), Config(), steps=10)
+
+
+def test_a_killed_worker_is_reported_as_a_crash():
+    with pytest.raises(WorkerCrashed, match="out-of-memory killer") as info:
+        run_burst(tiny_workload(FailAt("kill")), Config(), steps=10)
+    assert info.value.result.error.kind == "crash"
+
+
+def test_a_hanging_worker_is_stopped_by_the_timeout():
+    started = time.perf_counter()
+    with pytest.raises(BurstTimeout) as info:
+        run_burst(tiny_workload(FailAt("hang")), Config(), steps=10, timeout_s=2.0)
+    assert time.perf_counter() - started < 6.0
+    assert info.value.result.status == "timeout"
+
+
+def test_stop_ends_the_burst_within_a_second():
+    stop = threading.Event()
+    stopped_at = []
+
+    def on_event(event):
+        if isinstance(event, StepRecord) and event.step == 3 and not stop.is_set():
+            stop.set()
+            stopped_at.append(time.perf_counter())
+
+    result = run_burst(tiny_workload(FailAt("hang", at_call=8)), Config(), steps=100, on_event=on_event, stop=stop)
+    assert result.status == "stopped"
+    assert time.perf_counter() - stopped_at[0] < 1.0
+
+
+def test_config_errors_come_before_any_process_starts():
+    with pytest.raises(ConfigError, match="needs at least 2 GPUs"):
+        run_burst(tiny_workload(), Config(parallel="dataparallel"))
+
+
+def test_bad_burst_lengths_are_rejected():
+    with pytest.raises(ValueError, match="steps >= 1"):
+        run_burst(tiny_workload(), steps=0)
+    with pytest.raises(ValueError, match="isolation="):
+        run_burst(tiny_workload(), isolation="thread")
+
+
+def test_unpicklable_workload_says_what_to_do_and_in_process_fallback_works():
+    workload = Workload(model=TinyNet(), dataset=LockedDataset(), loss_fn=torch.nn.functional.cross_entropy,
+                        batch_size=32)
+    with pytest.raises(WorkloadNotPicklable, match="isolation='inprocess'"):
+        run_burst(workload, steps=3)
+    with pytest.warns(IsolationWarning, match="a crash or out-of-memory takes this kernel down"):
+        assert run_burst(workload, steps=3, isolation="inprocess").ok
+
+
+def test_the_engine_recovers_after_failures():
+    with pytest.raises(WorkerCrashed):
+        run_burst(tiny_workload(FailAt("kill", at_call=1)), Config(), steps=3)
+    assert run_burst(tiny_workload(), Config(), steps=3).ok
+
+
+def test_channels_last_in_a_worker():
+    assert run_burst(conv_workload(), Config(channels_last=True), steps=3).ok
+
+
+def test_two_ddp_ranks_are_the_same_worker_code():
+    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2), steps=5)
+    assert result.ok and [r.rank for r in result.ranks] == [0, 1]
+    assert {s.rank for s in result.steps} == {0, 1}
+    assert result.samples_per_s == pytest.approx(sum(r.measured_samples / r.measured_s for r in result.ranks))
+    assert result.environment["threads_per_rank"] == 1
+
+
+def test_telemetry_samples_the_worker_on_the_burst_clock():
+    result = run_burst(tiny_workload(), Config(), seconds=1.0)
+    assert len(result.telemetry) >= 5
+    assert all(sample.source == "psutil" for sample in result.telemetry)
+    last_step = result.steps[-1].t
+    assert any(0 < sample.t <= last_step for sample in result.telemetry)
+    assert max(sample.util_pct for sample in result.telemetry) > 10

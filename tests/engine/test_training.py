@@ -1,0 +1,230 @@
+"""The training step and its knobs, run in-process (fast) where isolation is not the point."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accel_widgets import Config, Workload, run_burst
+from accel_widgets.engine import training
+from accel_widgets.engine.flags import torch_flags, torch_threads
+from accel_widgets.engine.training import (
+    BatchFormatError,
+    CudaStepClock,
+    HostStepClock,
+    batch_length,
+    build_optimizer,
+    split_batch,
+    to_device,
+)
+from tests.workloads import TinyNet, conv_workload, tiny_workload
+
+
+def burst(workload, config=None, **kwargs):
+    kwargs.setdefault("steps", 6)
+    return run_burst(workload, config or Config(), isolation="inprocess", **kwargs)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_host_step_clock_splits_the_step_exactly():
+    clock = FakeClock()
+    timer = HostStepClock(clock, origin=90.0)
+    timer.start_step()
+    with timer.waiting_for_data():
+        clock.now += 0.25
+    with timer.copying():
+        clock.now += 0.05
+    clock.now += 0.70
+    timer.end_step()
+    (timing,) = timer.completed()
+    assert (timing.data_s, timing.h2d_s, timing.total_s) == pytest.approx((0.25, 0.05, 1.0))
+    assert timing.compute_s == pytest.approx(0.70)
+    assert timing.t == pytest.approx(11.0)
+    assert timer.completed() == []
+
+
+class FakeEvent:
+    """A CUDA event on a fake GPU timeline: ``at`` is when the GPU reaches it (ms)."""
+
+    timeline: list[float] = []
+    done_until = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at = None
+
+    def record(self) -> None:
+        self.at = FakeEvent.timeline.pop(0)
+
+    def query(self) -> bool:
+        return self.at <= FakeEvent.done_until
+
+    def elapsed_time(self, other: "FakeEvent") -> float:
+        return other.at - self.at
+
+
+def test_cuda_step_clock_reads_events_only_once_the_gpu_passed_them(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    # reference, step start, copy begin, copy end, step end (ms on the GPU timeline)
+    FakeEvent.timeline = [0.0, 10.0, 10.0, 12.0, 30.0]
+    FakeEvent.done_until = 0.0
+    clock = FakeClock()
+    timer = CudaStepClock(clock, origin=99.0, device=torch.device("cuda", 0))
+    timer.start_step()
+    with timer.waiting_for_data():
+        clock.now += 0.004
+    with timer.copying():
+        pass
+    timer.end_step()
+    assert timer.completed() == []  # the GPU has not reached the end marker: no sync forced
+    FakeEvent.done_until = 30.0
+    (timing,) = timer.completed()
+    assert timing.total_s == pytest.approx(0.020)
+    assert timing.h2d_s == pytest.approx(0.002)
+    assert timing.data_s == pytest.approx(0.004)
+    assert timing.t == pytest.approx(1.0 + 0.030)
+    assert len(synced) == 2  # only at construction, never per step
+
+
+def test_batch_helpers():
+    batch = to_device([torch.zeros(4, 3, 2, 2), {"y": torch.ones(4)}], torch.device("cpu"), False, True)
+    assert batch[0].is_contiguous(memory_format=torch.channels_last)
+    assert batch_length(batch[1]) == 4
+    with pytest.raises(BatchFormatError, match="3 elements"):
+        split_batch([1, 2, 3])
+
+
+@pytest.mark.parametrize(("impl", "flags"), [("for-loop", (False, False)), ("foreach", (True, False)),
+                                             ("fused", (False, True))])
+def test_optimizer_implementation_is_rebuilt_with_the_same_hyperparameters(impl, flags):
+    workload = tiny_workload(optimizer=lambda p: torch.optim.AdamW(p, lr=0.123, weight_decay=0.5))
+    optimizer = build_optimizer(workload, list(TinyNet().parameters()), Config(optimizer_impl=impl))
+    group = optimizer.param_groups[0]
+    assert (group["foreach"], group["fused"]) == flags
+    assert (group["lr"], group["weight_decay"]) == (0.123, 0.5)
+
+
+def test_optimizer_without_the_implementation_is_a_clear_error():
+    workload = tiny_workload(optimizer=lambda p: torch.optim.LBFGS(p))
+    with pytest.raises(ValueError, match="LBFGS has no 'foreach' option"):
+        build_optimizer(workload, list(TinyNet().parameters()), Config(optimizer_impl="foreach"))
+
+
+def test_flags_and_threads_are_restored():
+    before = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
+              torch.backends.cuda.matmul.fp32_precision, torch.get_num_threads())
+    with torch_flags(Config(tf32=True, cudnn_benchmark=True)), torch_threads(1):
+        assert torch.backends.cudnn.benchmark and torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.get_num_threads() == 1
+    with torch_flags(Config(deterministic=True)):
+        assert torch.are_deterministic_algorithms_enabled()
+    after = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
+             torch.backends.cuda.matmul.fp32_precision, torch.get_num_threads())
+    assert after == before
+
+
+def test_steps_warmup_and_losses_are_all_reported():
+    result = burst(tiny_workload(), steps=5, warmup_steps=2)
+    assert [s.step for s in result.steps] == list(range(7))
+    assert [s.warmup for s in result.steps] == [True, True] + [False] * 5
+    assert all(s.samples == 32 for s in result.steps)
+    assert result.ranks[0].measured_samples == 5 * 32
+    assert all(loss is not None for loss in result.losses())
+
+
+def test_every_burst_starts_from_the_same_weights_and_data_order():
+    first, second = burst(tiny_workload()), burst(tiny_workload())
+    assert first.losses() == second.losses()
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+    """2 x 16 accumulated must train like 1 x 32: same data order, loss scaled by 1/k."""
+    workload = tiny_workload(optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+    big = burst(workload, Config(batch_size=32))
+    accumulated = burst(workload, Config(batch_size=16, grad_accum_steps=2))
+    assert accumulated.losses() == pytest.approx(big.losses(), abs=1e-5)
+    assert accumulated.steps[0].samples == 32
+
+
+def test_sync_every_zero_still_reports_every_loss_at_the_end():
+    live = []
+    result = burst(tiny_workload(), Config(sync_every=0), on_event=live.append)
+    assert all(record.loss is None for record in live)  # nothing was read while training
+    assert all(loss is not None for loss in result.losses())
+    assert result.losses() == burst(tiny_workload()).losses()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config(precision="bf16"),
+        Config(precision="fp16"),
+        Config(script_loss=True),
+        Config(set_to_none=False),
+        Config(optimizer_impl="foreach", sync_every=3),
+        Config(data_cache="memory"),
+        Config(deterministic=True),
+    ],
+    ids=lambda c: c.label(),
+)
+def test_cpu_knobs_train(config):
+    result = burst(tiny_workload(), config, steps=8)
+    assert result.ok
+    losses = result.losses()
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0]
+
+
+def test_channels_last_conv_model_trains():
+    assert burst(conv_workload(), Config(channels_last=True)).ok
+
+
+def test_models_returning_dicts_work_through_the_loss_function():
+    class DictNet(TinyNet):
+        def forward(self, x):
+            return {"logits": super().forward(x), "aux": x.sum()}
+
+    workload = Workload(model=DictNet(), dataset=tiny_workload().dataset, batch_size=32,
+                        loss_fn=lambda out, y: F.cross_entropy(out["logits"], y))
+    assert burst(workload).ok
+
+
+def test_dataset_smaller_than_a_batch_is_a_clear_error():
+    workload = Workload(model=nn.Linear(2, 1), dataset=(torch.zeros(8, 2), torch.zeros(8, 1)),
+                        loss_fn=F.mse_loss, batch_size=16)
+    result = None
+    with pytest.raises(Exception, match="fewer than one batch of 16") as info:
+        burst(workload)
+    result = info.value.result
+    assert result.status == "failed"
+
+
+def test_untraceable_loss_under_script_loss_is_a_clear_error():
+    workload = tiny_workload()
+    workload.loss_fn = lambda out, y: F.cross_entropy(out, y)  # lambdas cannot be scripted
+    with pytest.raises(Exception, match="cannot be compiled by TorchScript"):
+        burst(workload, Config(script_loss=True))
+
+
+def test_compile_failures_are_reported_as_compile_errors():
+    class Boom(Exception):
+        pass
+
+    Boom.__module__ = "torch._inductor.exc"
+    loop = training.TrainingLoop.__new__(training.TrainingLoop)
+    loop.config = Config(compile_mode="default")
+
+    def fail() -> int:
+        raise Boom("C++ compiler not found")
+
+    loop._step = fail
+    with pytest.raises(training.CompileError, match="failed at the first step: Boom: C\\+\\+ compiler not found"):
+        loop._first_step()

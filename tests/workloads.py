@@ -1,0 +1,97 @@
+"""Tiny workloads for engine tests, including ones that fail in each way a real workload can."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accel_widgets import Workload
+
+FEATURES, CLASSES = 16, 4
+
+
+class TinyNet(nn.Module):
+    """Two linear layers: fast enough that a burst's cost is the harness, not the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(FEATURES, 32)
+        self.out = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.hidden(x)))
+
+
+class TinyConvNet(nn.Module):
+    """A conv + batch-norm model, for channels_last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.norm(self.conv(x))).mean(dim=(2, 3)))
+
+
+class FailAt(TinyNet):
+    """Fails on the k-th forward call in the way named by ``how``."""
+
+    def __init__(self, how: str, at_call: int = 3) -> None:
+        super().__init__()
+        self.how, self.at_call, self.calls = how, at_call, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at_call:
+            if self.how == "raise":
+                raise ValueError(f"deliberate failure at call {self.calls}")
+            if self.how == "oom":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+            if self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.how == "hang":
+                time.sleep(3600)
+        return super().forward(x)
+
+
+def tensors(n: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, FEATURES, generator=generator)
+    y = (x[:, :CLASSES].argmax(dim=1)).long()
+    return x, y
+
+
+def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
+    return Workload(model=model or TinyNet(), dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32,
+                    name="tiny", **kwargs)
+
+
+def conv_workload() -> Workload:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(256, 3, 8, 8, generator=generator)
+    labels = torch.randint(0, CLASSES, (256,), generator=generator)
+    return Workload(model=TinyConvNet(), dataset=(images, labels), loss_fn=F.cross_entropy, batch_size=16,
+                    name="tiny-conv")
+
+
+class LockedDataset(torch.utils.data.Dataset):
+    """Holds a thread lock: cannot travel to another process."""
+
+    def __init__(self) -> None:
+        self.x, self.y = tensors()
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.lock:
+            return self.x[index], self.y[index]
