@@ -53,9 +53,16 @@ class Knob:
         """Human-readable description of the valid values, used in every error message."""
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
-        lo = "-inf" if self.minimum is None else f"{self.minimum:g}"
-        hi = "inf" if self.maximum is None else f"{self.maximum:g}"
-        text = f"a {self.kind.__name__} in [{lo}, {hi}]"
+        if self.kind is bool:
+            return "True or False"
+
+        def bound(value: float | None, unbounded: str) -> str:
+            if value is None:
+                return unbounded
+            return str(int(value)) if self.kind is int else f"{value:g}"
+
+        noun = "an integer" if self.kind is int else "a number"
+        text = f"{noun} in [{bound(self.minimum, '-inf')}, {bound(self.maximum, 'inf')}]"
         return text + " or None" if self.allow_none else text
 
     def check(self, value: Any) -> Any:
@@ -69,7 +76,7 @@ class Knob:
         if self.kind is bool:
             if isinstance(value, bool):
                 return value
-            raise KnobValueError(f"{self.name}={value!r} is invalid: use True or False")
+            raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
         if self.kind is int and int(value) != value:

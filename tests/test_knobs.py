@@ -86,3 +86,12 @@ def test_parse_rejects_nonsense_with_the_valid_values():
 def test_ranks_only_count_for_ddp():
     assert Config(parallel="ddp", world_size=2).ranks == 2
     assert Config().ranks == 1
+
+
+def test_docs_are_generated_from_the_registry():
+    from pathlib import Path
+
+    from accel_widgets.cli import knobs_markdown
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "knobs.md"
+    assert docs.read_text() == knobs_markdown() + "\n", "regenerate: accel-widgets knobs --markdown > docs/knobs.md"

@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 import cloudpickle
 import psutil
-from torch import nn
 import torch.multiprocessing as torch_mp
+from torch import nn
 from torch.multiprocessing.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException
 
 from ..config import Config

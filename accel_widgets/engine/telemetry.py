@@ -9,6 +9,7 @@ machine, so samples line up with the step events the workers stamp on the same c
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
@@ -151,7 +152,7 @@ class TelemetrySampler:
         while not self._stop_event.is_set():
             try:
                 self._tick()
-            except Exception as exc:  # noqa: BLE001 - telemetry must never end a burst
+            except Exception as exc:
                 self._record(_describe(exc))
             next_tick += self._interval
             now = time.monotonic()
@@ -167,7 +168,7 @@ class TelemetrySampler:
             if self._on_sample is not None:
                 try:
                     self._on_sample(sample)
-                except Exception as exc:  # noqa: BLE001 - a broken display must not stop the readings
+                except Exception as exc:
                     self._record(f"on_sample: {_describe(exc)}")
 
     def _read_nvml(self, t: float) -> list[TelemetrySample]:
@@ -210,10 +211,8 @@ class TelemetrySampler:
         with self._lock:
             pending, self._pending = self._pending, set()
         for pid in pending:
-            try:
+            with contextlib.suppress(*_GONE):
                 self._roots[pid] = psutil.Process(pid)
-            except _GONE:
-                pass
         family: dict[int, psutil.Process] = {}
         for pid, root in list(self._roots.items()):
             try:

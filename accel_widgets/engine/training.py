@@ -344,8 +344,8 @@ class TrainingLoop:
             samples += batch_length(targets)
             # Why no_sync: DDP all-reduces gradients only on the micro-batch that steps the optimizer.
             last = micro == accum - 1
-            sync_context = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
-            with sync_context:
+            skip_sync = not last and hasattr(self.model, "no_sync")
+            with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                 with self._autocast():
                     loss = self.loss_fn(call_model(self.model, inputs), targets)
                 # Why /accum: the accumulated gradient then equals that of one batch of accum x the size.
@@ -381,7 +381,8 @@ class TrainingLoop:
         try:
             return self._step()
         except Exception as exc:
-            if self.config.compile_mode != "off" and type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            from_compiler = type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
+            if self.config.compile_mode != "off" and from_compiler:
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise CompileError(
                     f"torch.compile(mode={self.config.compile_mode!r}) failed at the first step: "

@@ -16,8 +16,8 @@ from accel_widgets import (
     WorkerCrashed,
     WorkerError,
     WorkerOutOfMemory,
-    WorkloadNotPicklable,
     Workload,
+    WorkloadNotPicklable,
     run_burst,
 )
 from tests.workloads import FailAt, LockedDataset, TinyNet, conv_workload, tiny_workload

@@ -1,5 +1,7 @@
 """The training step and its knobs, run in-process (fast) where isolation is not the point."""
 
+from typing import ClassVar
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,7 +55,7 @@ def test_host_step_clock_splits_the_step_exactly():
 class FakeEvent:
     """A CUDA event on a fake GPU timeline: ``at`` is when the GPU reaches it (ms)."""
 
-    timeline: list[float] = []
+    timeline: ClassVar[list[float]] = []
     done_until = 0.0
 
     def __init__(self, enable_timing: bool = False) -> None:

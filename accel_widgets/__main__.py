@@ -1,0 +1,8 @@
+"""``python -m accel_widgets`` is the ``accel-widgets`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

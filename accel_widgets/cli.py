@@ -1,0 +1,216 @@
+"""``accel-widgets``: the command-line face. A thin view: arguments become Configs, results become tables.
+
+    accel-widgets demo                      # the classic ladder on the built-in workloads + HTML report
+    accel-widgets run --workload pkg.mod:make_workload --set precision=bf16 --num-workers 4
+    accel-widgets knobs [--markdown]        # what every knob does (generated from the registry)
+
+Per-knob flags (``--num-workers``, ``--precision`` ...) are generated from the knob registry; ``--set
+name=value`` is the same thing spelled generically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Config
+from .demos import DEMO_NAMES, demo_workload
+from .device import probe_device
+from .engine.launcher import BurstError, run_burst
+from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError
+from .ladder import classic_ladder, run_ladder
+from .results import BurstResult
+from .validation import ConfigError
+from .workload import Workload
+
+DEFAULT_REPORT = "accel_widgets_report.html"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_knob_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("knobs (generated from the registry; see `accel-widgets knobs`)")
+    for knob in KNOBS.values():
+        group.add_argument(_flag(knob.name), dest=f"knob_{knob.name}", metavar="VALUE", default=None,
+                           help=f"{knob.what} Valid: {knob.valid_values_text()}. Default: {knob.default!r}.")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="set any knob by name, e.g. --set precision=bf16 (repeatable)")
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Collect per-knob flags and --set pairs into a validated Config."""
+    values: dict[str, Any] = {}
+    for name, knob in KNOBS.items():
+        text = getattr(args, f"knob_{name}", None)
+        if text is not None:
+            values[name] = knob.parse(text)
+    for pair in args.set:
+        name, separator, text = pair.partition("=")
+        if not separator:
+            raise KnobValueError(f"--set {pair!r}: use NAME=VALUE, e.g. --set precision=bf16")
+        values[name.strip()] = KNOBS[name.strip()].parse(text)
+    return Config(**values)
+
+
+def load_workload(reference: str) -> Workload:
+    """Import ``module:function`` and call it; the function returns a Workload (or is one)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--workload {reference!r}: use MODULE:FUNCTION, e.g. mypkg.train:make_workload")
+    target = getattr(importlib.import_module(module_name), attribute)
+    workload = target() if callable(target) and not isinstance(target, Workload) else target
+    if not isinstance(workload, Workload):
+        raise TypeError(f"{reference} must return an accel_widgets.Workload, got {type(workload).__name__}")
+    return workload
+
+
+def _print_result_line(result: BurstResult, baseline: BurstResult | None) -> None:
+    name = result.label or result.config.label()
+    if not result.ok:
+        message = result.error.message if result.error else result.status
+        print(f"  {name:<10} {result.status}: {message.splitlines()[0]}", flush=True)
+        return
+    speedup = result.speedup_over(baseline) if baseline is not None and baseline.ok else None
+    ratio = f"{speedup:5.2f}x" if speedup is not None else "     -"
+    step = result.step_time
+    step_text = f"{step.median * 1e3:8.2f} ms/step" if step is not None else ""
+    print(f"  {name:<10} {result.samples_per_s:10,.1f} samples/s {ratio} {step_text}", flush=True)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .report import comparison_rows, format_table, write_json, write_report
+
+    device = probe_device()
+    names = args.workloads.split(",") if args.workloads else list(DEMO_NAMES)
+    print(f"accel-widgets demo on {device.name} ({device.cpu_count} CPU cores, {len(device.gpus)} GPUs)", flush=True)
+    results: list[BurstResult] = []
+    for name in names:
+        workload = demo_workload(name.strip(), size=args.size)
+        rungs = classic_ladder(workload, device)
+        if args.no_compile:
+            rungs = [r for r in rungs if r.name != "+compile"]
+        print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
+        baseline: list[BurstResult] = []
+
+        def show(rung: Any, result: BurstResult, baseline: list[BurstResult] = baseline) -> None:
+            _print_result_line(result, baseline[0] if baseline else None)
+            if not baseline:
+                baseline.append(result)
+
+        results += run_ladder(workload, rungs, on_result=show, steps=args.steps, timeout_s=args.timeout)
+    rows = comparison_rows(results)
+    print("\n" + format_table(rows))
+    notes = [f"Each rung keeps the knobs of the rungs before it; {args.steps} measured steps per burst after "
+             "warmup. Speed-ups are relative to each workload's baseline, measured in the same session."]
+    report = write_report(results, args.report, title="accel_widgets demo: the classic ladder", notes=notes)
+    print(f"\nreport: {report}")
+    if args.json:
+        print(f"json:   {write_json(results, args.json)}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .report import comparison_rows, format_table, write_json
+
+    workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
+    config = config_from_args(args)
+    results = []
+    configs = [Config(), config] if args.compare and config != Config() else [config]
+    for each in configs:
+        try:
+            results.append(run_burst(workload, each, steps=args.steps, seconds=args.seconds, timeout_s=args.timeout))
+        except BurstError as exc:
+            results.append(exc.result)
+            print(str(exc), file=sys.stderr)
+    for result in results:
+        print(result.summary())
+    if len(results) > 1:
+        print("\n" + format_table(comparison_rows(results)))
+    if args.json:
+        print(f"json: {write_json(results, args.json)}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def knobs_markdown() -> str:
+    """The knob reference, generated from the registry (docs/knobs.md is this text)."""
+    lines = ["# Knob reference", "", "Generated from `accel_widgets.knobs.KNOBS` by `accel-widgets knobs --markdown`.",
+             ""]
+    for group in GROUPS:
+        lines += [f"## {GROUP_TITLES[group]}", ""]
+        for knob in KNOBS.in_group(group):
+            lines += [
+                f"### `{knob.name}`",
+                "",
+                f"- **Values:** {knob.valid_values_text()}; default `{knob.default!r}`; "
+                f"acts on: {', '.join(knob.applies_to).upper()}",
+                f"- **What:** {knob.what}",
+                f"- **Why:** {knob.why}",
+                f"- **When:** {knob.when}",
+                "",
+            ]
+    return "\n".join(lines)
+
+
+def cmd_knobs(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(knobs_markdown())
+        return 0
+    for group in GROUPS:
+        print(GROUP_TITLES[group])
+        for knob in KNOBS.in_group(group):
+            print(f"  {knob.name:<19} {knob.valid_values_text():<48} default {knob.default!r}")
+            print(f"  {'':<19} {knob.what}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="accel-widgets", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run the classic ladder on the built-in workloads")
+    demo.add_argument("--workloads", default=None, help=f"comma-separated subset of {', '.join(DEMO_NAMES)}")
+    demo.add_argument("--size", choices=("small", "gpu"), default="small")
+    demo.add_argument("--steps", type=int, default=30, help="measured steps per burst (default 30)")
+    demo.add_argument("--no-compile", action="store_true", help="skip the torch.compile rung")
+    demo.add_argument("--report", default=DEFAULT_REPORT, help=f"HTML report path (default {DEFAULT_REPORT})")
+    demo.add_argument("--json", default=None, help="also write every result as JSON here")
+    demo.add_argument("--timeout", type=float, default=600.0, help="per-burst timeout in seconds")
+    demo.set_defaults(handler=cmd_demo)
+
+    run = commands.add_parser("run", help="run one burst of your workload (MODULE:FUNCTION) with chosen knobs")
+    source = run.add_mutually_exclusive_group()
+    source.add_argument("--workload", help="MODULE:FUNCTION returning an accel_widgets.Workload")
+    source.add_argument("--demo", choices=DEMO_NAMES, default="mlp", help="a built-in workload instead")
+    run.add_argument("--steps", type=int, default=None, help="measured steps (default 40)")
+    run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps")
+    run.add_argument("--compare", action="store_true", help="also run the baseline Config() and compare")
+    run.add_argument("--json", default=None, help="write the result(s) as JSON here")
+    run.add_argument("--timeout", type=float, default=600.0, help="burst timeout in seconds")
+    _add_knob_flags(run)
+    run.set_defaults(handler=cmd_run)
+
+    knobs = commands.add_parser("knobs", help="list every knob with what it does")
+    knobs.add_argument("--markdown", action="store_true", help="print the Markdown reference")
+    knobs.set_defaults(handler=cmd_knobs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except (KnobValueError, ConfigError, ValueError, TypeError, ImportError) as exc:
+        print(f"accel-widgets: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("accel-widgets: interrupted; workers stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
