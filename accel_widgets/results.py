@@ -41,6 +41,8 @@ class TelemetrySample:
 
     ``util_pct`` is NVML's "a kernel was running" share for a GPU, and the workers' CPU use as a share
     of the machine's cores for ``source="psutil"``: a busy signal, never an efficiency measure.
+    ``host_util_pct`` is the whole machine's CPU use, every process included: the gap to the workers'
+    share is load the burst did not cause, which makes its timings unreliable.
     """
 
     t: float
@@ -51,6 +53,7 @@ class TelemetrySample:
     mem_total_bytes: int | None = None
     power_w: float | None = None
     sm_clock_mhz: float | None = None
+    host_util_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,13 @@ class BurstResult:
     def mean_utilisation_pct(self) -> float | None:
         values = [t.util_pct for t in self.telemetry]
         return sum(values) / len(values) if values else None
+
+    @property
+    def foreign_cpu_pct(self) -> float | None:
+        """Mean CPU share (of the machine) used by processes other than the burst's workers."""
+        gaps = [t.host_util_pct - t.util_pct for t in self.telemetry
+                if t.source == "psutil" and t.host_util_pct is not None]
+        return max(0.0, sum(gaps) / len(gaps)) if gaps else None
 
     def speedup_over(self, baseline: BurstResult) -> float | None:
         mine, theirs = self.samples_per_s, baseline.samples_per_s

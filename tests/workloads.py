@@ -95,3 +95,15 @@ class LockedDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self.lock:
             return self.x[index], self.y[index]
+
+
+def net_with_broken_compiler() -> nn.Module:
+    """Builds TinyNet in the worker after pointing inductor at a C++ compiler that does not exist.
+
+    This is a real inductor failure (the notes saw it on machines without g++), raised at the first
+    compiled call, not a simulated exception.
+    """
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.cxx = ("/nonexistent/c++",)
+    return TinyNet()

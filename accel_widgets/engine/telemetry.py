@@ -94,6 +94,7 @@ class TelemetrySampler:
         """Start sampling on a daemon thread (daemon: a kernel that exits must not wait on telemetry)."""
         if self._thread is not None or self._stop_event.is_set():
             raise RuntimeError("a TelemetrySampler runs once; create a new one for each burst")
+        psutil.cpu_percent(interval=None)  # primes the machine-wide counter: its first reading is meaningless
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -175,6 +176,7 @@ class TelemetrySampler:
         """One sample per GPU; a GPU that fails this tick is skipped so the others still report."""
         nvml = self._nvml
         readings = []
+        host_util = psutil.cpu_percent(interval=None)  # the host side: a starved loader shows here
         for index, handle in self._handles:
             device = f"cuda:{index}"
             try:
@@ -191,6 +193,7 @@ class TelemetrySampler:
                         power_w=None if power_mw is None else power_mw / 1000.0,
                         sm_clock_mhz=None if sm_clock is None else float(sm_clock),
                         device=device,
+                        host_util_pct=host_util,
                     )
                 )
             except nvml.NVMLError as exc:
@@ -252,6 +255,7 @@ class TelemetrySampler:
                 mem_used_bytes=rss,
                 mem_total_bytes=self._mem_total,
                 device="cpu",
+                host_util_pct=psutil.cpu_percent(interval=None),
             )
         ]
 

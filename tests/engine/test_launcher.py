@@ -182,3 +182,17 @@ def test_telemetry_samples_the_worker_on_the_burst_clock():
     last_step = result.steps[-1].t
     assert any(0 < sample.t <= last_step for sample in result.telemetry)
     assert max(sample.util_pct for sample in result.telemetry) > 10
+
+
+def test_foreign_cpu_load_during_a_burst_is_flagged():
+    import subprocess
+    import sys
+
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        result = run_burst(tiny_workload(), Config(), seconds=1.0)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert result.foreign_cpu_pct > 20
+    assert any("other processes used" in w for w in result.warnings)

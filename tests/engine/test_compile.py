@@ -1,0 +1,25 @@
+"""torch.compile bursts on the CPU: compile time reported apart from steady state; failures are clear."""
+
+import pytest
+
+from accel_widgets import Config, WorkerError, run_burst
+from tests.workloads import net_with_broken_compiler, tiny_workload
+
+pytestmark = pytest.mark.slow
+
+
+def test_compiled_burst_reports_compile_time_separately():
+    result = run_burst(tiny_workload(), Config(compile_mode="default"), steps=10)
+    assert result.ok and result.warmup_steps == 3
+    assert result.compile_s is not None and result.compile_s > 0
+    assert result.first_step_s > 5 * result.step_time.median  # the first step paid for compiling
+    losses = result.losses()
+    assert losses[-1] < losses[0]
+
+
+def test_a_compiler_failure_is_a_clear_error_naming_the_knob():
+    workload = tiny_workload()
+    workload.model = net_with_broken_compiler
+    with pytest.raises(WorkerError, match=r"torch.compile\(mode='default'\) failed at the first step") as info:
+        run_burst(workload, Config(compile_mode="default"), steps=3)
+    assert "compile_mode='off'" in str(info.value)
