@@ -214,7 +214,9 @@ def run_burst(
     )
     result = BurstResult(workload=workload.name, config=config, status="ok", world_size=config.ranks,
                          warmup_steps=warmup_steps, tokens_per_sample=workload.tokens_per_sample,
-                         warnings=list(config_warnings), label=label)
+                         warnings=list(config_warnings), label=label,
+                         environment={"driver": device.driver, "gpus": [g.name for g in device.gpus],
+                                      "start_method": START_METHOD if isolation == "process" else "inprocess"})
     if isolation == "inprocess":
         return _run_in_process(workload, spec, result, on_event, stop, called_at)
     if isolation != "process":
@@ -336,7 +338,7 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
             timeout_s: float) -> BurstResult:
     result.steps = collected.steps_with_losses()
     result.ranks = [collected.ranks[r] for r in sorted(collected.ranks)]
-    result.environment = {**collected.environment, "start_method": START_METHOD}
+    result.environment = {**collected.environment, **result.environment}
     result.warnings.extend(w for w in collected.warnings if w not in result.warnings)
     result.wall_s = time.perf_counter() - called_at
     foreign = result.foreign_cpu_pct

@@ -174,6 +174,8 @@ def test_sync_every_zero_still_reports_every_loss_at_the_end():
         Config(optimizer_impl="foreach", sync_every=3),
         Config(data_cache="memory"),
         Config(deterministic=True),
+        Config(optimizer_impl="fused"),
+        Config(pin_memory=True, non_blocking=True, tf32=True, cudnn_benchmark=True, empty_cache=True),
     ],
     ids=lambda c: c.label(),
 )
@@ -183,6 +185,12 @@ def test_cpu_knobs_train(config):
     losses = result.losses()
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
+
+
+def test_cuda_only_knobs_on_cpu_run_and_say_they_did_nothing():
+    result = burst(tiny_workload(), Config(pin_memory=True, memory_fraction=0.5))
+    assert result.ok
+    assert any("only act on CUDA" in w for w in result.warnings)
 
 
 def test_channels_last_conv_model_trains():
