@@ -35,6 +35,16 @@ from .workload import Workload
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``aw.TuningPanel`` imports the panel (ipywidgets, plotly) only when first asked for."""
+    if name == "TuningPanel":
+        from .panel import TuningPanel
+
+        return TuningPanel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEMO_NAMES",
     "GROUPS",

@@ -2,6 +2,7 @@
 
     accel-widgets demo                      # the classic ladder on the built-in workloads + HTML report
     accel-widgets run --workload pkg.mod:make_workload --set precision=bf16 --num-workers 4
+    accel-widgets export --workload pkg.mod:make_workload --parallel ddp --world-size 8 -o train.py
     accel-widgets knobs [--markdown]        # what every knob does (generated from the registry)
 
 Per-knob flags (``--num-workers``, ``--precision`` ...) are generated from the knob registry; ``--set
@@ -136,6 +137,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_script, torchrun_command
+
+    config = config_from_args(args)
+    path = export_script(args.workload, config, args.output, nnodes=args.nnodes, endpoint=args.endpoint)
+    print(f"wrote {path}\n  one machine:  torchrun --standalone --nproc-per-node {config.world_size} {path.name}")
+    print("  several:      " + torchrun_command(path, nproc_per_node=config.world_size, nnodes=args.nnodes,
+                                                endpoint=args.endpoint))
+    return 0
+
+
 def knobs_markdown() -> str:
     """The knob reference, generated from the registry (docs/knobs.md is this text)."""
     lines = ["# Knob reference", "", "Generated from `accel_widgets.knobs.KNOBS` by `accel-widgets knobs --markdown`.",
@@ -193,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=600.0, help="burst timeout in seconds")
     _add_knob_flags(run)
     run.set_defaults(handler=cmd_run)
+
+    export = commands.add_parser("export", help="write a standalone torchrun DDP script with the chosen knobs")
+    export.add_argument("--workload", required=True, help="MODULE:FUNCTION returning an accel_widgets.Workload")
+    export.add_argument("-o", "--output", default="train_ddp.py", help="script path (default train_ddp.py)")
+    export.add_argument("--nnodes", type=int, default=2, help="machines in the multi-node command (default 2)")
+    export.add_argument("--endpoint", default="HOST:29400", help="rendezvous HOST:PORT reachable from all nodes")
+    _add_knob_flags(export)
+    export.set_defaults(handler=cmd_export)
 
     knobs = commands.add_parser("knobs", help="list every knob with what it does")
     knobs.add_argument("--markdown", action="store_true", help="print the Markdown reference")

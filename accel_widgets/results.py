@@ -196,6 +196,11 @@ class BurstResult:
                 if t.source == "psutil" and t.host_util_pct is not None]
         return max(0.0, sum(gaps) / len(gaps)) if gaps else None
 
+    def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
+        """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
+        mine, theirs = self.samples_per_s, single_rank.samples_per_s
+        return mine / (self.world_size * theirs) if mine and theirs else None
+
     def speedup_over(self, baseline: BurstResult) -> float | None:
         mine, theirs = self.samples_per_s, baseline.samples_per_s
         return mine / theirs if mine and theirs else None

@@ -81,14 +81,14 @@ def no_leaks() -> Iterator[None]:
     threads_before = set(threading.enumerate())
     processes_before = set(_descendants())
     ports_before = _listening_ports()
-    temp_before = set(leftover_temp_files())
+    temp_before = set(leftover_temp_files(os.getpid()))
     yield
     _wait_until(lambda: not (set(_descendants()) - processes_before), LEAK_GRACE_S)
     extra_processes = {p: c for p, c in _descendants().items() if p not in processes_before}
     _wait_until(lambda: not [t for t in threading.enumerate() if t not in threads_before and t.is_alive()], 1.0)
     extra_threads = [t.name for t in threading.enumerate() if t not in threads_before and t.is_alive()]
     extra_ports = _listening_ports() - ports_before
-    extra_temp = set(leftover_temp_files()) - temp_before
+    extra_temp = set(leftover_temp_files(os.getpid())) - temp_before
     problems = []
     if extra_processes:
         for pid in extra_processes:

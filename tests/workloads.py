@@ -42,15 +42,22 @@ class TinyConvNet(nn.Module):
 
 
 class FailAt(TinyNet):
-    """Fails on the k-th forward call in the way named by ``how``."""
+    """Fails on the k-th forward call in the way named by ``how`` (on one DDP rank, if ``rank`` is set)."""
 
-    def __init__(self, how: str, at_call: int = 3) -> None:
+    def __init__(self, how: str, at_call: int = 3, rank: int | None = None) -> None:
         super().__init__()
-        self.how, self.at_call, self.calls = how, at_call, 0
+        self.how, self.at_call, self.calls, self.rank = how, at_call, 0, rank
+
+    def _my_turn(self) -> bool:
+        if self.rank is None:
+            return True
+        import torch.distributed as dist
+
+        return dist.is_initialized() and dist.get_rank() == self.rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
-        if self.calls == self.at_call:
+        if self.calls == self.at_call and self._my_turn():
             if self.how == "raise":
                 raise ValueError(f"deliberate failure at call {self.calls}")
             if self.how == "oom":
@@ -70,7 +77,8 @@ def tensors(n: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
-    return Workload(model=model or TinyNet(), dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32,
+    """A TinyNet factory by default: the engine seeds it, so every burst starts from the same weights."""
+    return Workload(model=model or TinyNet, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32,
                     name="tiny", **kwargs)
 
 
@@ -107,3 +115,8 @@ def net_with_broken_compiler() -> nn.Module:
 
     inductor_config.cpp.cxx = ("/nonexistent/c++",)
     return TinyNet()
+
+
+def exported_workload() -> Workload:
+    """``tests.workloads:exported_workload``: the module:function form export_script needs."""
+    return tiny_workload()

@@ -17,6 +17,7 @@ import glob
 import os
 import queue
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -30,7 +31,7 @@ import cloudpickle
 import psutil
 import torch.multiprocessing as torch_mp
 from torch import nn
-from torch.multiprocessing.spawn import ProcessContext, ProcessExitedException, ProcessRaisedException
+from torch.multiprocessing.spawn import ProcessContext
 
 from ..config import Config
 from ..device import DeviceInfo, probe_device
@@ -44,6 +45,7 @@ START_METHOD = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
                       "accel_widgets.engine.worker"]
 DEFAULT_STEPS = 40
+BURST_DIR_PREFIX = "accel-widgets-burst-"  # + the owning process id, so leftovers can be attributed
 DEFAULT_TIMEOUT_S = 600.0
 POLL_S = 0.02
 TEARDOWN_GRACE_S = 0.5
@@ -133,6 +135,7 @@ class _Collected:
     environment: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     errors: list[tuple[int, float, str, str, str]] = field(default_factory=list)
+    exit_codes: list[int | None] = field(default_factory=list)
     first_step_at: float | None = None
 
     def handle(self, event: tuple[Any, ...], on_event: Callable[[Event], None] | None, now: float) -> None:
@@ -165,11 +168,22 @@ class _Collected:
         return patched
 
     def root_cause(self) -> tuple[int, float, str, str, str] | None:
-        """The first rank to fail for its own reason, not a peer reporting that the failed rank vanished."""
-        if not self.errors:
-            return None
+        """The first rank to fail for its own reason, not a peer reporting that the failed rank vanished.
+
+        None when no rank raised for its own reason: then a rank that died silently is the cause.
+        """
         own = [e for e in self.errors if not any(m in e[3] + e[4] for m in PEER_FAILURE_MARKERS)]
-        return min(own or self.errors, key=lambda e: e[1])
+        if own:
+            return min(own, key=lambda e: e[1])
+        if self.errors and not self.crashed_ranks():
+            return min(self.errors, key=lambda e: e[1])
+        return None
+
+    def crashed_ranks(self) -> list[tuple[int, int]]:
+        """``(rank, exit code)`` of ranks that exited non-zero without sending an error event."""
+        reported = {e[0] for e in self.errors}
+        return [(rank, code) for rank, code in enumerate(self.exit_codes)
+                if code not in (0, None) and rank not in reported]
 
 
 def run_burst(
@@ -210,7 +224,7 @@ def run_burst(
     spec = BurstSpec(
         config=config, steps=steps, seconds=seconds, warmup_steps=warmup_steps, clock_origin=called_at,
         cache_dir=cache_dir or default_cache_dir(), threads_per_rank=max(1, device.cpu_count // config.ranks),
-        device_kind=device.kind, temp_dir="", master_port=free_port() if config.ranks > 1 else None,
+        device_kind=device.kind, temp_dir="", master_port=free_port() if config.parallel == "ddp" else None,
     )
     result = BurstResult(workload=workload.name, config=config, status="ok", world_size=config.ranks,
                          warmup_steps=warmup_steps, tokens_per_sample=workload.tokens_per_sample,
@@ -229,7 +243,7 @@ def _run_in_workers(
     stop: threading.Event | None, timeout_s: float, device: DeviceInfo, called_at: float,
 ) -> BurstResult:
     warm_up()  # returns at once; the server imports torch while we pickle
-    temp_dir = tempfile.mkdtemp(prefix="accel-widgets-burst-")
+    temp_dir = tempfile.mkdtemp(prefix=f"{BURST_DIR_PREFIX}{os.getpid()}-")
     spec = replace(spec, temp_dir=temp_dir)
     samples: queue.SimpleQueue[TelemetrySample] = queue.SimpleQueue()
     sampler = TelemetrySampler(clock_origin=called_at, on_sample=samples.put,
@@ -281,13 +295,15 @@ def _collect(
                 on_event(sample)
         if stop is not None and stop.is_set():
             return "stopped"
-        try:
-            if context.join(timeout=0, grace_period=TEARDOWN_GRACE_S):
-                _drain(events, collected, on_event)
-                return "exited"
-        except (ProcessRaisedException, ProcessExitedException):
+        # Exit codes are read at the first failure, before teardown signals blur who died first.
+        codes = [process.exitcode for process in context.processes]
+        if any(code not in (0, None) for code in codes):
+            collected.exit_codes = codes
             _drain(events, collected, on_event, timeout=0.2)
             return "failed"
+        if all(code == 0 for code in codes):
+            _drain(events, collected, on_event)
+            return "exited"
         if time.perf_counter() > deadline:
             return "timeout"
 
@@ -364,7 +380,9 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
         raise BurstTimeout(result.error.message, result)
     result.status = "failed"
     if cause is None:
-        result.error = ErrorInfo("crash", _crash_message(result.world_size))
+        crashed = collected.crashed_ranks()
+        rank, code = crashed[0] if crashed else (None, None)
+        result.error = ErrorInfo("crash", _crash_message(rank, code), rank)
         raise WorkerCrashed(result.error.message, result)
     rank, _, kind, message, trace = cause
     result.error = ErrorInfo("oom" if kind == "oom" else "exception", message, rank, trace)
@@ -372,10 +390,14 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
     raise error_cls(f"rank {rank} failed: {message}\n\n-- rank {rank} traceback --\n{trace}", result)
 
 
-def _crash_message(world_size: int) -> str:
-    who = "the worker" if world_size == 1 else "a rank"
-    return (f"{who} died without raising (killed by a signal or a hard exit); if it was SIGKILL, the likely cause is "
-            "the operating system's out-of-memory killer: use a smaller batch_size or fewer num_workers")
+def _crash_message(rank: int | None, exit_code: int | None) -> str:
+    who = "a rank" if rank is None else f"rank {rank}"
+    if exit_code is not None and exit_code < 0:
+        how = f"was killed by {signal.Signals(-exit_code).name}"
+    else:
+        how = f"exited with code {exit_code}" if exit_code is not None else "died"
+    return (f"{who} {how} without raising an exception. If it was SIGKILL, the likely cause is the operating "
+            "system's out-of-memory killer: use a smaller batch_size or fewer num_workers")
 
 
 def _run_in_process(
@@ -383,8 +405,8 @@ def _run_in_process(
     stop: threading.Event | None, called_at: float,
 ) -> BurstResult:
     """The explicit fallback for workloads that cannot be pickled: same loop, no isolation."""
-    if spec.config.ranks > 1:
-        raise ConfigError("isolation='inprocess' runs one process: DDP needs isolation='process'")
+    if spec.config.parallel == "ddp":
+        raise ConfigError("isolation='inprocess' runs in the caller: DDP needs isolation='process'")
     warnings.warn(
         "run_burst(isolation='inprocess') trains in this process: a crash or out-of-memory takes this kernel down, "
         "a hang cannot be timed out, and on a GPU this process initialises CUDA (DDP can then no longer be "
@@ -423,8 +445,12 @@ def _with_private_model(workload: Workload) -> Workload:
     return replace(workload, model=model)
 
 
-def leftover_temp_files() -> list[str]:
-    """torch/multiprocessing leftovers a burst must never leave in the system temp dir (used by tests)."""
+def leftover_temp_files(owner_pid: int | None = None) -> list[str]:
+    """torch/multiprocessing leftovers a burst must never leave in the system temp dir (used by tests).
+
+    Burst dirs carry the launching process id; ``owner_pid`` restricts them to one launcher.
+    """
     root = tempfile.gettempdir()
-    patterns = ("pytorch-errorfile-*", "torchelastic_*", "accel-widgets-burst-*")
+    owner = "" if owner_pid is None else f"{owner_pid}-"
+    patterns = ("pytorch-errorfile-*", "torchelastic_*", f"{BURST_DIR_PREFIX}{owner}*")
     return sorted(p for pattern in patterns for p in glob.glob(os.path.join(root, pattern)))

@@ -213,7 +213,7 @@ def prepare_model(
         # Why: tensor-core convolutions run in NHWC; NCHW weights pay a transpose around every conv.
         model = model.to(memory_format=torch.channels_last)
     raw = model
-    if config.parallel == "ddp" and world_size > 1:
+    if config.parallel == "ddp":  # with one rank too: that measures what DDP itself costs
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     elif config.parallel == "dataparallel":
         # Legacy single-process data parallelism: one Python thread drives every GPU (DDP avoids that).

@@ -112,6 +112,8 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         torch_flags(config),
         _process_group(spec, rank, device),
         _collected_warnings() as caught,
+        # The in-process fallback runs in the caller: seeding must not change the caller's RNG streams.
+        torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []),
     ):
         if device.type == "cuda" and config.memory_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(config.memory_fraction, device)
@@ -129,7 +131,7 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         setup_s = time.perf_counter() - setup_start
         measured = loop.run(spec.warmup_steps, spec.steps, spec.seconds)
         summary = rank_summary(rank, device, measured, setup_s, _device_name(device))
-    emit(("rank_done", summary, _environment(device, spec), sorted(set(caught))))
+    emit(("rank_done", summary, _environment(device, spec, model), sorted(set(caught))))
 
 
 def _device_for(kind: str, rank: int) -> torch.device:
@@ -147,7 +149,7 @@ def _use_inductor_cache(cache_dir: str) -> None:
 @contextlib.contextmanager
 def _process_group(spec: BurstSpec, rank: int, device: torch.device) -> Iterator[None]:
     """Join the burst's process group for DDP (NCCL on GPUs, gloo on CPU); nothing for one rank."""
-    if spec.config.ranks == 1:
+    if spec.config.parallel != "ddp":
         yield
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -177,7 +179,16 @@ def _device_name(device: torch.device) -> str:
     return probe_device().cpu_name
 
 
-def _environment(device: torch.device, spec: BurstSpec) -> dict[str, Any]:
+def _wrapper_chain(model: torch.nn.Module) -> list[str]:
+    """How the model ran, outermost first: e.g. OptimizedModule > DistributedDataParallel > Net."""
+    chain = [type(model).__name__]
+    while hasattr(model, "_orig_mod") or hasattr(model, "module"):
+        model = getattr(model, "_orig_mod", None) or model.module
+        chain.append(type(model).__name__)
+    return chain
+
+
+def _environment(device: torch.device, spec: BurstSpec, model: torch.nn.Module) -> dict[str, Any]:
     env: dict[str, Any] = {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -187,6 +198,7 @@ def _environment(device: torch.device, spec: BurstSpec) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "threads_per_rank": spec.threads_per_rank,
         "pid": os.getpid(),
+        "model_wrappers": _wrapper_chain(model),
         "executable": sys.executable,
     }
     if device.type == "cuda":

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.slow
 def test_compiled_burst_reports_compile_time_separately():
     result = run_burst(tiny_workload(), Config(compile_mode="default"), steps=10)
     assert result.ok and result.warmup_steps == 3
+    assert result.environment["model_wrappers"] == ["OptimizedModule", "TinyNet"]
     assert result.compile_s is not None and result.compile_s > 0
     assert result.first_step_s > 5 * result.step_time.median  # the first step paid for compiling
     losses = result.losses()
@@ -23,3 +24,9 @@ def test_a_compiler_failure_is_a_clear_error_naming_the_knob():
     with pytest.raises(WorkerError, match=r"torch.compile\(mode='default'\) failed at the first step") as info:
         run_burst(workload, Config(compile_mode="default"), steps=3)
     assert "compile_mode='off'" in str(info.value)
+
+
+def test_compile_composes_with_ddp():
+    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2, compile_mode="default"), steps=4)
+    assert result.ok
+    assert result.environment["model_wrappers"][:2] == ["OptimizedModule", "DistributedDataParallel"]

@@ -38,3 +38,15 @@ def test_cuda_knobs_train(config):
 def test_memory_fraction_caps_the_worker():
     with pytest.raises(WorkerOutOfMemory):
         run_burst(tiny_workload(Hog()), Config(memory_fraction=0.1), steps=3)
+
+
+def test_ddp_on_cuda_uses_nccl_without_touching_cuda_here():
+    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=1), steps=5)
+    assert result.ok and result.environment["model_wrappers"][0] == "DistributedDataParallel"
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two GPUs")
+def test_dataparallel_runs_on_two_gpus():
+    result = run_burst(tiny_workload(), Config(parallel="dataparallel"), steps=5)
+    assert result.ok and result.environment["model_wrappers"][0] == "DataParallel"

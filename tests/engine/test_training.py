@@ -238,3 +238,12 @@ def test_compile_failures_are_reported_as_compile_errors():
     loop._step = fail
     with pytest.raises(training.CompileError, match="failed at the first step: Boom: C\\+\\+ compiler not found"):
         loop._first_step()
+
+
+def test_in_process_bursts_leave_the_callers_random_state_alone():
+    workload = tiny_workload()
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    burst(workload)
+    assert torch.equal(torch.rand(3), expected)

@@ -1,0 +1,123 @@
+"""The runs table: one row per run, numbers from ``report.comparison_rows``, a checkbox per row for the plots.
+
+A GridBox of plain ipywidgets (a Checkbox and HTML cells), so selecting what the plots show happens in
+the table itself and works in any front end that runs standard ipywidgets 8. The numbers are the
+same dicts the CLI table and the HTML report format, so the three can never disagree.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as w
+
+from ..report import comparison_rows
+from ..results import BurstResult
+from .plots import run_colour
+from .state import row_title
+
+Row = dict[str, Any]
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # (header, tooltip, css width)
+    ("show", "tick to show the run in the plots", "64px"),
+    ("changes from baseline", "what differs from the baseline run (a ladder rung's name first)", "minmax(220px, 3fr)"),
+    ("samples/s", "steady-state throughput, summed over ranks", "90px"),
+    ("speed-up", "throughput over the baseline run's", "72px"),
+    ("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", "120px"),
+    ("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)", "60px"),
+    ("data wait", "share of the step spent waiting for the data loader", "72px"),
+    ("peak MiB", "peak memory (GPU allocator, or the workers' RSS on CPU)", "80px"),
+    ("compile s", "extra time of the first step over a steady one (compiled runs)", "72px"),
+    ("status", "ok, stopped, or failed with the error's first line", "minmax(120px, 2fr)"),
+)
+_CELL = "padding: 2px 6px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
+_STATUS_COLOURS = {"ok": "#2e7d32", "stopped": "#8a6d00"}
+
+
+def _number(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _step(row: Row) -> str:
+    if row["step_ms_median"] is None:
+        return "–"
+    noise = " ~" if row["noisy"] else ""
+    return f"{row['step_ms_median']:.1f} ± {row['step_ms_iqr']:.1f}{noise}"
+
+
+def cells(row: Row) -> list[tuple[str, str]]:
+    """(text, full text for the hover) of each column after the checkbox."""
+    status = str(row["status"]) if not row["error"] else f"{row['status']}: {row['error']}"
+    title = row_title(row)
+    return [
+        (title, title),
+        (_number(row["samples_per_s"], ",.1f"), ""),
+        (_number(row["speedup"], ".2f", "×"), ""),
+        (_step(row), "noisy: IQR/median ≥ 10% or fewer than 4 steps" if row["noisy"] else ""),
+        (_number(row["util_pct"], ".0f"), ""),
+        (_number(row["data_wait_pct"], ".0f", "%"), ""),
+        (_number(row["peak_mem_mib"], ",.0f"), ""),
+        (_number(row["compile_s"], ".1f"), ""),
+        (status, status),
+    ]
+
+
+class RunsTable:
+    """Renders the rows and reports the ticked runs through ``on_select(set_of_run_indices)``."""
+
+    def __init__(self, on_select: Callable[[set[int]], None]) -> None:
+        self._on_select = on_select
+        self.rows: list[Row] = []
+        self.checkboxes: list[w.Checkbox] = []
+        self._header = [w.HTML(f'<div style="{_CELL} font-weight: 600;" title="{html.escape(tip)}">'
+                               f"{html.escape(name)}</div>") for name, tip, _ in _COLUMNS]
+        self.widget = w.GridBox(self._header, layout=w.Layout(
+            grid_template_columns=" ".join(width for _, _, width in _COLUMNS), grid_gap="0px 0px",
+            width="100%", overflow="hidden"))
+        self.empty = w.HTML('<i style="color: #777;">No runs yet: Run burst or Run ladder.</i>')
+
+    @property
+    def selected(self) -> set[int]:
+        return {run for run, box in enumerate(self.checkboxes) if box.value}
+
+    def update(self, results: Sequence[BurstResult]) -> None:
+        """Rebuild the rows from all results (a new baseline can change earlier rows' speed-ups)."""
+        self.rows = comparison_rows(results)
+        while len(self.checkboxes) < len(self.rows):
+            box = w.Checkbox(value=True, indent=False, layout=w.Layout(width="auto"),
+                             description=f"#{len(self.checkboxes)}", tooltip="show this run in the plots")
+            box.observe(lambda _: self._on_select(self.selected), names="value")
+            self.checkboxes.append(box)
+        children: list[w.Widget] = list(self._header)
+        for row, box in zip(self.rows, self.checkboxes, strict=True):
+            children += [self._show_cell(row["run"], box), *self._cells(row)]
+        self.widget.children = children
+        self.empty.layout.display = "none" if self.rows else None
+
+    def text(self) -> list[list[str]]:
+        """The table as text, row by row (tests and notebooks read what the user sees)."""
+        return [[f"#{row['run']}", *(text for text, _ in cells(row))] for row in self.rows]
+
+    @staticmethod
+    def _show_cell(run: int, box: w.Checkbox) -> w.HBox:
+        swatch = w.HTML(f'<span style="display: inline-block; width: 10px; height: 10px; margin-top: 9px; '
+                        f'background: {run_colour(run)}; border-radius: 2px;"></span>',
+                        layout=w.Layout(width="14px"))
+        return w.HBox([swatch, box], layout=w.Layout(border_top="1px solid #e0e0e0"))
+
+    @staticmethod
+    def _cells(row: Row) -> list[w.HTML]:
+        colour = _STATUS_COLOURS.get(str(row["status"]), "#c62828")
+        out = []
+        for index, (text, hover) in enumerate(cells(row)):
+            align = "left" if index in (0, len(_COLUMNS) - 2) else "right"
+            style = f"{_CELL} text-align: {align};"
+            if index == len(_COLUMNS) - 2:
+                style += f" color: {colour};"
+            title = f' title="{html.escape(hover)}"' if hover else ""
+            out.append(w.HTML(f'<div style="{style}"{title}>{html.escape(text)}</div>',
+                              layout=w.Layout(border_top="1px solid #e0e0e0", overflow="hidden")))
+        return out
