@@ -68,6 +68,7 @@ class RankSummary:
     setup_s: float
     first_step_s: float
     device: str
+    scaler_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped (inf/NaN grads)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import resource
 import time
 from collections import deque
@@ -321,6 +322,7 @@ class TrainingLoop:
     def __post_init__(self) -> None:
         # Why: fp16 has a narrow exponent range; scaling the loss keeps small gradients from flushing to 0.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
+        self._initial_scale = self.scaler.get_scale()  # before first use: no tensor yet, so no sync
         self._next_step = 0
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -390,6 +392,18 @@ class TrainingLoop:
                 ) from exc
             raise
 
+    def scaler_skipped_steps(self) -> int | None:
+        """Optimizer steps GradScaler skipped for inf/NaN gradients (fp16 only), read once after measuring.
+
+        Within a burst shorter than the scaler's growth interval the scale only changes by halving on a
+        skipped step, so log2(initial / final) counts the skips exactly without a per-step host sync.
+        """
+        if not self.scaler.is_enabled():
+            return None
+        growths = self._next_step // self.scaler.get_growth_interval()
+        halvings = math.log2(self._initial_scale / self.scaler.get_scale())
+        return max(0, round(halvings) + growths)
+
     def run(self, warmup_steps: int, steps: int | None, seconds: float | None) -> tuple[int, float, float]:
         """Warm up, then measure; returns ``(measured samples, measured seconds, first step seconds)``."""
         start = self.clock()
@@ -424,7 +438,8 @@ class TrainingLoop:
 
 
 def rank_summary(
-    rank: int, device: torch.device, measured: tuple[int, float, float], setup_s: float, device_name: str
+    rank: int, device: torch.device, measured: tuple[int, float, float], setup_s: float, device_name: str,
+    scaler_skipped_steps: int | None = None,
 ) -> RankSummary:
     samples, window_s, first_step_s = measured
     return RankSummary(
@@ -436,4 +451,5 @@ def rank_summary(
         setup_s=setup_s,
         first_step_s=first_step_s,
         device=device_name,
+        scaler_skipped_steps=scaler_skipped_steps,
     )

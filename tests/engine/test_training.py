@@ -247,3 +247,18 @@ def test_in_process_bursts_leave_the_callers_random_state_alone():
     torch.manual_seed(1234)
     burst(workload)
     assert torch.equal(torch.rand(3), expected)
+
+
+class Overflowing(TinyNet):
+    """Activations beyond fp16's range (65504): fp16 autocast produces inf, so the scaler skips steps."""
+
+    def forward(self, x):
+        return super().forward(x * 1e5)
+
+
+def test_fp16_scaler_skips_are_counted():
+    overflowing = burst(tiny_workload(Overflowing()), Config(precision="fp16"), steps=4)
+    assert overflowing.ranks[0].scaler_skipped_steps >= 1
+    healthy = burst(tiny_workload(), Config(precision="fp16"), steps=4)
+    assert healthy.ranks[0].scaler_skipped_steps == 0
+    assert burst(tiny_workload(), Config(), steps=2).ranks[0].scaler_skipped_steps is None
