@@ -38,8 +38,9 @@ from ..device import DeviceInfo, probe_device
 from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from ..validation import ConfigError, check_config
 from ..workload import Workload
+from .events import RankDone, RankFailed, RankLosses, WorkerEvent
 from .telemetry import TelemetrySampler
-from .worker import BurstSpec, classify_error, run_rank, worker_main
+from .worker import BurstSpec, run_rank, worker_main
 
 START_METHOD = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
@@ -50,7 +51,6 @@ DEFAULT_TIMEOUT_S = 600.0
 POLL_S = 0.02
 TEARDOWN_GRACE_S = 0.5
 FOREIGN_LOAD_WARN_PCT = 25.0
-PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
 
 Event = StepRecord | TelemetrySample
 
@@ -134,28 +134,25 @@ class _Collected:
     ranks: dict[int, RankSummary] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    errors: list[tuple[int, float, str, str, str]] = field(default_factory=list)
+    errors: list[RankFailed] = field(default_factory=list)
     exit_codes: list[int | None] = field(default_factory=list)
     first_step_at: float | None = None
 
-    def handle(self, event: tuple[Any, ...], on_event: Callable[[Event], None] | None, now: float) -> None:
-        kind = event[0]
-        if kind == "step":
-            record: StepRecord = event[1]
-            self.steps.append(record)
+    def handle(self, event: WorkerEvent, on_event: Callable[[Event], None] | None, now: float) -> None:
+        if isinstance(event, StepRecord):
+            self.steps.append(event)
             if self.first_step_at is None:
                 self.first_step_at = now
             if on_event is not None:
-                on_event(record)
-        elif kind == "losses":
-            self.losses[event[1]] = event[2]
-        elif kind == "rank_done":
-            summary, environment, caught = event[1], event[2], event[3]
-            self.ranks[summary.rank] = summary
-            self.environment = self.environment or environment
-            self.warnings.extend(w for w in caught if w not in self.warnings)
-        elif kind == "error":
-            self.errors.append(event[1:])
+                on_event(event)
+        elif isinstance(event, RankLosses):
+            self.losses[event.rank] = event.values
+        elif isinstance(event, RankDone):
+            self.ranks[event.summary.rank] = event.summary
+            self.environment = self.environment or event.environment
+            self.warnings.extend(w for w in event.warnings if w not in self.warnings)
+        elif isinstance(event, RankFailed):
+            self.errors.append(event)
 
     def steps_with_losses(self) -> list[StepRecord]:
         """Steps with the loss values that were read after the step event went out (sync_every > 1)."""
@@ -167,21 +164,21 @@ class _Collected:
             patched.append(record)
         return patched
 
-    def root_cause(self) -> tuple[int, float, str, str, str] | None:
+    def root_cause(self) -> RankFailed | None:
         """The first rank to fail for its own reason, not a peer reporting that the failed rank vanished.
 
         None when no rank raised for its own reason: then a rank that died silently is the cause.
         """
-        own = [e for e in self.errors if not any(m in e[3] + e[4] for m in PEER_FAILURE_MARKERS)]
+        own = [e for e in self.errors if not e.peer_failure]
         if own:
-            return min(own, key=lambda e: e[1])
+            return min(own, key=lambda e: e.t)
         if self.errors and not self.crashed_ranks():
-            return min(self.errors, key=lambda e: e[1])
+            return min(self.errors, key=lambda e: e.t)
         return None
 
     def crashed_ranks(self) -> list[tuple[int, int]]:
         """``(rank, exit code)`` of ranks that exited non-zero without sending an error event."""
-        reported = {e[0] for e in self.errors}
+        reported = {e.rank for e in self.errors}
         return [(rank, code) for rank, code in enumerate(self.exit_codes)
                 if code not in (0, None) and rank not in reported]
 
@@ -384,10 +381,10 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
         rank, code = crashed[0] if crashed else (None, None)
         result.error = ErrorInfo("crash", _crash_message(rank, code), rank)
         raise WorkerCrashed(result.error.message, result)
-    rank, _, kind, message, trace = cause
-    result.error = ErrorInfo("oom" if kind == "oom" else "exception", message, rank, trace)
-    error_cls = WorkerOutOfMemory if kind == "oom" else WorkerError
-    raise error_cls(f"rank {rank} failed: {message}\n\n-- rank {rank} traceback --\n{trace}", result)
+    result.error = ErrorInfo("oom" if cause.kind == "oom" else "exception", cause.message, cause.rank, cause.traceback)
+    error_cls = WorkerOutOfMemory if cause.kind == "oom" else WorkerError
+    raise error_cls(f"rank {cause.rank} failed: {cause.message}\n\n-- rank {cause.rank} traceback --\n"
+                    f"{cause.traceback}", result)
 
 
 def _crash_message(rank: int | None, exit_code: int | None) -> str:
@@ -421,10 +418,7 @@ def _run_in_process(
                  should_stop=stop.is_set if stop is not None else lambda: False)
         outcome = "exited"
     except Exception as exc:
-        import traceback
-
-        collected.errors.append((0, time.perf_counter() - called_at, classify_error(exc),
-                                 f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        collected.errors.append(RankFailed.from_exception(0, time.perf_counter() - called_at, exc))
         outcome = "failed"
     if outcome == "exited" and stop is not None and stop.is_set():
         outcome = "stopped"

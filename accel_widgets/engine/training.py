@@ -24,9 +24,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 from ..config import Config
 from ..results import RankSummary, StepRecord
 from ..workload import Workload
+from .events import Emit, RankLosses
 
 Clock = Callable[[], float]
-Emit = Callable[[tuple[Any, ...]], None]
 
 DEFAULT_BATCH_SIZE = 64
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -376,7 +376,7 @@ class TrainingLoop:
             loss = self._losses[step] if step < len(self._losses) else None
             record = StepRecord(self.rank, step, timing.t, timing.data_s, timing.h2d_s, timing.compute_s,
                                 timing.total_s, samples, loss, warmup)
-            self.emit(("step", record))
+            self.emit(record)
             self._next_step += 1
 
     def _first_step(self) -> int:
@@ -433,7 +433,7 @@ class TrainingLoop:
         timings = self.step_clock.flush()
         window_s = self.clock() - window_start
         self._emit_completed(timings, False, samples)
-        self.emit(("losses", self.rank, list(self._losses)))
+        self.emit(RankLosses(self.rank, list(self._losses)))
         return measured_samples, window_s, first_step_s
 
 

@@ -13,7 +13,6 @@ import platform
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..config import Config
 from ..device import probe_device
 from ..workload import Workload
 from .datacache import cache_dataset
+from .events import Emit, RankDone, RankFailed
 from .flags import torch_flags, torch_threads
 from .training import (
     CudaStepClock,
@@ -39,8 +39,6 @@ from .training import (
     prepare_model,
     rank_summary,
 )
-
-Emit = Callable[[tuple[Any, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,7 @@ def worker_main(rank: int, payload: bytes, events: Any) -> None:
         run_rank(rank, workload, spec, events.put)
     except Exception as exc:
         origin = spec.clock_origin if spec is not None else 0.0
-        events.put(("error", rank, time.perf_counter() - origin, classify_error(exc), _message(exc),
-                    traceback.format_exc()))
+        events.put(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
         raise
     finally:
         events.close()
@@ -88,17 +85,6 @@ def _use_private_temp_dir(path: str) -> None:
     tempfile.tempdir = path
 
 
-def classify_error(exc: BaseException) -> str:
-    return "oom" if isinstance(exc, torch.OutOfMemoryError) else "exception"
-
-
-def _message(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    if isinstance(exc, torch.OutOfMemoryError):
-        message += " -- try a smaller batch_size with grad_accum_steps, or precision='bf16'"
-    return message
 
 
 def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
@@ -131,7 +117,7 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         setup_s = time.perf_counter() - setup_start
         measured = loop.run(spec.warmup_steps, spec.steps, spec.seconds)
         summary = rank_summary(rank, device, measured, setup_s, _device_name(device), loop.scaler_skipped_steps())
-    emit(("rank_done", summary, _environment(device, spec, model), sorted(set(caught))))
+    emit(RankDone(summary, _environment(device, spec, model), sorted(set(caught))))
 
 
 def _device_for(kind: str, rank: int) -> torch.device:
