@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .config import Config
+from .flops import peak_flops
 from .stats import Summary, summarize
 
 Status = Literal["ok", "failed", "stopped", "timeout"]
@@ -69,6 +70,7 @@ class RankSummary:
     first_step_s: float
     device: str
     scaler_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped (inf/NaN grads)
+    flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,22 @@ class BurstResult:
     def mean_utilisation_pct(self) -> float | None:
         values = [t.util_pct for t in self.telemetry]
         return sum(values) / len(values) if values else None
+
+    @property
+    def achieved_flops_per_s(self) -> float | None:
+        """Model FLOP/s actually sustained, summed over ranks (forward + backward matmuls/convs)."""
+        rates = [r.flops_per_sample * r.measured_samples / r.measured_s for r in self.ranks
+                 if r.flops_per_sample and r.measured_s > 0]
+        return sum(rates) if rates and len(rates) == len(self.ranks) else None
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation against the GPUs' dense peak for the precision in use (None on CPU)."""
+        achieved = self.achieved_flops_per_s
+        if achieved is None or self.environment.get("device_kind") != "cuda":
+            return None
+        peak = peak_flops(str(self.environment.get("device_name", "")), self.config.precision, self.config.tf32)
+        return achieved / (peak * self.world_size) if peak else None
 
     @property
     def foreign_cpu_pct(self) -> float | None:

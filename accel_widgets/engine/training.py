@@ -12,6 +12,7 @@ import inspect
 import math
 import resource
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 
 from ..config import Config
+from ..flops import count_training_flops
 from ..results import RankSummary, StepRecord
 from ..workload import Workload
 from .events import Emit, RankLosses
@@ -317,6 +319,7 @@ class TrainingLoop:
     should_stop: Callable[[], bool] = lambda: False
     scaler: torch.amp.GradScaler = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
+    last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
     _losses: list[float] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -324,6 +327,18 @@ class TrainingLoop:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
         self._initial_scale = self.scaler.get_scale()  # before first use: no tensor yet, so no sync
         self._next_step = 0
+
+    def flops_per_sample(self, raw_model: nn.Module) -> float | None:
+        """Training FLOPs per sample, counted on one extra micro-batch after measuring (None if uncountable)."""
+        if self.last_micro_batch is None:
+            return None
+        inputs, targets = self.last_micro_batch
+        try:
+            flops = count_training_flops(raw_model, inputs, targets, self.loss_fn, call_model, self._autocast)
+        except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
+            warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
+            return None
+        return flops / batch_length(targets) if flops else None
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = _AUTOCAST_DTYPES.get(self.config.precision)
@@ -344,6 +359,7 @@ class TrainingLoop:
                 # Why non_blocking: from pinned memory the copy overlaps compute instead of stalling the host.
                 inputs, targets = split_batch(to_device(batch, self.device, config.non_blocking, config.channels_last))
             samples += batch_length(targets)
+            self.last_micro_batch = (inputs, targets)
             # Why no_sync: DDP all-reduces gradients only on the micro-batch that steps the optimizer.
             last = micro == accum - 1
             skip_sync = not last and hasattr(self.model, "no_sync")
@@ -439,7 +455,7 @@ class TrainingLoop:
 
 def rank_summary(
     rank: int, device: torch.device, measured: tuple[int, float, float], setup_s: float, device_name: str,
-    scaler_skipped_steps: int | None = None,
+    scaler_skipped_steps: int | None = None, flops_per_sample: float | None = None,
 ) -> RankSummary:
     samples, window_s, first_step_s = measured
     return RankSummary(
@@ -452,4 +468,5 @@ def rank_summary(
         first_step_s=first_step_s,
         device=device_name,
         scaler_skipped_steps=scaler_skipped_steps,
+        flops_per_sample=flops_per_sample,
     )

@@ -116,7 +116,8 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
                             device, rank, emit, step_clock, should_stop=should_stop)
         setup_s = time.perf_counter() - setup_start
         measured = loop.run(spec.warmup_steps, spec.steps, spec.seconds)
-        summary = rank_summary(rank, device, measured, setup_s, _device_name(device), loop.scaler_skipped_steps())
+        summary = rank_summary(rank, device, measured, setup_s, _device_name(device), loop.scaler_skipped_steps(),
+                               loop.flops_per_sample(raw))
     emit(RankDone(summary, _environment(device, spec, model), sorted(set(caught))))
 
 
