@@ -80,6 +80,8 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None) -> Row:
         "data_wait_pct": _pct(result.data_wait_share),
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
         "compile_s": result.compile_s,
+        "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
+        "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
         "error": _first_line(result.error.message) if result.error is not None else "",
     }
 

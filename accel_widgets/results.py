@@ -244,6 +244,9 @@ class BurstResult:
             lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
         if self.compile_s is not None:
             lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)")
+        if self.achieved_flops_per_s is not None:
+            mfu = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
+            lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
         if self.peak_memory_bytes is not None:
             lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")
         lines.extend(f"  warning     {w}" for w in self.warnings)
