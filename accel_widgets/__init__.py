@@ -26,6 +26,7 @@ from .engine.launcher import (
     run_burst,
     warm_up,
 )
+from .history import HistoryError, RunHistory, StoredRun, workload_fingerprint
 from .knobs import GROUPS, KNOBS, Knob, KnobValueError
 from .ladder import classic_ladder, run_ladder
 from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
@@ -56,11 +57,14 @@ __all__ = [
     "ConfigError",
     "DeviceInfo",
     "ErrorInfo",
+    "HistoryError",
     "IsolationWarning",
     "Knob",
     "KnobValueError",
     "RankSummary",
+    "RunHistory",
     "StepRecord",
+    "StoredRun",
     "Summary",
     "TelemetrySample",
     "WorkerCrashed",
@@ -76,4 +80,5 @@ __all__ = [
     "run_ladder",
     "summarize",
     "warm_up",
+    "workload_fingerprint",
 ]

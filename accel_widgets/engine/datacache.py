@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -128,15 +129,28 @@ def dataset_fingerprint(dataset: Any) -> str:
     * mutable state (e.g. a call counter) is part of the definition, and objects whose pickle is not
       deterministic (sets of strings under hash randomisation) give a different digest per process.
     """
+    buffer = io.BytesIO()
     try:
-        payload = cloudpickle.dumps(dataset, protocol=_PICKLE_PROTOCOL)
+        _ContentPickler(buffer, protocol=_PICKLE_PROTOCOL).dump(dataset)
     except Exception as exc:  # cloudpickle raises whatever the object's reducer raises
         raise DataCacheError(
             f"cannot fingerprint {type(dataset).__name__}: it does not pickle ({exc}); pass fingerprint= explicitly"
         ) from exc
-    digest = hashlib.sha256(payload)
+    digest = hashlib.sha256(buffer.getvalue())
     digest.update(f"len={len(dataset)}".encode())
     return digest.hexdigest()
+
+
+class _ContentPickler(cloudpickle.Pickler):
+    """Pickles tensors by content: torch's own pickle names each storage by its memory address, which would
+    give equal datasets (or one dataset sent to a worker) a different fingerprint every time."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if not isinstance(obj, torch.Tensor):
+            return None
+        tensor = obj.detach().cpu().contiguous()
+        content = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy()).hexdigest()
+        return ("tensor", str(tensor.dtype), tuple(tensor.shape), content)
 
 
 def default_cache_dir() -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
 from accel_widgets.engine.datacache import CacheInfo, DataCacheError, cache_dataset, dataset_fingerprint
 
@@ -256,3 +256,20 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         cache_dataset([], "memory")
     with pytest.raises(DataCacheError, match="no values in item 0"):
         cache_dataset([(), ()], "memory")
+
+
+def test_equal_tensor_datasets_share_a_fingerprint_whatever_their_memory_address():
+    """torch pickles storages by address; the fingerprint must follow content, or caches never get reused."""
+    first = TensorDataset(torch.arange(12.0).reshape(4, 3), torch.arange(4))
+    second = TensorDataset(torch.arange(12.0).reshape(4, 3), torch.arange(4))
+    changed = TensorDataset(torch.arange(12.0).reshape(4, 3) + 1, torch.arange(4))
+    assert dataset_fingerprint(first) == dataset_fingerprint(second) != dataset_fingerprint(changed)
+
+
+def test_a_memmap_cache_is_reused_by_the_next_burst(tmp_path):
+    from accel_widgets import Config, run_burst
+    from tests.workloads import tiny_workload
+
+    for _ in range(2):
+        assert run_burst(tiny_workload(), Config(data_cache="memmap"), steps=2, cache_dir=str(tmp_path)).ok
+    assert len([p for p in (tmp_path / "data").iterdir() if not p.name.startswith(".")]) == 1

@@ -1,0 +1,372 @@
+"""Run history: every burst kept in one SQLite file, so a kernel restart or a second notebook loses nothing.
+
+Why SQLite (the stdlib ``sqlite3``): one embedded file that any SQLite tool can open, atomic transactions,
+and several processes writing at once without corrupting it. The file runs in WAL mode (a crash mid-write
+leaves the last committed state, readers never block the writer) with a busy timeout, and every write is
+one ``BEGIN IMMEDIATE`` transaction, which takes the write lock up front, so a second writer waits its turn
+instead of failing halfway.
+
+A file is only ever written once it is known to be ours (``PRAGMA application_id`` plus a ``meta`` table
+naming this application and its format version) or is new/empty. Anything else (not SQLite, another
+application's database, a newer format, damage found by ``PRAGMA quick_check``) raises
+:class:`HistoryError` naming the file, and its bytes are left exactly as they were: a mistyped path must
+never destroy someone's data.
+
+Runs are grouped by :func:`workload_fingerprint`, a digest of what makes two runs comparable, so the panel
+can reload the earlier runs of the workload it is tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .engine.datacache import DataCacheError, dataset_fingerprint
+from .results import BurstResult
+from .workload import Workload
+
+DEFAULT_HISTORY_FILE = "accel_widgets_history.sqlite"
+#: Environment variable naming the history file when ``RunHistory()`` is given no path.
+HISTORY_ENV = "ACCEL_WIDGETS_HISTORY"
+#: ``PRAGMA application_id`` of our files ("AWHI" in ASCII): tells them from other SQLite files without a query.
+APPLICATION_ID = 0x41574849
+#: Bumped when the schema changes; a file of a newer format is refused rather than misread.
+FORMAT_VERSION = 1
+#: How long a write waits for another process's transaction before giving up with a HistoryError.
+BUSY_TIMEOUT_S = 10.0
+
+_APPLICATION = "accel_widgets"
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        created_at TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        workload TEXT NOT NULL,
+        label TEXT NOT NULL,
+        status TEXT NOT NULL,
+        samples_per_s REAL,
+        config_json TEXT NOT NULL,
+        result_json TEXT NOT NULL,
+        environment_json TEXT NOT NULL,
+        tags_json TEXT NOT NULL
+    )""",
+    "CREATE INDEX runs_by_fingerprint ON runs (fingerprint, id)",
+    f"PRAGMA application_id = {APPLICATION_ID}",
+    f"PRAGMA user_version = {FORMAT_VERSION}",
+)
+_ANOTHER_PATH = f"Pass another path to RunHistory() or set ${HISTORY_ENV}."
+_DAMAGED = ("Move it aside to start a new history there (`sqlite3 FILE .recover` can save its runs), or pass "
+            f"another path to RunHistory() or set ${HISTORY_ENV}.")
+_COLUMNS = "id, created_at, fingerprint, workload, label, status, samples_per_s, result_json, tags_json"
+
+
+class HistoryError(RuntimeError):
+    """The history file cannot be used (corrupt, foreign, newer, locked, closed); the message names the file
+    and what to do about it."""
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One recorded burst. ``label`` is the result's label, or its config's label when it has none (what
+    tables show); ``created_at`` is the UTC time it was recorded, in ISO 8601."""
+
+    id: int
+    created_at: str
+    fingerprint: str
+    workload: str
+    label: str
+    status: str
+    samples_per_s: float | None
+    result: BurstResult
+    tags: dict[str, str]
+
+
+# -- fingerprints ------------------------------------------------------------------------------------------
+
+
+def workload_fingerprint(workload: Workload) -> str:
+    """Hex digest of what makes two runs comparable, so runs from another session can be found again.
+
+    It covers the model's architecture and initial weights (class, ``repr`` and every ``state_dict`` entry's
+    name, shape, dtype and bytes; a factory is built under the workload seed as a burst builds it), the
+    dataset (:func:`~accel_widgets.engine.datacache.dataset_fingerprint`, with its limits), the names of
+    ``loss_fn``, ``optimizer`` and ``collate_fn``, ``batch_size``, ``seed`` and ``name``.
+
+    Limits: callables are identified by module and qualified name only, so two lambdas defined in one function
+    (say, two learning rates) look the same: give such workloads different names. A dataset that cannot be
+    pickled (it holds a lock or an open file) is identified by its class and length only.
+    """
+    parts = {
+        "name": workload.name,
+        "seed": workload.seed,
+        "batch_size": workload.batch_size,
+        "model": _model_digest(_initial_model(workload)),
+        "dataset": _dataset_digest(workload.dataset),
+        "loss_fn": _qualname(workload.loss_fn),
+        "optimizer": _qualname(workload.optimizer),
+        "collate_fn": _qualname(workload.collate_fn),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _initial_model(workload: Workload) -> nn.Module:
+    """The model a burst starts from; ``fork_rng`` keeps a factory's seeding off the caller's global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        return workload.build_model()
+
+
+def _model_digest(model: nn.Module) -> str:
+    """Architecture and weights, hashed tensor by tensor so no second copy of the weights is made."""
+    digest = hashlib.sha256(f"{_qualname(type(model))}\n{model!r}".encode())
+    for name, value in model.state_dict().items():
+        if not isinstance(value, torch.Tensor):  # a module's get_extra_state() may return anything
+            digest.update(f"{name}={value!r}".encode())
+            continue
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # bytes: numpy has no bfloat16
+    return digest.hexdigest()
+
+
+def _dataset_digest(dataset: Any) -> str:
+    """The data cache's fingerprint; a dataset that does not pickle falls back to its class and length."""
+    try:
+        return dataset_fingerprint(dataset)
+    except DataCacheError:
+        return f"unpicklable {_qualname(type(dataset))} len={len(dataset)}"
+
+
+def _qualname(obj: Any) -> str:
+    """``module.qualname`` of a function or class; other objects (a partial, a loss module) by their type."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(named, '__module__', None)}.{named.__qualname__}"
+
+
+# -- the file ----------------------------------------------------------------------------------------------
+
+
+class RunHistory:
+    """Recorded bursts in the SQLite file at ``path``: ``$ACCEL_WIDGETS_HISTORY``, else
+    ``./accel_widgets_history.sqlite``, when not given. A missing or empty file is created.
+
+    One connection per instance, shared by threads under a lock, so the panel's background thread can record
+    while the kernel reads. Other processes may use the same file at the same time.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = _resolve_path(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = _open(self.path)
+
+    def record(self, result: BurstResult, *, fingerprint: str, tags: Mapping[str, str] | None = None) -> int:
+        """Store ``result`` under ``fingerprint`` (see :func:`workload_fingerprint`); returns its run id."""
+        tags = dict(tags or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise TypeError(f"tags must map str to str, got {tags!r}")
+        data = result.to_dict()  # JSON-safe: NaN losses are spelled as strings
+        row = (
+            datetime.now(timezone.utc).isoformat(), fingerprint, result.workload,
+            result.label or result.config.label(), result.status, result.samples_per_s,
+            json.dumps(data["config"], sort_keys=True), json.dumps(data), json.dumps(data["environment"]),
+            json.dumps(tags, sort_keys=True),
+        )
+        with self._connection("recording a run in") as conn, _transaction(conn):
+            cursor = conn.execute(
+                "INSERT INTO runs (created_at, fingerprint, workload, label, status, samples_per_s, config_json,"
+                " result_json, environment_json, tags_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        run_id = cursor.lastrowid
+        assert run_id is not None  # set by every INSERT
+        return run_id
+
+    def runs(self, *, fingerprint: str | None = None, workload: str | None = None,
+             limit: int | None = None) -> list[StoredRun]:
+        """Stored runs, newest first (by id, i.e. commit order), optionally only one fingerprint or workload."""
+        filters = {"fingerprint": fingerprint, "workload": workload}
+        where = [(f"{column} = ?", value) for column, value in filters.items() if value is not None]
+        sql = f"SELECT {_COLUMNS} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(clause for clause, _ in where)
+        params: list[Any] = [value for _, value in where]
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            if limit < 0:
+                raise ValueError(f"limit must be >= 0 or None, got {limit}")
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._connection("reading runs from") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [_stored_run(self.path, row) for row in rows]
+
+    def get(self, run_id: int) -> StoredRun:
+        """The run with id ``run_id``; KeyError if there is none."""
+        with self._connection("reading a run from") as conn:
+            row = conn.execute(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no run {run_id} in {self.path}")
+        return _stored_run(self.path, row)
+
+    def delete(self, run_id: int) -> None:
+        """Remove one run; KeyError if there is none."""
+        with self._connection("deleting a run from") as conn, _transaction(conn):
+            deleted = conn.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount
+        if not deleted:
+            raise KeyError(f"no run {run_id} in {self.path}")
+
+    def close(self) -> None:
+        """Close the connection (idempotent); the last one to close folds the WAL back into the file."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> RunHistory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RunHistory({str(self.path)!r})"
+
+    @contextlib.contextmanager
+    def _connection(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """The connection, held under the lock, with sqlite errors turned into HistoryError."""
+        with self._lock, _sqlite_errors(self.path, doing):
+            if self._conn is None:
+                raise HistoryError(f"{self!r} is closed; open a new RunHistory on {self.path}")
+            yield self._conn
+
+
+def _resolve_path(path: str | os.PathLike[str] | None) -> Path:
+    """The explicit path, else ``$ACCEL_WIDGETS_HISTORY``, else the default file in the working directory;
+    made absolute now so error messages name the file even after a ``chdir``."""
+    chosen = path if path is not None else os.environ.get(HISTORY_ENV) or DEFAULT_HISTORY_FILE
+    return Path(chosen).expanduser().absolute()
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """A connection to a checked (and, if new, initialised) history file."""
+    _refuse_non_sqlite(path)
+    with _sqlite_errors(path, "opening"):
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        with _sqlite_errors(path, "opening"):
+            _prepare(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _refuse_non_sqlite(path: Path) -> None:
+    """Refuse a non-empty file without the SQLite header before SQLite touches it at all."""
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+        head = f.read(len(_SQLITE_MAGIC))
+        if head and head != _SQLITE_MAGIC:
+            raise HistoryError(f"{path} is not an SQLite file, so not a run history; it was left untouched. "
+                               f"{_ANOTHER_PATH}")
+
+
+def _prepare(conn: sqlite3.Connection, path: Path) -> None:
+    """Check the file read-only first; only then switch to WAL and, for a new file, create the schema."""
+    state = _inspect(conn, path)
+    if state == "ours":
+        _check_integrity(conn, path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    if state == "new":
+        _create_schema(conn, path)
+
+
+def _create_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Initialise a new file, unless another process did so since we looked (checked again under the lock)."""
+    with _transaction(conn):
+        if _inspect(conn, path) == "new":
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+                ("application", _APPLICATION), ("application_id", str(APPLICATION_ID)),
+                ("format_version", str(FORMAT_VERSION))])
+
+
+def _inspect(conn: sqlite3.Connection, path: Path) -> Literal["new", "ours"]:
+    """``"new"`` for an empty database, ``"ours"`` for a history of a format we read; HistoryError otherwise."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")]
+    if app_id == 0 and not tables:
+        return "new"
+    if app_id != APPLICATION_ID or "meta" not in tables:
+        raise HistoryError(
+            f"{path} is an SQLite database of another application (application_id {app_id}, "
+            f"tables: {', '.join(sorted(tables)) or 'none'}), not a run history; it was left untouched. "
+            f"{_ANOTHER_PATH}")
+    version = dict(conn.execute("SELECT key, value FROM meta")).get("format_version", "")
+    if version != str(FORMAT_VERSION):
+        newer = version.isdigit() and int(version) > FORMAT_VERSION
+        why = "was written by a newer accel_widgets; upgrade accel_widgets or" if newer else "is not one we know;"
+        raise HistoryError(f"{path} has run history format {version!r} (this version reads {FORMAT_VERSION}) and "
+                           f"{why} pass another path to RunHistory(); the file was left untouched.")
+    return "ours"
+
+
+def _check_integrity(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a damaged file before writing to it: writes could spread the damage and lose more runs."""
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+    if problems != ["ok"]:
+        found = "; ".join("\n".join(problems).splitlines()[:4])
+        raise HistoryError(f"{path} is damaged (PRAGMA quick_check: {found}); it was left untouched. {_DAMAGED}")
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One atomic write. IMMEDIATE takes the write lock at BEGIN, so a concurrent writer waits (busy timeout)
+    instead of failing at its first write with a lock it cannot upgrade."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextlib.contextmanager
+def _sqlite_errors(path: Path, doing: str) -> Iterator[None]:
+    """Turn ``sqlite3`` errors into HistoryError naming the file and what to do."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):
+            raise HistoryError(
+                f"{doing} {path}: the file stayed locked by another process for {BUSY_TIMEOUT_S:g} s ({exc}); "
+                "wait for the other notebook's burst to be recorded, or close its RunHistory, and retry") from exc
+        raise HistoryError(f"{doing} {path} failed ({exc}); check that it is a writable file in an existing "
+                           "directory, or pass another path to RunHistory()") from exc
+    except sqlite3.DatabaseError as exc:
+        raise HistoryError(f"{doing} {path} failed: the file is damaged or not a run history ({exc}); it was "
+                           f"left untouched. {_DAMAGED}") from exc
+
+
+def _stored_run(path: Path, row: tuple[Any, ...]) -> StoredRun:
+    """A row as a StoredRun; a row that no longer parses is named so it can be deleted."""
+    run_id, created_at, fingerprint, workload, label, status, samples_per_s, result_json, tags_json = row
+    try:
+        result, tags = BurstResult.from_json(result_json), json.loads(tags_json)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise HistoryError(f"run {run_id} in {path} cannot be read back ({exc}); "
+                           f"remove it with RunHistory({str(path)!r}).delete({run_id})") from exc
+    return StoredRun(run_id, created_at, fingerprint, workload, label, status, samples_per_s, result, tags)
