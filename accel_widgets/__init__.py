@@ -26,6 +26,7 @@ from .engine.launcher import (
     run_burst,
     warm_up,
 )
+from .guard import GuardVerdict, check_training, find_baseline
 from .history import HistoryError, RunHistory, StoredRun, workload_fingerprint
 from .knobs import GROUPS, KNOBS, Knob, KnobValueError
 from .ladder import classic_ladder, run_ladder
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigError",
     "DeviceInfo",
     "ErrorInfo",
+    "GuardVerdict",
     "HistoryError",
     "IsolationWarning",
     "Knob",
@@ -73,8 +75,10 @@ __all__ = [
     "Workload",
     "WorkloadNotPicklable",
     "check_config",
+    "check_training",
     "classic_ladder",
     "demo_workload",
+    "find_baseline",
     "probe_device",
     "run_burst",
     "run_ladder",

@@ -416,8 +416,11 @@ class TrainingLoop:
         """
         if not self.scaler.is_enabled():
             return None
+        scale = self.scaler.get_scale()
+        if scale == 0.0:  # float32 underflow after ~166 consecutive skips: every step was skipped
+            return self._next_step
         growths = self._next_step // self.scaler.get_growth_interval()
-        halvings = math.log2(self._initial_scale / self.scaler.get_scale())
+        halvings = math.log2(self._initial_scale / scale)
         return max(0, round(halvings) + growths)
 
     def run(self, warmup_steps: int, steps: int | None, seconds: float | None) -> tuple[int, float, float]:

@@ -1,0 +1,323 @@
+"""Correctness guard: does a speed-up change what the model learns, or only how fast it learns it?
+
+Every burst of a workload starts from the same weights and reads the same seeded batches in the same
+order, so a config that only changes *speed* (loader workers, pinned memory, a fused optimizer) traces
+the fp32 baseline's loss curve step for step, and one that changes *numerics* (bf16, fp16, TF32,
+compile) traces it up to rounding. :func:`check_training` compares a run's loss trajectory with that
+baseline's and says ``"changes_training"`` when:
+
+- a loss is NaN or inf on any rank (no baseline needed: training is broken);
+- an fp16 GradScaler keeps skipping optimizer steps (the engine's per-rank count);
+- the smoothed trajectory leaves the baseline's by more than the precision in use explains.
+
+Where no such baseline exists, or the two runs read different batches (DDP shards, another batch size),
+the verdict says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .results import BurstResult
+
+GuardStatus = Literal["ok", "changes_training", "not_comparable", "no_baseline"]
+
+#: Relative deviation allowed at step 0, by the effective precision of the less precise of the two runs.
+#: Why these sizes: bf16 keeps 8 significant bits (unit roundoff 2^-8 = 0.4% per rounding) and gets the
+#: widest band; fp16 under autocast keeps 11 bits but stores activations in half precision and lives in a
+#: narrow range; TF32 rounds only matmul inputs to 11 bits; fp32 only absorbs reordered reductions
+#: (compile, foreach/fused optimizers, GPU atomics): 1e-7 per operation, compounding over steps.
+#: Calibration (CPU with AVX512-BF16 autocast, torch 2.13, the small demos, in-process bursts with the same
+#: seed and data order): the largest smoothed deviation from the fp32 run, as computed here (the largest
+#: raw per-step one in brackets), and its share of the tolerance at that step:
+#:   fp32 again, optimizer_impl=foreach or fused   0 on mlp, lm and image: bitwise equal losses
+#:   fp32 compile_mode=default, 58 steps     mlp 0.000%, lm 0.000%, image 0.034% (0.13%)       <= 0.013
+#:   bf16, 58 steps                          mlp 0.14% (0.30%), lm 0.007%, image 0.47% (1.8%)   <= 0.044
+#:   bf16 + compile, 58 steps                mlp 0.14%, lm 0.005%, image 0.69% (3.5%)           <= 0.060
+#:   bf16, lm at batch 8, 40 steps           0.003%
+#:   fp16 with GradScaler, mlp, 58 steps     0.17% (0.40%)                                       0.025
+#:   long: image bf16 150 steps 2.1% (tolerance there 15.5%), mlp bf16 300 steps 2.9% (21%), mlp fp16
+#:   300 steps 3.9% (15.9%), mlp batch 32 bf16 200 steps 1.4% (14.5%)                            <= 0.24
+#: so correct runs stay under a quarter of the band (a sixteenth within 60 steps), while the breakages
+#: that matter (NaN, a stalled or blown-up loss) sit far outside it. The GPU's bf16 kernels round like the
+#: CPU's (fp32 accumulation), but bigger models drift more: the margin is left for them.
+TOLERANCE_AT_START: dict[str, float] = {"fp32": 0.01, "tf32": 0.02, "fp16": 0.03, "bf16": 0.04}
+
+#: Tolerance growth: ``start * (1 + sqrt(step) / GROWTH_SQRT_STEPS)``, so it doubles by step 16, triples by
+#: step 64 and keeps widening slowly. Rounding differences change the weights a little at every step and
+#: training amplifies them, so two correct trajectories drift apart the longer they run; a sqrt keeps a
+#: long burst from hiding a real break behind an ever-wider band.
+GROWTH_SQRT_STEPS = 4.0
+
+#: Trailing running mean over this many steps before comparing: bf16 rounding moves single loss values by
+#: up to 3.5% (image, above) without changing where training goes, while a real change persists.
+SMOOTHING_WINDOW = 5
+
+#: Deviations are relative to the baseline's loss, but never to less than this share of the largest
+#: baseline loss of the burst: once a loss has fallen close to zero, a relative difference on it is noise
+#: (0.01 vs 0.02 is "100%"), not a change in what the model learnt.
+LOSS_FLOOR_SHARE = 0.2
+
+#: GradScaler starts at a scale of 2**16 and halves it on every overflow, skipping that step: a few skips
+#: at the start are it calibrating (the PyTorch AMP docs call that normal). More than this many, and more
+#: than ``SCALER_SKIP_SHARE`` of the rank's steps, is a scaler that keeps skipping: those steps did not train.
+SCALER_CALIBRATION_SKIPS = 4
+SCALER_SKIP_SHARE = 0.1
+
+#: An fp16 run whose loss falls by less than this share of the baseline's fall, while the baseline's falls
+#: by at least ``STALL_MIN_BASELINE_FALL``, looks like a scaler skipping most steps (the weights do not move).
+STALL_SHARE = 0.25
+STALL_MIN_BASELINE_FALL = 0.1
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    """Whether a run trains like its fp32 baseline, with the reasons in plain language and numbers.
+
+    ``max_relative_deviation`` is the largest smoothed deviation from the baseline over the
+    ``compared_steps`` steps both runs reported (``None`` when nothing was compared).
+    """
+
+    status: GuardStatus
+    reasons: tuple[str, ...] = ()
+    max_relative_deviation: float | None = None
+    compared_steps: int = 0
+
+
+# -- which runs can be compared -------------------------------------------------------------------
+def comparable(run: BurstResult, baseline: BurstResult) -> tuple[bool, str]:
+    """Whether ``run`` and ``baseline`` read the same batches at every step and both have losses; if not, why.
+
+    Same batches: same workload, same world size (DDP ranks read their own shards) and same samples per
+    optimizer step; the reasons are spelled out in ``_batch_mismatch``. Losses: each side needs finite
+    ones on rank 0, and a baseline that itself went NaN/inf is no reference.
+    """
+    mismatch = _batch_mismatch(run, baseline)
+    if mismatch:
+        return False, mismatch
+    if not _finite_losses(run):
+        return False, "the run has no finite loss to compare with the baseline"
+    if not _finite_losses(baseline):
+        return False, "the baseline has no finite loss to compare with"
+    broken = _nonfinite_reasons(baseline)
+    if broken:
+        return False, f"the baseline itself is broken ({broken[0]}): it cannot serve as a reference"
+    return True, ""
+
+
+def find_baseline(run: BurstResult, candidates: Sequence[BurstResult]) -> BurstResult | None:
+    """The fp32 reference for ``run`` among ``candidates``, or ``None``.
+
+    Eligible: a finished (status ok) fp32 run, not TF32 on a GPU (that is reduced precision), with finite
+    losses, reading the same batches as ``run`` (same workload, world size and samples per step). The
+    run's own losses play no part: a run that went NaN still gets its baseline. Preferred, in order: the
+    same micro-batching (batch-norm statistics see the micro-batch, so 2 x 32 is close to 1 x 64 but not
+    equal), the plainest config (fewest knobs changed: the plain loop is the ground truth, while an fp32
+    run with compile could share a broken graph with the run), the longest trajectory.
+    """
+    eligible = [c for c in candidates if c is not run and c.ok and _precision(c) == "fp32"
+                and not _batch_mismatch(run, c) and _finite_losses(c) and not _nonfinite_reasons(c)]
+    if not eligible:
+        return None
+    micro = _micro_batch(run)
+    return min(eligible, key=lambda c: (_micro_batch(c) != micro, len(c.config.diff()), -len(_finite_losses(c))))
+
+
+def _batch_mismatch(run: BurstResult, baseline: BurstResult) -> str:
+    """Why rank 0 of ``run`` reads other batches than rank 0 of ``baseline``; empty when it reads the same.
+
+    Same workload name (its seed and dataset are assumed to come with it: callers holding runs of
+    several workloads under one name should group them by ``history.workload_fingerprint`` first), same
+    world size (a DDP rank reads its own shard through DistributedSampler, so rank 0 of N ranks sees
+    other batches than a single process), same samples per optimizer step (batch size x accumulation:
+    2 x 32 reads the same items as 1 x 64).
+    """
+    if run.workload != baseline.workload:
+        return f"different workloads ({run.workload} vs baseline {baseline.workload})"
+    if run.world_size != baseline.world_size:
+        return (f"the run has {run.world_size} rank(s) and the baseline {baseline.world_size}: under DDP each rank "
+                "reads its own shard (DistributedSampler), so rank 0's batches differ from the baseline's at every "
+                "step; compare with an fp32 run of the same world size")
+    mine, theirs = _samples_per_step(run), _samples_per_step(baseline)
+    if mine != theirs:
+        return (f"the run trains on {_describe_batch(run, mine)} per step and the baseline on "
+                f"{_describe_batch(baseline, theirs)}: the batches differ from step 0")
+    return ""
+
+
+# -- the verdict ----------------------------------------------------------------------------------
+def check_training(run: BurstResult, baseline: BurstResult | None) -> GuardVerdict:
+    """Compare ``run`` with its fp32 ``baseline`` (see :func:`find_baseline`) and say whether it changes training.
+
+    NaN/inf losses and a GradScaler that keeps skipping are judged on the run alone, so they are flagged
+    even without a baseline. The trajectory check compares running means (``SMOOTHING_WINDOW``) of rank
+    0's losses step by step over the steps both runs reported, warmup included (the data order is the
+    same from step 0), as ``|run - base| / max(|base|, floor)`` against a tolerance that depends on the
+    precision in use and widens with the step (``TOLERANCE_AT_START``, ``GROWTH_SQRT_STEPS``).
+    """
+    reasons = _nonfinite_reasons(run) + _scaler_reasons(run)
+    if baseline is None:
+        return GuardVerdict("changes_training" if reasons else "no_baseline", tuple(reasons) or (
+            "no finished fp32 run of this workload with the same batch size and world size to compare with",))
+    ok, why = comparable(run, baseline)
+    if not ok:
+        return GuardVerdict("changes_training" if reasons else "not_comparable", (*reasons, why))
+    comparison = _Comparison.of(run, baseline)
+    if not comparison.steps:
+        return GuardVerdict("changes_training" if reasons else "not_comparable",
+                            (*reasons, "no step has a finite loss in both runs"))
+    reasons += comparison.reasons(fp16=run.config.precision == "fp16")
+    return GuardVerdict("changes_training" if reasons else "ok", tuple(reasons), max(comparison.deviations),
+                        len(comparison.steps))
+
+
+def tolerance(precision: str, step: int) -> float:
+    """Relative deviation allowed at ``step`` for runs in ``precision`` (a key of ``TOLERANCE_AT_START``)."""
+    return TOLERANCE_AT_START[precision] * (1 + math.sqrt(step) / GROWTH_SQRT_STEPS)
+
+
+# -- the pieces -----------------------------------------------------------------------------------
+def _precision(result: BurstResult) -> str:
+    """The arithmetic a run really used: fp32 with TF32 on a GPU multiplies with 11-bit mantissas."""
+    config = result.config
+    if config.precision == "fp32" and config.tf32 and result.environment.get("device_kind") == "cuda":
+        return "tf32"
+    return config.precision
+
+
+def _less_precise(run: BurstResult, baseline: BurstResult) -> str:
+    return max(_precision(run), _precision(baseline), key=TOLERANCE_AT_START.__getitem__)
+
+
+def _samples_per_step(result: BurstResult) -> int | None:
+    """Samples one rank consumes per optimizer step (batch size x accumulation), from its first step."""
+    return next((s.samples for s in result.steps if s.rank == 0), None)
+
+
+def _micro_batch(result: BurstResult) -> int | None:
+    samples = _samples_per_step(result)
+    return None if samples is None else samples // result.config.grad_accum_steps
+
+
+def _describe_batch(result: BurstResult, samples: int | None) -> str:
+    accum = result.config.grad_accum_steps
+    if samples is None:
+        return "an unknown number of samples (no step reported)"
+    return f"{samples} samples" + (f" ({samples // accum} x {accum} accumulated)" if accum > 1 else "")
+
+
+def _finite_losses(result: BurstResult) -> dict[int, float]:
+    """Rank 0's finite losses by step number."""
+    return {s.step: s.loss for s in result.steps
+            if s.rank == 0 and s.loss is not None and math.isfinite(s.loss)}
+
+
+def _nonfinite_reasons(result: BurstResult) -> list[str]:
+    """One reason per rank whose loss went NaN/inf: the first step, and how many steps followed suit."""
+    reasons = []
+    for rank in sorted({s.rank for s in result.steps}):
+        losses = [(s.step, s.loss) for s in result.steps if s.rank == rank and s.loss is not None]
+        bad = [(step, loss) for step, loss in losses if not math.isfinite(loss)]
+        if bad:
+            where = f" on rank {rank}" if result.world_size > 1 else ""
+            first_step, first_loss = bad[0]
+            reasons.append(f"loss is {_spell(first_loss)} from step {first_step}{where} "
+                           f"({len(bad)} of {len(losses)} steps not finite)")
+    return reasons
+
+
+def _spell(value: float) -> str:
+    return "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+
+
+def _scaler_reasons(result: BurstResult) -> list[str]:
+    """Ranks whose GradScaler skipped steps beyond its calibration (the engine counts them for fp16)."""
+    reasons = []
+    for summary in result.ranks:
+        skipped = summary.scaler_skipped_steps
+        steps = sum(1 for s in result.steps if s.rank == summary.rank)
+        if skipped is not None and skipped > max(SCALER_CALIBRATION_SKIPS, SCALER_SKIP_SHARE * steps):
+            where = f" on rank {summary.rank}" if result.world_size > 1 else ""
+            reasons.append(f"the fp16 GradScaler skipped {skipped} of {steps} optimizer steps{where} "
+                           "(gradients overflowed): those steps did not train")
+    return reasons
+
+
+def _smooth(values: list[float]) -> list[float]:
+    """Trailing running mean over ``SMOOTHING_WINDOW`` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - SMOOTHING_WINDOW] if i >= SMOOTHING_WINDOW else 0.0)
+        out.append(total / min(i + 1, SMOOTHING_WINDOW))
+    return out
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """Smoothed rank-0 trajectories over the steps both runs reported, and where they part."""
+
+    steps: list[int]
+    run: list[float]
+    base: list[float]
+    precision: str  # the less precise of the two: it sets the tolerance
+    baseline_precision: str
+
+    @classmethod
+    def of(cls, run: BurstResult, baseline: BurstResult) -> _Comparison:
+        mine, theirs = _finite_losses(run), _finite_losses(baseline)
+        steps = sorted(mine.keys() & theirs.keys())
+        return cls(steps, _smooth([mine[s] for s in steps]), _smooth([theirs[s] for s in steps]),
+                   _less_precise(run, baseline), _precision(baseline))
+
+    @property
+    def deviations(self) -> list[float]:
+        """``|run - base| / max(|base|, floor)`` per step, the floor a share of the largest baseline loss."""
+        floor = max(LOSS_FLOOR_SHARE * max(abs(b) for b in self.base), 1e-12)
+        return [abs(r - b) / max(abs(b), floor) for r, b in zip(self.run, self.base, strict=True)]
+
+    @property
+    def tolerances(self) -> list[float]:
+        return [tolerance(self.precision, s) for s in self.steps]
+
+    def reasons(self, fp16: bool) -> list[str]:
+        """The worst step beyond tolerance (and the first), in words; empty when the run stays inside."""
+        deviations, tolerances = self.deviations, self.tolerances
+        beyond = [i for i, (d, t) in enumerate(zip(deviations, tolerances, strict=True)) if d > t]
+        if not beyond:
+            return []
+        worst = max(beyond, key=lambda i: deviations[i] / tolerances[i])
+        first = f"; first beyond tolerance at step {self.steps[beyond[0]]}" if beyond[0] != worst else ""
+        direction = "above" if self.run[worst] > self.base[worst] else "below"
+        reason = (f"loss deviates {_percent(deviations[worst])} ({direction}) from the {self.baseline_precision} "
+                  f"baseline at step {self.steps[worst]} (tolerance {_percent(tolerances[worst])} there for "
+                  f"{self.precision}){first}")
+        return [reason + (self.stall_hint() if fp16 else "")]
+
+    def stall_hint(self) -> str:
+        """Why an fp16 run may be off: a loss that stays put while the baseline's falls is a scaler skipping steps.
+
+        A skipped step leaves the weights as they were, so a scaler that skips most steps shows as a flat
+        loss. The engine's skip count says so directly; this reads it off the trajectory, for results
+        saved before the engine counted skips and for scalers that skip without a NaN loss.
+        """
+        if len(self.steps) < 2 * SMOOTHING_WINDOW:
+            return ""
+        start = SMOOTHING_WINDOW - 1  # the first full window: single early losses are too noisy to anchor on
+        our_fall, base_fall = _fall(self.run, start), _fall(self.base, start)
+        if base_fall < STALL_MIN_BASELINE_FALL or our_fall > STALL_SHARE * base_fall:
+            return ""
+        return (f"; its loss fell {_percent(our_fall)} where the baseline's fell {_percent(base_fall)}, as when a "
+                "GradScaler skips most optimizer steps")
+
+
+def _fall(values: list[float], start: int) -> float:
+    """Relative fall of a trajectory from ``values[start]`` to its end (negative when it rose)."""
+    return (values[start] - values[-1]) / max(abs(values[start]), 1e-12)
+
+
+def _percent(share: float) -> str:
+    """``3.4%`` below ten percent (where 3% vs 4% matters), ``23%`` above."""
+    return f"{share:.1%}" if abs(share) < 0.1 else f"{share:.0%}"
