@@ -58,6 +58,25 @@ class TelemetrySample:
 
 
 @dataclass(frozen=True)
+class OperatorTime:
+    """One operator's share of a profiled step (times summed over the profiled steps, in ms)."""
+
+    name: str
+    calls: int
+    self_cpu_ms: float
+    self_device_ms: float
+
+
+@dataclass(frozen=True)
+class ProfileCapture:
+    """A torch.profiler capture of a few steady-state steps, taken after the measured window."""
+
+    steps: int
+    trace_path: str  # Chrome trace JSON: opens in Perfetto (ui.perfetto.dev) or chrome://tracing
+    top_operators: list[OperatorTime]
+
+
+@dataclass(frozen=True)
 class RankSummary:
     """What one rank measured about itself over its steady-state window."""
 
@@ -71,6 +90,7 @@ class RankSummary:
     device: str
     scaler_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped (inf/NaN grads)
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
+    profile: ProfileCapture | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,11 @@ class BurstResult:
         return sum(values) / len(values) if values else None
 
     @property
+    def profile(self) -> ProfileCapture | None:
+        """Rank 0's profiler capture, when the burst was run with ``profile_steps``."""
+        return self.ranks[0].profile if self.ranks else None
+
+    @property
     def achieved_flops_per_s(self) -> float | None:
         """Model FLOP/s actually sustained, summed over ranks (forward + backward matmuls/convs)."""
         rates = [r.flops_per_sample * r.measured_samples / r.measured_s for r in self.ranks
@@ -267,7 +292,7 @@ class BurstResult:
         data["config"] = Config.from_dict(data["config"])
         data["steps"] = [StepRecord(**{**s, "loss": _float_or_none(s.get("loss"))}) for s in data.get("steps", [])]
         data["telemetry"] = [TelemetrySample(**t) for t in data.get("telemetry", [])]
-        data["ranks"] = [RankSummary(**r) for r in data.get("ranks", [])]
+        data["ranks"] = [_rank_from_dict(r) for r in data.get("ranks", [])]
         data["error"] = ErrorInfo(**data["error"]) if data.get("error") else None
         return cls(**data)
 
@@ -285,6 +310,14 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [_json_safe(v) for v in value]
     return value
+
+
+def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
+    profile = data.get("profile")
+    if profile is not None:
+        operators = [OperatorTime(**o) for o in profile["top_operators"]]
+        data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators)}
+    return RankSummary(**data)
 
 
 def _float_or_none(value: Any) -> float | None:

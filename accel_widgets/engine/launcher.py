@@ -108,6 +108,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _prepare_profile_dir(path: str) -> str:
+    """Traces outlive the burst (its temp dir is removed), so they go to a directory the user chose."""
+    os.makedirs(path, exist_ok=True)
+    return os.path.abspath(path)
+
+
 def default_cache_dir() -> str:
     return os.environ.get("ACCEL_WIDGETS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "accel_widgets")
 
@@ -197,12 +203,16 @@ def run_burst(
     cache_dir: str | None = None,
     label: str = "",
     device: DeviceInfo | None = None,
+    profile_steps: int = 0,
+    profile_dir: str = "accel_widgets_profiles",
 ) -> BurstResult:
     """Train ``workload`` under ``config`` for a short timed burst and return what was measured.
 
     Runs ``steps`` measured steps (default 40) or for ``seconds``, after ``warmup_steps`` unmeasured
     ones (default 2, or 3 when compiling). ``on_event`` receives every step record and telemetry sample
-    live, on the calling thread. Setting ``stop`` ends the burst early (status "stopped"). Raises
+    live, on the calling thread. Setting ``stop`` ends the burst early (status "stopped").
+    ``profile_steps`` > 0 records that many extra steady-state steps with torch.profiler after the
+    measured window (rank 0) and writes the trace under ``profile_dir`` (``result.profile``). Raises
     :class:`ConfigError` before starting anything if the config cannot run here, and a
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes.
     """
@@ -222,6 +232,7 @@ def run_burst(
         config=config, steps=steps, seconds=seconds, warmup_steps=warmup_steps, clock_origin=called_at,
         cache_dir=cache_dir or default_cache_dir(), threads_per_rank=max(1, device.cpu_count // config.ranks),
         device_kind=device.kind, temp_dir="", master_port=free_port() if config.parallel == "ddp" else None,
+        profile_steps=profile_steps, profile_dir=_prepare_profile_dir(profile_dir) if profile_steps else "",
     )
     result = BurstResult(workload=workload.name, config=config, status="ok", world_size=config.ranks,
                          warmup_steps=warmup_steps, tokens_per_sample=workload.tokens_per_sample,

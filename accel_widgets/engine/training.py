@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSamp
 
 from ..config import Config
 from ..flops import count_training_flops
-from ..results import RankSummary, StepRecord
+from ..results import OperatorTime, ProfileCapture, RankSummary, StepRecord
 from ..workload import Workload
 from .events import Emit, RankLosses
 
@@ -340,6 +340,25 @@ class TrainingLoop:
             return None
         return flops / batch_length(targets) if flops else None
 
+    def profile(self, steps: int, trace_path: str, top: int = 15) -> ProfileCapture:
+        """Record ``steps`` more steady-state steps with torch.profiler; their timings are discarded.
+
+        Runs after the measured window, so the profiler's overhead never reaches the burst's numbers.
+        """
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as profiler:
+            for _ in range(steps):
+                self._step()
+            self.step_clock.flush()
+        profiler.export_chrome_trace(trace_path)
+        averages = sorted(profiler.key_averages(), reverse=True,
+                          key=lambda e: e.self_device_time_total + e.self_cpu_time_total)
+        operators = [OperatorTime(e.key, int(e.count), e.self_cpu_time_total / 1e3, e.self_device_time_total / 1e3)
+                     for e in averages[:top]]
+        return ProfileCapture(steps, trace_path, operators)
+
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = _AUTOCAST_DTYPES.get(self.config.precision)
         if dtype is None:
@@ -459,6 +478,7 @@ class TrainingLoop:
 def rank_summary(
     rank: int, device: torch.device, measured: tuple[int, float, float], setup_s: float, device_name: str,
     scaler_skipped_steps: int | None = None, flops_per_sample: float | None = None,
+    profile: ProfileCapture | None = None,
 ) -> RankSummary:
     samples, window_s, first_step_s = measured
     return RankSummary(
@@ -472,4 +492,5 @@ def rank_summary(
         device=device_name,
         scaler_skipped_steps=scaler_skipped_steps,
         flops_per_sample=flops_per_sample,
+        profile=profile,
     )

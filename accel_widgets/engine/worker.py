@@ -55,6 +55,8 @@ class BurstSpec:
     device_kind: str
     temp_dir: str
     master_port: int | None = None
+    profile_steps: int = 0
+    profile_dir: str = ""
 
 
 def worker_main(rank: int, payload: bytes, events: Any) -> None:
@@ -116,8 +118,12 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
                             device, rank, emit, step_clock, should_stop=should_stop)
         setup_s = time.perf_counter() - setup_start
         measured = loop.run(spec.warmup_steps, spec.steps, spec.seconds)
+        capture = None
+        if spec.profile_steps and rank == 0:
+            trace = os.path.join(spec.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
+            capture = loop.profile(spec.profile_steps, trace)
         summary = rank_summary(rank, device, measured, setup_s, _device_name(device), loop.scaler_skipped_steps(),
-                               loop.flops_per_sample(raw))
+                               loop.flops_per_sample(raw), capture)
     emit(RankDone(summary, _environment(device, spec, model), sorted(set(caught))))
 
 

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -196,3 +197,17 @@ def test_foreign_cpu_load_during_a_burst_is_flagged():
         hog.wait()
     assert result.foreign_cpu_pct > 20
     assert any("other processes used" in w for w in result.warnings)
+
+
+def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):
+    import json
+
+    result = run_burst(tiny_workload(), Config(), steps=5, profile_steps=3, profile_dir=str(tmp_path))
+    capture = result.profile
+    assert capture is not None and capture.steps == 3
+    names = {op.name for op in capture.top_operators}
+    assert {"aten::addmm", "aten::mm"} & names  # the linear layers' matmuls
+    trace = json.loads(Path(capture.trace_path).read_text())
+    assert any(event.get("name") == "aten::addmm" for event in trace["traceEvents"])
+    assert len(result.measured_steps()) == 5  # the profiled steps are not part of the measurement
+    assert BurstResult.from_json(result.to_json()).profile == capture
