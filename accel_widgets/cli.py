@@ -124,12 +124,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     configs = [Config(), config] if args.compare and config != Config() else [config]
     for each in configs:
         try:
-            results.append(run_burst(workload, each, steps=args.steps, seconds=args.seconds, timeout_s=args.timeout))
+            results.append(run_burst(workload, each, steps=args.steps, seconds=args.seconds, timeout_s=args.timeout,
+                                     profile_steps=args.profile_steps))
         except BurstError as exc:
             results.append(exc.result)
             print(str(exc), file=sys.stderr)
     for result in results:
         print(result.summary())
+        if result.profile is not None:
+            print(f"  profile     {result.profile.trace_path} (open in https://ui.perfetto.dev)")
+            for op in result.profile.top_operators[:5]:
+                times = f"self cpu {op.self_cpu_ms:8.2f} ms  device {op.self_device_ms:8.2f} ms"
+                print(f"              {op.name:<40} {times}")
     if len(results) > 1:
         print("\n" + format_table(comparison_rows(results)))
     if args.json:
@@ -202,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps")
     run.add_argument("--compare", action="store_true", help="also run the baseline Config() and compare")
     run.add_argument("--json", default=None, help="write the result(s) as JSON here")
+    run.add_argument("--profile-steps", type=int, default=0,
+                     help="after measuring, record this many steps with torch.profiler and write a trace")
     run.add_argument("--timeout", type=float, default=600.0, help="burst timeout in seconds")
     _add_knob_flags(run)
     run.set_defaults(handler=cmd_run)
