@@ -43,7 +43,8 @@ class TelemetrySample:
     ``util_pct`` is NVML's "a kernel was running" share for a GPU, and the workers' CPU use as a share
     of the machine's cores for ``source="psutil"``: a busy signal, never an efficiency measure.
     ``host_util_pct`` is the whole machine's CPU use, every process included: the gap to the workers'
-    share is load the burst did not cause, which makes its timings unreliable.
+    share is load the burst did not cause, which makes its timings unreliable. Per-core use, I/O wait
+    and the DataLoader workers' share tell "the loader is starved of cores" or "the disk is the limit".
     """
 
     t: float
@@ -55,6 +56,9 @@ class TelemetrySample:
     power_w: float | None = None
     sm_clock_mhz: float | None = None
     host_util_pct: float | None = None
+    cpu_per_core_pct: list[float] | None = None
+    iowait_pct: float | None = None
+    loader_util_pct: float | None = None  # the ranks' DataLoader worker processes, % of the machine
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,17 @@ class BurstResult:
             return None
         peak = peak_flops(str(self.environment.get("device_name", "")), self.config.precision, self.config.tf32)
         return achieved / (peak * self.world_size) if peak else None
+
+    @property
+    def loader_cpu_pct(self) -> float | None:
+        """Mean share of the machine's CPU used by DataLoader worker processes during the burst."""
+        values = [t.loader_util_pct for t in self.telemetry if t.loader_util_pct is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def iowait_pct(self) -> float | None:
+        values = [t.iowait_pct for t in self.telemetry if t.iowait_pct is not None]
+        return sum(values) / len(values) if values else None
 
     @property
     def foreign_cpu_pct(self) -> float | None:

@@ -72,6 +72,7 @@ class TelemetrySampler:
         self._pending: set[int] = set()
         self._roots: dict[int, psutil.Process] = {}
         self._known: dict[int, psutil.Process] = {}
+        self._loader_pct: float | None = None
         self._cpus = _usable_cpus()
         self._mem_total = int(psutil.virtual_memory().total)
         # NVML state: a module with NVML open, and the (index, handle) pairs to read.
@@ -94,7 +95,10 @@ class TelemetrySampler:
         """Start sampling on a daemon thread (daemon: a kernel that exits must not wait on telemetry)."""
         if self._thread is not None or self._stop_event.is_set():
             raise RuntimeError("a TelemetrySampler runs once; create a new one for each burst")
-        psutil.cpu_percent(interval=None)  # primes the machine-wide counter: its first reading is meaningless
+        # Prime the machine-wide counters: each one's first reading is meaningless.
+        psutil.cpu_percent(interval=None)
+        psutil.cpu_percent(interval=None, percpu=True)
+        psutil.cpu_times_percent(interval=None)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -176,7 +180,8 @@ class TelemetrySampler:
         """One sample per GPU; a GPU that fails this tick is skipped so the others still report."""
         nvml = self._nvml
         readings = []
-        host_util = psutil.cpu_percent(interval=None)  # the host side: a starved loader shows here
+        self._read_psutil(t)  # refreshes the loader workers' share; the GPU sample carries the host side
+        host = self._host_fields()
         for index, handle in self._handles:
             device = f"cuda:{index}"
             try:
@@ -193,7 +198,7 @@ class TelemetrySampler:
                         power_w=None if power_mw is None else power_mw / 1000.0,
                         sm_clock_mhz=None if sm_clock is None else float(sm_clock),
                         device=device,
-                        host_util_pct=host_util,
+                        **host,
                     )
                 )
             except nvml.NVMLError as exc:
@@ -228,7 +233,7 @@ class TelemetrySampler:
             for proc in members:
                 family.setdefault(proc.pid, proc)
 
-        cpu_pct, rss, rated = 0.0, 0, False
+        cpu_pct, loader_pct, rss, rated = 0.0, 0.0, 0, False
         known: dict[int, psutil.Process] = {}
         for pid, proc in family.items():
             cached = self._known.get(pid)
@@ -243,8 +248,10 @@ class TelemetrySampler:
             known[pid] = proc
             if primed:
                 cpu_pct += pct
+                loader_pct += 0.0 if pid in self._roots else pct  # descendants of a rank: its loader workers
                 rated = True
         self._known = known
+        self._loader_pct = loader_pct / self._cpus if rated else None
         if not rated:
             return []
         return [
@@ -255,9 +262,19 @@ class TelemetrySampler:
                 mem_used_bytes=rss,
                 mem_total_bytes=self._mem_total,
                 device="cpu",
-                host_util_pct=psutil.cpu_percent(interval=None),
+                **self._host_fields(),
             )
         ]
+
+    def _host_fields(self) -> dict[str, Any]:
+        """What ``top -H`` / ``iostat`` would show: per-core use, I/O wait, the loader workers' share."""
+        times = psutil.cpu_times_percent(interval=None)
+        return {
+            "host_util_pct": psutil.cpu_percent(interval=None),
+            "cpu_per_core_pct": psutil.cpu_percent(interval=None, percpu=True),
+            "iowait_pct": getattr(times, "iowait", None),
+            "loader_util_pct": self._loader_pct,
+        }
 
     def _record(self, message: str) -> None:
         if message not in self.errors:

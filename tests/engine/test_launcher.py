@@ -211,3 +211,13 @@ def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):
     assert any(event.get("name") == "aten::addmm" for event in trace["traceEvents"])
     assert len(result.measured_steps()) == 5  # the profiled steps are not part of the measurement
     assert BurstResult.from_json(result.to_json()).profile == capture
+
+
+def test_host_telemetry_attributes_cpu_to_the_loader_workers():
+    from accel_widgets import demo_workload
+
+    result = run_burst(demo_workload("image"), Config(num_workers=2), seconds=1.5)
+    assert result.loader_cpu_pct > 5  # per-item augmentation runs in the loader worker processes
+    sample = result.telemetry[-1]
+    assert len(sample.cpu_per_core_pct) >= 1 and sample.iowait_pct is not None
+    assert BurstResult.from_json(result.to_json()).loader_cpu_pct == result.loader_cpu_pct

@@ -147,7 +147,10 @@ def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
     assert [s.t for s in gpu0] == pytest.approx([0.25 * k for k in range(len(gpu0))])
     assert [s.t for s in gpu1] == [s.t for s in gpu0]
     assert 0.0 <= gpu0[0].host_util_pct <= 100.0  # the machine's own CPU use, read alongside
-    assert dataclasses.replace(gpu0[0], host_util_pct=None) == TelemetrySample(
+    assert len(gpu0[0].cpu_per_core_pct) == os.cpu_count()
+    host_free = dataclasses.replace(gpu0[0], host_util_pct=None, cpu_per_core_pct=None, iowait_pct=None,
+                                    loader_util_pct=None)
+    assert host_free == TelemetrySample(
         t=0.0, source="nvml", util_pct=40.0, mem_used_bytes=MiB, device="cuda:0",
         mem_total_bytes=80 * 1024 * MiB, power_w=pytest.approx(123.456), sm_clock_mhz=1980.0,
     )
