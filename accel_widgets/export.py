@@ -165,6 +165,7 @@ def main():
         final = torch.stack(pending).float().mean().item() if pending else loss.item()
         print(f"done: {{args.steps}} steps, {{samples * world_size / elapsed:.1f}} samples/s over {{world_size}} "
               f"ranks, final loss {{final:.4f}}", flush=True)
+    dist.barrier()  # leave together: a rank destroying its group while a peer still uses it can abort
     dist.destroy_process_group()
 
 

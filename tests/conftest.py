@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -23,6 +24,16 @@ import torch
 from accel_widgets.engine.launcher import leftover_temp_files
 
 LEAK_GRACE_S = 3.0
+
+# A private temp dir for the whole session, set before anything starts a process: torch's error files and
+# burst dirs then land here, and files other programs on the machine leave in /tmp cannot fail our leak checks.
+_SESSION_TMP = tempfile.mkdtemp(prefix="accel-widgets-tests-")
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = _SESSION_TMP
+
+
+# Removed at exit after multiprocessing's own finalizers (priority -100) have cleaned their pymp-* dirs in it.
+multiprocessing.util.Finalize(None, shutil.rmtree, args=(_SESSION_TMP, True), exitpriority=-200)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -377,6 +377,10 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
     cause = collected.root_cause()
     if outcome == "exited" and all_done:
         return result
+    if outcome == "failed" and all_done and cause is None:
+        # Every rank delivered its complete measurement before one died in teardown: keep the numbers.
+        result.warnings.append(f"{_crash_message(*collected.crashed_ranks()[0])} (after finishing its burst)")
+        return result
     if outcome == "stopped" or (outcome == "exited" and cause is None):
         result.status = "stopped"
         result.error = ErrorInfo("stopped", "stopped before the end of the burst (Stop or an interrupt)")

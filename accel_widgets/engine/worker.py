@@ -150,6 +150,7 @@ def _process_group(spec: BurstSpec, rank: int, device: torch.device) -> Iterator
                             world_size=spec.config.ranks, device_id=device if device.type == "cuda" else None)
     try:
         yield
+        dist.barrier()  # leave together: a rank destroying its group while a peer still uses it can abort
     finally:
         dist.destroy_process_group()
 

@@ -20,10 +20,10 @@ from ..knobs import GROUP_TITLES, GROUPS, KNOBS, Group, Knob
 from ..validation import knob_availability
 from . import state
 
-NAME_WIDTH = "150px"
-INPUT_WIDTH = "150px"
-COLUMN_WIDTH = "360px"
-NOTE_STYLE = "font-size: 0.85em; line-height: 1.25; white-space: normal;"
+NAME_WIDTH = "138px"
+INPUT_WIDTH = "125px"
+COLUMN_WIDTH = "300px"
+NOTE_STYLE = "font-size: 0.8em; line-height: 1.2; white-space: normal;"
 _NOTE_COLOURS = {"unavailable": "#777", "warning": "#b35900", "error": "#c62828"}
 
 
@@ -42,7 +42,7 @@ class KnobControl:
         self.input = self._make_input()
         self.input.tooltip = knob.what
         self.input.disabled = not self.available
-        label = w.HTML(f"<code>{html.escape(knob.name)}</code>", tooltip=knob.what,
+        label = w.HTML(html.escape(knob.name), tooltip=knob.what,
                        layout=w.Layout(width=NAME_WIDTH, overflow="hidden"))
         self.info = w.ToggleButton(icon="info", tooltip=f"What {knob.name} does, why and when it helps",
                                    layout=w.Layout(width="32px", padding="0"))
@@ -73,7 +73,7 @@ class KnobControl:
     def refresh_note(self) -> None:
         """Re-judge the current value on this machine and show the result under the control."""
         if not self.available:
-            self._show_note("unavailable", f"Not on this machine: {self.reason}")
+            self._show_note("unavailable", self.reason)
             return
         try:
             note = state.value_note(self.knob.name, self.value, self.device)
@@ -125,11 +125,11 @@ class KnobControls:
         self._on_change = on_change
         self.controls = {name: KnobControl(knob, device, self._changed) for name, knob in KNOBS.items()}
         cards = [self._group_card(group) for group in GROUPS if KNOBS.in_group(group)]
-        heights = [1.5 + sum(1.0 + 0.8 * (not self.controls[k.name].available) for k in KNOBS.in_group(group))
+        heights = [1.2 + sum(1.0 + 0.5 * (not self.controls[k.name].available) for k in KNOBS.in_group(group))
                    for group in GROUPS if KNOBS.in_group(group)]
         self.widget = w.HBox(
             [w.VBox([cards[i] for i in column]) for column in state.balanced_columns(heights, columns)],
-            layout=w.Layout(flex_flow="row wrap", align_items="flex-start", grid_gap="12px"),
+            layout=w.Layout(align_items="flex-start", justify_content="space-between"),
         )
 
     def _group_card(self, group: Group) -> w.VBox:

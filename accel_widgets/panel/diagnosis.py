@@ -81,18 +81,21 @@ def _outcome(result: BurstResult) -> list[Finding]:
 def _reliability(result: BurstResult) -> list[Finding]:
     step = result.step_time
     foreign = result.foreign_cpu_pct
-    findings = []
+    busy = foreign is not None and foreign >= FOREIGN_CPU_NOTICE_PCT
+    load = f"other processes used ~{foreign:.0f}% of the CPU during the burst" if busy else ""
     if step is not None and step.noisy:
         if step.n < 4:
             detail = f"only {step.n} measured steps: run a longer burst before trusting the median."
+        elif busy:
+            detail = f"IQR is {step.relative_iqr:.0%} of the median step and {load}: re-run when the machine is quiet."
         else:
             detail = (f"IQR is {step.relative_iqr:.0%} of the median step: re-run, the machine is probably busy "
                       "(on a few cores, one busy core stalls every intra-op thread).")
-        findings.append(Finding("warn", "Noisy step times", detail))
-    if foreign is not None and foreign >= FOREIGN_CPU_NOTICE_PCT:
-        findings.append(Finding("warn", "Machine busy", f"other processes used ~{foreign:.0f}% of the CPU during "
-                                "the burst: compare runs only when the machine is quiet."))
-    return findings
+        return [Finding("warn", "Noisy step times", detail)]
+    if busy:
+        return [Finding("info", "Machine busy", f"{load}: the steps look stable, but compare runs only when the "
+                        "machine is quiet.")]
+    return []
 
 
 # -- data pipeline ---------------------------------------------------------------------------------
@@ -132,11 +135,11 @@ def _device(result: BurstResult) -> list[Finding]:
     compute = result.compute_share
     step = result.step_time
     findings = []
-    what = "GPU" if any(t.source == "nvml" for t in result.telemetry) else "the workers' CPU"
+    what = "GPU" if any(t.source == "nvml" for t in result.telemetry) else "worker CPU"
     if util is not None and util < UTIL_OK_PCT:
         if step is not None and step.median < SHORT_STEP_S and util < LOW_UTIL_PCT:
             findings.append(Finding("warn", "Low utilisation, fast steps",
-                                    f"{what} busy {util:.0f}% with {step.median * 1e3:.1f} ms steps: per-step "
+                                    f"{what} at {util:.0f}% with {step.median * 1e3:.1f} ms steps: per-step "
                                     "overhead dominates. A larger batch amortises it.", "batch_size"))
         elif result.config.sync_every == 1 and what == "GPU":
             findings.append(Finding("warn", "Possibly sync-bound",
@@ -144,10 +147,10 @@ def _device(result: BurstResult) -> list[Finding]:
                                     "step: each read makes the host wait for the GPU.", "sync_every"))
         else:
             findings.append(Finding("info", "Utilisation below 80%",
-                                    f"{what} busy {util:.0f}% of the time: look at the data wait and the step "
+                                    f"{what} at {util:.0f}%: look at the data wait and the step "
                                     "breakdown for where the rest goes."))
     elif util is not None:
-        findings.append(Finding("good", "Device kept busy", f"{what} busy {util:.0f}% of the time."))
+        findings.append(Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%)."))
     if compute is not None and compute >= COMPUTE_OK_SHARE:
         findings.append(_compute_bound(result, compute))
     return findings

@@ -19,10 +19,24 @@ from plotly.subplots import make_subplots
 from ..device import DeviceInfo
 from .state import Batch
 
-HEIGHT = 400
+HEIGHT = 380
+WIDTH = 1180  # fixed: the widget renders before it is attached, so autosize would fall back to 700 px
 _DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
 _UTIL_TITLES = {"nvml": "GPU utilisation % (NVML)", "psutil": "workers' CPU % of machine (psutil)"}
+MAX_TRACE_POINTS = 1500
+_LOG_TICKS = [m * 10.0**e for e in range(-2, 7) for m in (1, 2, 5)]
 Key = tuple[int, str, Any]
+
+
+def _bounded(values: tuple[float, ...]) -> tuple[float, ...]:
+    """Thin a trace by a whole stride once it passes MAX_TRACE_POINTS.
+
+    Every flush resends a changed trace whole (FigureWidget has no extendTraces), so a 1 ms step over a
+    minute-long burst would otherwise push 60k points four times a second. x, y and customdata of a
+    trace always have the same length, so the same stride keeps them aligned.
+    """
+    stride = -(-len(values) // MAX_TRACE_POINTS)  # ceiling division
+    return values[::stride] if stride > 1 else values
 
 
 def run_colour(run: int) -> str:
@@ -35,21 +49,21 @@ class LivePlots:
 
     def __init__(self, device: DeviceInfo) -> None:
         figure = make_subplots(
-            rows=1, cols=2, specs=[[{"secondary_y": True}, {}]], horizontal_spacing=0.11,
-            subplot_titles=("Device utilisation (dotted: memory)", "Step time (hollow: warm-up / compile)"),
+            rows=1, cols=2, horizontal_spacing=0.08,
+            subplot_titles=("Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)"),
         )
         figure.update_layout(
-            height=HEIGHT, template="plotly_white", margin={"l": 60, "r": 20, "t": 40, "b": 40},
-            legend={"orientation": "v", "x": 1.01, "y": 1, "title": {"text": "runs"}}, hovermode="closest",
+            height=HEIGHT, width=WIDTH, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": 45},
+            legend={"title": {"text": "runs"}, "x": 1.02, "y": 1}, hovermode="closest",
             uirevision="keep",  # keep the user's zoom while data streams in
         )
         figure.update_xaxes(title_text="time since launch (s)", row=1, col=1)
         figure.update_yaxes(title_text=_UTIL_TITLES["nvml" if device.has_cuda else "psutil"], range=[0, 105],
-                            row=1, col=1, secondary_y=False)
-        figure.update_yaxes(title_text="memory (MiB)", row=1, col=1, secondary_y=True, showgrid=False,
-                            rangemode="tozero")
+                            row=1, col=1)
         figure.update_xaxes(title_text="step", row=1, col=2)
-        figure.update_yaxes(title_text="step time (ms, log)", type="log", row=1, col=2)
+        # Log scale: a compile step can be 1000x a steady one. Plain 1-2-5 labels, not plotly's digit-only ones.
+        figure.update_yaxes(title_text="step time (ms, log)", type="log", tickvals=_LOG_TICKS,
+                            ticktext=[f"{v:g}" for v in _LOG_TICKS], row=1, col=2)
         self.figure = go.FigureWidget(figure)
         self._traces: dict[Key, Any] = {}
         self._names: dict[int, str] = {}
@@ -81,26 +95,34 @@ class LivePlots:
             xs, ys = points.setdefault(key, ([], []))
             xs.append(step.step)
             ys.append(step.total_s * 1e3)
+        memory: dict[Key, list[float]] = {}
         for sample in batch.samples:
-            for kind, value in (("util", sample.util_pct), ("mem", sample.mem_used_bytes / 2**20)):
-                xs, ys = points.setdefault((run, kind, sample.device), ([], []))
-                xs.append(sample.t)
-                ys.append(value)
-        for key in points:
-            if key not in self._traces:
-                self._add_trace(key)
-        self._retitle(batch)
+            key = (run, "util", sample.device)
+            xs, ys = points.setdefault(key, ([], []))
+            xs.append(sample.t)
+            ys.append(sample.util_pct)
+            memory.setdefault(key, []).append(sample.mem_used_bytes / 2**20)
+        added = [key for key in points if key not in self._traces]
+        for key in added:
+            self._add_trace(key)
+        if added:
+            self.sync_state()  # a view created from here on (a page reload) must already hold the new traces
         with self.figure.batch_update():
             for key, (xs, ys) in points.items():
                 trace = self._traces[key]
-                trace.x = (*(trace.x or ()), *xs)
-                trace.y = (*(trace.y or ()), *ys)
+                trace.x = _bounded((*(trace.x or ()), *xs))
+                trace.y = _bounded((*(trace.y or ()), *ys))
+                if key in memory:  # memory rides along as hover data: a third axis made the plot unreadable
+                    trace.customdata = _bounded((*(trace.customdata or ()), *memory[key]))
+        self._retitle(batch)
 
     def sync_state(self) -> None:
         """Copy the figure into its widget state, so a view created later (a page reload) is current.
 
         plotly only copies the figure into the widget's synced state when the figure itself is
-        displayed; inside a VBox it never is, and later views would start from the empty figure.
+        displayed; inside a VBox it never is, and later views would start from the empty figure. Called
+        when traces are added and after each run, not per flush: streamed points reach live views as
+        restyles, and a full copy at 4 Hz would resend every run's points each time.
         """
         self.figure._repr_mimebundle_()
 
@@ -114,7 +136,7 @@ class LivePlots:
                 trace.visible = run not in self._hidden
 
     def traces(self, run: int, kind: str) -> list[Any]:
-        """The run's traces of one kind ("util", "mem", "step", "warmup"), for tests and notebooks."""
+        """The run's traces of one kind ("legend", "util", "step", "warmup"), for tests and notebooks."""
         return [t for (r, k, _), t in self._traces.items() if r == run and k == kind]
 
     # -- construction -----------------------------------------------------------------------------
@@ -140,14 +162,12 @@ class LivePlots:
             self.figure.add_trace(trace, row=1, col=2)
             self._traces[key] = self.figure.data[-1]
             return
-        if kind == "util":
-            trace = go.Scatter(mode="lines", line={"color": colour, "width": 2},
-                               hovertemplate=f"{name} {sub}: %{{y:.0f}}% at %{{x:.1f}} s<extra></extra>", **common)
-        else:
-            trace = go.Scatter(mode="lines", line={"color": colour, "width": 1, "dash": "dot"}, opacity=0.6,
-                               hovertemplate=f"{name} {sub} memory: %{{y:,.0f}} MiB at %{{x:.1f}} s<extra></extra>",
-                               **common)
-        self.figure.add_trace(trace, row=1, col=1, secondary_y=kind == "mem")
+        devices = len(self.traces(run, "util"))  # one line per GPU of a multi-GPU run, told apart by dash
+        trace = go.Scatter(mode="lines", line={"color": colour, "width": 2, "dash": _DASHES[devices % len(_DASHES)]},
+                           customdata=[],
+                           hovertemplate=f"{name} {sub}: %{{y:.0f}}% busy, %{{customdata:,.0f}} MiB at %{{x:.1f}} s"
+                           "<extra></extra>", **common)
+        self.figure.add_trace(trace, row=1, col=1)
         self._traces[key] = self.figure.data[-1]
 
     def _retitle(self, batch: Batch) -> None:

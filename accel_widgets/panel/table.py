@@ -23,15 +23,15 @@ Row = dict[str, Any]
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     # (header, tooltip, css width)
     ("show", "tick to show the run in the plots", "64px"),
-    ("changes from baseline", "what differs from the baseline run (a ladder rung's name first)", "minmax(220px, 3fr)"),
+    ("changes from baseline", "what differs from the baseline run (a ladder rung's name first)", "minmax(240px, 4fr)"),
     ("samples/s", "steady-state throughput, summed over ranks", "90px"),
-    ("speed-up", "throughput over the baseline run's", "72px"),
+    ("speed-up", "throughput over the baseline run's", "80px"),
     ("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", "120px"),
     ("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)", "60px"),
-    ("data wait", "share of the step spent waiting for the data loader", "72px"),
+    ("data wait", "share of the step spent waiting for the data loader", "80px"),
     ("peak MiB", "peak memory (GPU allocator, or the workers' RSS on CPU)", "80px"),
-    ("compile s", "extra time of the first step over a steady one (compiled runs)", "72px"),
-    ("status", "ok, stopped, or failed with the error's first line", "minmax(120px, 2fr)"),
+    ("compile s", "extra time of the first step over a steady one (compiled runs)", "80px"),
+    ("status", "ok, stopped, or failed with the error's first line", "minmax(90px, 1.5fr)"),
 )
 _CELL = "padding: 2px 6px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
 _STATUS_COLOURS = {"ok": "#2e7d32", "stopped": "#8a6d00"}

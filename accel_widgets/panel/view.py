@@ -33,7 +33,7 @@ from .table import RunsTable
 
 Engine = Callable[..., BurstResult]
 
-ACTIONS_WIDTH = "330px"
+ACTIONS_WIDTH = "310px"
 _FINDING_ICONS = {"warn": ("⚠", "#b35900"), "info": ("ℹ", "#1565c0"), "good": ("✔", "#2e7d32")}
 
 
@@ -53,6 +53,9 @@ class TuningPanel:
         self.update_times: list[float] = []  # monotonic time of each push to the figure (rate checks)
         self._engine = engine
         self._thread: threading.Thread | None = None
+        # Guards the action thread's start and end against the button state: without it, a button update
+        # computed on one thread just before the other thread finished could leave Run disabled for good.
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._validation = state.Validation()
@@ -61,7 +64,7 @@ class TuningPanel:
         self.plots = LivePlots(self.device)
         self.table = RunsTable(self.plots.show_runs)
         self._build_actions(steps)
-        self.diagnosis = w.HTML(layout=w.Layout(width=ACTIONS_WIDTH))
+        self.diagnosis = w.HTML(layout=w.Layout(margin="10px 0 0 0"))
         self.root = self._assemble()
         self._revalidate()
         if engine is run_burst:
@@ -116,22 +119,21 @@ class TuningPanel:
 
     # -- layout -----------------------------------------------------------------------------------
     def _build_actions(self, steps: int) -> None:
-        self.length_unit = w.ToggleButtons(options=["steps", "seconds"], value="steps",
-                                           tooltip="measure a number of steps, or for a number of seconds",
-                                           style={"button_width": "70px"})
+        self.length_unit = w.Dropdown(options=["steps", "seconds"], value="steps", layout=w.Layout(width="90px"),
+                                      tooltip="measure a number of steps, or for a number of seconds")
         self.length_value = w.BoundedFloatText(value=steps, min=1, max=100_000, step=1,
                                                tooltip="burst length (after the warm-up steps)",
-                                               layout=w.Layout(width="80px"))
+                                               layout=w.Layout(width="75px"))
         self.run_button = w.Button(description="Run burst", button_style="primary", icon="play",
                                    tooltip="one timed burst of the settings above")
         self.ladder_button = w.Button(description="Run ladder", icon="forward",
                                       tooltip="baseline → +loader → +precision → +compile → +rest, cumulative")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True,
                                     tooltip="stop the running burst (within a second) and the rest of a ladder")
-        self.reset_button = w.Button(description="Reset to baseline", icon="undo",
+        self.reset_button = w.Button(description="Reset to baseline",
                                      tooltip="set every knob back to the plain training loop")
         for button in (self.run_button, self.ladder_button, self.stop_button, self.reset_button):
-            button.layout = w.Layout(width="155px")
+            button.layout = w.Layout(width="148px")
         self.run_button.on_click(lambda _: self.run_burst())
         self.ladder_button.on_click(lambda _: self.run_ladder())
         self.stop_button.on_click(lambda _: self.stop())
@@ -145,20 +147,23 @@ class TuningPanel:
         device = self.device
         where = (f"{len(device.gpus)} × {device.name}" if device.has_cuda
                  else f"{device.cpu_name}, {device.cpu_count} cores, no GPU")
-        header = w.HTML(f'<div style="font-size: 1.15em;"><b>accel_widgets tuning panel</b> · workload '
-                        f"<code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>")
+        header = w.HTML(f'<div style="font-size: 1.15em; padding-bottom: 4px; border-bottom: 1px solid #e0e0e0;">'
+                        f"<b>accel_widgets tuning panel</b> · workload "
+                        f"<code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>",
+                        layout=w.Layout(margin="0 0 4px 0"))
         length = w.HBox([w.HTML("Burst length", layout=w.Layout(width="95px")), self.length_value, self.length_unit])
         actions = w.VBox(
             [length, w.HBox([self.run_button, self.ladder_button]), w.HBox([self.stop_button, self.reset_button]),
-             self.validation, self.progress, self.status, self.diagnosis],
-            layout=w.Layout(width=ACTIONS_WIDTH, min_width=ACTIONS_WIDTH, padding="0 0 0 12px",
+             self.progress, self.status, self.validation],
+            layout=w.Layout(width=ACTIONS_WIDTH, min_width=ACTIONS_WIDTH, padding="0 0 0 10px",
                             border_left="1px solid #e0e0e0"),
         )
-        controls = w.VBox([self.controls.widget], layout=w.Layout(flex="1 1 auto", overflow="auto"))
+        controls = w.VBox([self.controls.widget], layout=w.Layout(flex="1 1 auto"))
         top = w.HBox([controls, actions], layout=w.Layout(width="100%", align_items="flex-start"))
-        runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>")
-        root = w.VBox([header, top, self.plots.figure, runs_title, self.table.widget, self.table.empty],
-                      layout=w.Layout(width="100%", max_width="1400px"))
+        runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>",
+                            layout=w.Layout(margin="8px 0 0 0"))
+        root = w.VBox([header, top, self.plots.figure, runs_title, self.table.widget, self.table.empty,
+                       self.diagnosis], layout=w.Layout(width="100%", max_width="1400px"))
         # Stable CSS hooks for browser tests and user styling; ipywidgets' own classes are generic.
         for widget, name in ((root, "panel"), (self.run_button, "run-burst"), (self.ladder_button, "run-ladder"),
                              (self.stop_button, "stop"), (self.status, "status"), (self.table.widget, "runs"),
@@ -181,22 +186,24 @@ class TuningPanel:
         self._sync_buttons()
 
     def _sync_buttons(self) -> None:
-        running = self.running
-        self.run_button.disabled = running or not self._validation.ok
-        self.ladder_button.disabled = running
-        self.stop_button.disabled = not running
+        with self._lock:
+            running = self.running
+            self.run_button.disabled = running or not self._validation.ok
+            self.ladder_button.disabled = running
+            self.stop_button.disabled = not running
 
     # -- actions ----------------------------------------------------------------------------------
     def _start(self, what: str, plan: list[state.PlanItem]) -> None:
-        if self.running:
-            raise RuntimeError("an action is already running: Stop it or wait() for it first")
-        self._stop = threading.Event()
-        self._stop_requested_at = None
         length = state.length_kwargs(self.length_unit.value, self.length_value.value)
-        self._thread = threading.Thread(target=self._run_plan, args=(what, plan, length),
-                                        name="accel-widgets-panel", daemon=True)
-        self._thread.start()
-        self._sync_buttons()
+        with self._lock:
+            if self.running:
+                raise RuntimeError("an action is already running: Stop it or wait() for it first")
+            self._stop = threading.Event()
+            self._stop_requested_at = None
+            self._thread = threading.Thread(target=self._run_plan, args=(what, plan, length),
+                                            name="accel-widgets-panel", daemon=True)
+            self._thread.start()
+            self._sync_buttons()
 
     def _run_plan(self, what: str, plan: list[state.PlanItem], length: dict[str, Any]) -> None:
         """The action thread: run each planned burst in turn, keep the panel usable whatever happens."""
@@ -206,9 +213,13 @@ class TuningPanel:
                     break
                 self._run_one(what, index, plan, item, length)
             self._status(self._final_status(what, len(plan)))
+        except Exception as exc:  # a bug of the panel itself: say so in the panel, then let the thread report it
+            self._status(f"Panel error: {html.escape(f'{type(exc).__name__}: {exc}')}")
+            raise
         finally:
-            self._thread = None
-            self._sync_buttons()
+            with self._lock:
+                self._thread = None
+                self._sync_buttons()
 
     def _run_one(self, what: str, index: int, plan: list[state.PlanItem], item: state.PlanItem,
                  length: dict[str, Any]) -> None:

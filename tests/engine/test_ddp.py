@@ -160,3 +160,16 @@ def test_channels_last_composes_with_ddp():
     from tests.workloads import conv_workload
 
     assert run_burst(conv_workload(), DDP.replace(channels_last=True), steps=3).ok
+
+
+
+def test_a_rank_dying_after_it_finished_keeps_the_measurement():
+    """gloo can abort a rank in teardown after it sent its summary: the measurement is complete, keep it."""
+    from accel_widgets.engine.launcher import _Collected, _finish
+    from accel_widgets.results import BurstResult
+    from tests.test_results import _rank
+
+    collected = _Collected(ranks={0: _rank(0, 96, 0.3), 1: _rank(1, 96, 0.5)}, exit_codes=[0, -6])
+    result = _finish(BurstResult("w", DDP, "ok", world_size=2), collected, "failed", time.perf_counter(), 60.0)
+    assert result.ok and result.samples_per_s > 0
+    assert any("rank 1 was killed by SIGABRT" in w and "after finishing" in w for w in result.warnings)

@@ -21,10 +21,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = [
@@ -41,7 +45,7 @@ KERNEL_READY_MS = 120_000
 BURST_S = 4  # long enough to see several live pushes to the figure
 
 NOTEBOOK_CELLS = [
-    """import torch
+    f"""import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -63,8 +67,8 @@ workload = aw.Workload(model=Net(), dataset=(x, x[:, :4].argmax(1)), loss_fn=F.c
                        name="browser-mlp")
 panel = aw.TuningPanel(workload, steps=20)
 panel.length_unit.value = "seconds"
-panel.length_value.value = %d
-panel""" % BURST_S,
+panel.length_value.value = {BURST_S}
+panel""",
     "panel.run_burst()\npanel.wait()\nprint('runs:', len(panel.runs), panel.runs[-1].status)",
 ]
 
@@ -107,6 +111,11 @@ def jupyter_env(home: Path) -> dict[str, str]:
         directory.mkdir(parents=True, exist_ok=True)
         env[variable] = str(directory)
     env["JUPYTER_PLATFORM_DIRS"] = "1"
+    # No news toast over the panel (and no request to the outside for it).
+    notification = Path(env["JUPYTERLAB_SETTINGS_DIR"]) / "@jupyterlab" / "apputils-extension"
+    notification.mkdir(parents=True, exist_ok=True)
+    (notification / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
     return env
 
 
@@ -124,10 +133,10 @@ def jupyter_lab(root: Path, home: Path) -> Iterator[tuple[str, str]]:
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{base}/api/status?token={token}",
+                                                                       timeout=2) as reply:
+                if reply.status == 200:
+                    break
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"JupyterLab did not start: {(home / 'jupyterlab.log').read_text()[-2000:]}")
             time.sleep(0.2)
@@ -192,6 +201,7 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             rows = page.evaluate(JS_ROWS)
             status = page.evaluate(JS_STATUS)
             page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel.png"))
+            reloaded = traces_after_reload(page)
         finally:
             browser.close()
 
@@ -202,9 +212,23 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
     rate = (len(updates) - 1) / (updates[-1][0] - updates[0][0]) if len(updates) > 1 else 0.0
     (ARTIFACTS / "browser_update_rate.json").write_text(json.dumps({"updates": updates, "rate_hz": rate}))
     assert len(updates) >= 3, f"the plots should grow live while the burst runs, saw {updates}"
+    # The FigureWidget trap: a view created later (page reload) must show the same data, not the empty figure.
+    for run in (0, 1):
+        for kind in ("step", "util", "warmup"):
+            assert points(reloaded, run, kind) == points(traces, run, kind), (run, kind)
 
 
-def watch_live_updates(page, run: int, timeout_s: float = 120.0) -> list[tuple[float, int]]:
+def traces_after_reload(page: Page) -> list[dict]:
+    """Save, reload the page and read the figure again: the restored view is built from widget state alone."""
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.reload()
+    page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
+    page.wait_for_function(f"() => ({JS_TRACES})() !== null && ({JS_ROWS})() === 2", timeout=60_000, polling=200)
+    return page.evaluate(JS_TRACES)
+
+
+def watch_live_updates(page: Page, run: int, timeout_s: float = 120.0) -> list[tuple[float, int]]:
     """Poll the browser's copy of the figure while the burst runs: (time, points) at each change."""
     seen: list[tuple[float, int]] = []
     started = time.monotonic()

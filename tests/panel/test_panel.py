@@ -1,0 +1,325 @@
+"""The panel's widget logic without a browser: set values, click buttons, read what the engine got and what shows.
+
+A fake engine with ``run_burst``'s signature stands in for training (tests/panel/fakes.py); one test uses
+the real engine on a tiny workload, and one stops a real burst.
+"""
+
+from __future__ import annotations
+
+import html
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from accel_widgets import KNOBS, Config
+from accel_widgets.knobs import GROUP_TITLES
+from accel_widgets.ladder import classic_ladder
+from accel_widgets.panel import TuningPanel
+from accel_widgets.panel.plots import MAX_TRACE_POINTS, LivePlots
+from accel_widgets.panel.state import Batch
+from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample
+from tests.workloads import tiny_workload
+
+CUDA_ONLY = [name for name, knob in KNOBS.items() if knob.applies_to == ("cuda",)]
+
+
+def make_panel(engine: FakeEngine | None = None, device=CPU, steps: int = 5) -> TuningPanel:
+    return TuningPanel(tiny_workload(), engine=engine or FakeEngine(), device=device, steps=steps)
+
+
+def run(panel: TuningPanel, button: str = "run_button") -> None:
+    getattr(panel, button).click()
+    assert panel.wait(timeout=30), "the action did not finish"
+
+
+def status(panel: TuningPanel) -> str:
+    return panel.status.value
+
+
+# -- controls -----------------------------------------------------------------------------------------
+def test_every_knob_has_a_control_with_its_help_grouped_as_the_registry() -> None:
+    panel = make_panel()
+    assert set(panel.controls.controls) == set(KNOBS)
+    for name, control in panel.controls.controls.items():
+        knob = KNOBS[name]
+        assert control.input.tooltip == knob.what
+        assert control.help.layout.display == "none"
+        control.info.value = True
+        assert control.help.layout.display is None
+        for text in (knob.what, knob.why, knob.when):
+            assert html.escape(text) in control.help.value
+    titles = [child.children[0].value for column in panel.controls.widget.children for child in column.children]
+    assert titles == [f"<b>{GROUP_TITLES[g]}</b>" for g in GROUP_TITLES]
+
+
+def test_cuda_only_knobs_are_disabled_on_a_cpu_with_the_reason() -> None:
+    panel = make_panel(device=CPU)
+    for name, control in panel.controls.controls.items():
+        assert control.input.disabled == (name in CUDA_ONLY), name
+    note = panel.controls.controls["pin_memory"].note.value
+    assert "only acts on CUDA" in note and "cpu" in note
+    gpu_panel = make_panel(device=GPU1)
+    assert not any(c.input.disabled for c in gpu_panel.controls.controls.values())
+
+
+def test_fp16_on_a_cpu_without_fp16_units_carries_a_warning_but_can_run() -> None:
+    panel = make_panel()
+    precision = panel.controls.controls["precision"]
+    assert ("fp16 ⚠", "fp16") in precision.input.options
+    precision.value = "fp16"
+    assert "⚠" in precision.note.value and "fp16" in precision.note.value
+    assert "no fp16 units" in panel.validation.value
+    assert not panel.run_button.disabled
+
+
+def test_a_config_error_disables_run_and_says_why() -> None:
+    panel = make_panel()
+    parallel = panel.controls.controls["parallel"]
+    assert ("dataparallel ✗", "dataparallel") in parallel.input.options
+    parallel.value = "dataparallel"
+    assert panel.run_button.disabled
+    assert "needs at least 2 GPUs" in panel.validation.value
+    with pytest.raises(ValueError, match="cannot run here"):
+        panel.run_burst()
+    parallel.value = "none"
+    assert not panel.run_button.disabled and "✗" not in panel.validation.value
+
+
+def test_an_invalid_typed_value_disables_run() -> None:
+    panel = make_panel()
+    batch = panel.controls.controls["batch_size"]
+    batch.input.value = "many"
+    assert panel.run_button.disabled and "batch_size" in panel.validation.value
+    batch.input.value = ""
+    assert not panel.run_button.disabled and panel.config.batch_size is None
+    batch.input.value = "128"
+    assert panel.config.batch_size == 128
+
+
+def test_reset_returns_every_control_to_the_baseline() -> None:
+    panel = make_panel()
+    panel.set_config(Config(num_workers=2, precision="bf16", batch_size=64, compile_mode="default"))
+    assert panel.config.label() == "batch_size=64, num_workers=2, precision=bf16, compile_mode=default"
+    panel.reset_button.click()
+    assert panel.config == Config()
+
+
+# -- runs -----------------------------------------------------------------------------------------------
+def test_run_burst_sends_the_controls_config_and_length_to_the_engine() -> None:
+    engine = FakeEngine()
+    panel = make_panel(engine)
+    panel.controls.controls["num_workers"].value = 2
+    panel.controls.controls["precision"].value = "bf16"
+    panel.length_value.value = 7
+    run(panel)
+    call = engine.calls[-1]
+    assert call.config == Config(num_workers=2, precision="bf16")
+    assert call.kwargs["steps"] == 7 and call.kwargs["seconds"] is None and call.kwargs["label"] == ""
+    assert call.kwargs["stop"] is not None and not call.kwargs["stop"].is_set()
+    panel.length_unit.value = "seconds"
+    panel.length_value.value = 2.5
+    run(panel)
+    assert engine.calls[-1].kwargs["steps"] is None and engine.calls[-1].kwargs["seconds"] == 2.5
+    assert [r.config for r in panel.runs] == [Config(num_workers=2, precision="bf16")] * 2
+    assert "finished" in status(panel)
+
+
+def test_table_rows_and_plot_traces_show_what_the_engine_emitted() -> None:
+    engine = FakeEngine()
+    panel = make_panel(engine, steps=6)
+    run(panel)
+    panel.controls.controls["num_workers"].value = 1
+    run(panel)
+    rows = panel.table.text()
+    assert [r[0] for r in rows] == ["#0", "#1"]
+    assert rows[0][1] == "baseline" and rows[1][1] == "num_workers=1"
+    assert rows[0][3] == "1.00×" and rows[1][-1] == "ok"
+    for run_index, events in enumerate(engine.emitted):
+        steps = [e for e in events if hasattr(e, "rank")]
+        samples = [e for e in events if hasattr(e, "util_pct")]
+        (measured,) = panel.plots.traces(run_index, "step")
+        (warmup,) = panel.plots.traces(run_index, "warmup")
+        (util,) = panel.plots.traces(run_index, "util")
+        assert list(measured.x) == [s.step for s in steps if not s.warmup]
+        assert list(measured.y) == pytest.approx([s.total_s * 1e3 for s in steps if not s.warmup])
+        assert list(warmup.x) == list(range(WARMUP)) and warmup.marker.symbol == "circle-open"
+        assert list(util.x) == pytest.approx([s.t for s in samples])
+        assert list(util.y) == pytest.approx([s.util_pct for s in samples])
+        assert list(util.customdata) == pytest.approx([s.mem_used_bytes / 2**20 for s in samples])
+        assert measured.line.color == util.line.color == warmup.marker.color
+    assert panel.plots.traces(0, "step")[0].line.color != panel.plots.traces(1, "step")[0].line.color
+    assert panel.plots.figure.layout.yaxis.title.text == "workers' CPU % of machine (psutil)"
+    assert "Reading of #1" in panel.diagnosis.value
+
+
+def test_unticking_a_run_hides_its_traces() -> None:
+    panel = make_panel()
+    run(panel)
+    run(panel)
+    panel.table.checkboxes[0].value = False
+    assert all(t.visible is False for t in panel.plots.figure.data if t.meta["run"] == 0)
+    assert all(t.visible is True for t in panel.plots.figure.data if t.meta["run"] == 1)
+    panel.table.checkboxes[0].value = True
+    assert all(t.visible is True for t in panel.plots.figure.data)
+
+
+def test_ddp_gets_one_step_trace_per_rank() -> None:
+    panel = make_panel()
+    panel.set_config(Config(parallel="ddp", world_size=2))
+    run(panel)
+    ranks = panel.plots.traces(0, "step")
+    assert sorted(t.meta["sub"] for t in ranks) == [0, 1]
+    assert {t.line.dash for t in ranks} == {"solid", "dot"}
+
+
+def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None:
+    plots = LivePlots(GPU1)
+    plots.start_run(0, "#0 ddp", ranks=2)
+    samples = [replace(sample(0.1 * i, source="nvml"), device=f"cuda:{i % 2}") for i in range(6)]
+    plots.extend(0, Batch(samples=samples))
+    lines = plots.traces(0, "util")
+    assert sorted(t.meta["sub"] for t in lines) == ["cuda:0", "cuda:1"]
+    assert len({t.line.dash for t in lines}) == 2 and all(len(t.x) == 3 for t in lines)
+    assert plots.figure.layout.yaxis.title.text == "GPU utilisation % (NVML)"
+
+
+def test_live_updates_are_batched_to_a_few_per_second() -> None:
+    engine = FakeEngine(pace_s=0.005)  # ~2 events every 5 ms: 400 events/s
+    panel = make_panel(engine, steps=250)
+    started = time.monotonic()
+    run(panel)
+    elapsed = time.monotonic() - started
+    events = len(engine.emitted[0])
+    pushes = len(panel.update_times)
+    assert pushes >= 2 * elapsed - 1, (pushes, elapsed)  # at least twice a second
+    assert pushes <= 6 * elapsed + 2, (pushes, elapsed)  # ~4 Hz, never per event
+    assert pushes < events / 20
+
+
+def test_long_bursts_keep_each_trace_bounded_and_aligned() -> None:
+    panel = make_panel(FakeEngine(), steps=4000)
+    run(panel)
+    (measured,) = panel.plots.traces(0, "step")
+    (util,) = panel.plots.traces(0, "util")
+    for trace in (measured, util):
+        assert 0 < len(trace.x) <= MAX_TRACE_POINTS and len(trace.x) == len(trace.y)
+        assert list(trace.x) == sorted(trace.x) and trace.x[-1] > 3000 * (1 if trace is measured else 0.05)
+    assert len(util.customdata) == len(util.x)
+    assert list(util.customdata) == pytest.approx([100 + (t - 0.5) / 0.05 for t in util.x])
+
+
+def test_buttons_while_running_and_only_one_action_at_a_time() -> None:
+    engine = FakeEngine(until_stop=True, pace_s=0.01)
+    panel = make_panel(engine)
+    panel.run_button.click()
+    assert engine.started.wait(5)
+    assert panel.running
+    assert panel.run_button.disabled and panel.ladder_button.disabled and not panel.stop_button.disabled
+    with pytest.raises(RuntimeError, match="already running"):
+        panel.run_ladder()
+    panel.stop_button.click()
+    assert panel.wait(timeout=5)
+    assert not panel.run_button.disabled and not panel.ladder_button.disabled and panel.stop_button.disabled
+
+
+def test_stop_sets_the_event_and_the_status_says_stopped() -> None:
+    engine = FakeEngine(until_stop=True, pace_s=0.01)
+    panel = make_panel(engine)
+    panel.run_button.click()
+    assert engine.started.wait(5)
+    time.sleep(0.3)
+    clicked = time.monotonic()
+    panel.stop_button.click()
+    assert panel.wait(timeout=5)
+    assert time.monotonic() - clicked < 1.0
+    assert engine.calls[0].kwargs["stop"].is_set()
+    assert "stopped" in status(panel)
+    assert panel.runs[0].status == "stopped" and panel.table.text()[0][-1].startswith("stopped")
+
+
+def test_a_failing_engine_shows_the_error_and_the_panel_keeps_working() -> None:
+    engine = FakeEngine(fail="worker")
+    panel = make_panel(engine)
+    run(panel)
+    assert panel.runs[0].status == "failed"
+    assert panel.table.text()[0][-1] == "failed: ValueError: deliberate failure at call 3"
+    assert "deliberate failure" in status(panel) and "Burst failed" in panel.diagnosis.value
+    run(panel)
+    assert panel.runs[1].ok and "finished" in status(panel)
+
+
+def test_an_engine_raising_without_a_result_still_gets_a_failed_row() -> None:
+    panel = make_panel(FakeEngine(fail="plain"))
+    run(panel)
+    assert panel.table.text()[0][-1] == "failed: RuntimeError: the fake engine broke"
+    run(panel)
+    assert [r.status for r in panel.runs] == ["failed", "ok"]
+
+
+def test_run_ladder_runs_the_classic_rungs_in_order() -> None:
+    engine = FakeEngine()
+    panel = make_panel(engine)
+    run(panel, "ladder_button")
+    rungs = classic_ladder(tiny_workload(), CPU)
+    assert [c.config for c in engine.calls] == [r.config for r in rungs]
+    assert [c.kwargs["label"] for c in engine.calls] == [r.name for r in rungs]
+    assert [row[1].split(":")[0] for row in panel.table.text()] == ["baseline", *(r.name for r in rungs[1:])]
+    assert panel.progress.value == pytest.approx(1.0)
+
+
+def test_stop_during_a_ladder_skips_the_remaining_rungs() -> None:
+    engine = FakeEngine(until_stop=True, pace_s=0.01)
+    panel = make_panel(engine)
+    panel.ladder_button.click()
+    assert engine.started.wait(5)
+    panel.stop()
+    assert panel.wait(timeout=5)
+    assert len(engine.calls) == 1 and "Ladder stopped" in status(panel)
+
+
+# -- display ---------------------------------------------------------------------------------------------
+def test_the_panel_displays_as_its_root_widget_with_the_figure_state_current() -> None:
+    panel = make_panel()
+    run(panel)
+    bundle = panel._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == panel.root.model_id
+    synced = panel.plots.figure._widget_data
+    assert [t["meta"]["kind"] for t in synced] == [t.meta["kind"] for t in panel.plots.figure.data]
+    assert any(len(t.get("x", ())) > 1 for t in synced)
+
+
+def test_importing_the_package_does_not_import_the_ui() -> None:
+    code = ("import sys, accel_widgets as aw; assert 'ipywidgets' not in sys.modules and 'plotly' not in sys.modules; "
+            "assert aw.TuningPanel.__name__ == 'TuningPanel'; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+# -- the real engine -------------------------------------------------------------------------------------
+def test_a_real_short_burst_fills_the_panel() -> None:
+    panel = TuningPanel(tiny_workload(), steps=5)
+    run(panel)
+    (result,) = panel.runs
+    assert result.ok, result.error
+    (measured,) = panel.plots.traces(0, "step")
+    assert len(measured.x) == 5
+    assert panel.table.text()[0][-1] == "ok" and "finished" in status(panel)
+
+
+def test_stopping_a_real_burst_takes_under_a_second() -> None:
+    panel = TuningPanel(tiny_workload(), steps=5)
+    panel.length_unit.value = "seconds"
+    panel.length_value.value = 60
+    panel.run_button.click()
+    deadline = time.monotonic() + 60
+    while not panel.plots.traces(0, "step") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert panel.plots.traces(0, "step"), "no measured step arrived"
+    clicked = time.monotonic()
+    panel.stop_button.click()
+    assert panel.wait(timeout=10)
+    assert time.monotonic() - clicked < 1.0
+    assert panel.runs[0].status == "stopped" and "stopped" in status(panel)
