@@ -260,6 +260,12 @@ class BurstResult:
         mine, theirs = self.samples_per_s, single_rank.samples_per_s
         return mine / (self.world_size * theirs) if mine and theirs else None
 
+    def diagnose(self, baseline: BurstResult | None = None) -> list[Any]:
+        """Plain-language findings (see :func:`accel_widgets.diagnosis.diagnose`)."""
+        from .diagnosis import diagnose
+
+        return diagnose(self, baseline)
+
     def speedup_over(self, baseline: BurstResult) -> float | None:
         mine, theirs = self.samples_per_s, baseline.samples_per_s
         return mine / theirs if mine and theirs else None

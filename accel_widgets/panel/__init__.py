@@ -4,7 +4,7 @@ This subpackage is the only part of accel_widgets that imports ipywidgets and pl
 accel_widgets`` stays free of both (``accel_widgets.TuningPanel`` imports this lazily).
 """
 
-from .diagnosis import Finding, diagnose
+from ..diagnosis import Finding, diagnose
 from .view import TuningPanel
 
 __all__ = ["Finding", "TuningPanel", "diagnose"]

@@ -22,12 +22,13 @@ import ipywidgets as w
 
 from ..config import Config
 from ..device import DeviceInfo, probe_device
+from ..diagnosis import Finding, diagnose
 from ..engine.launcher import BurstError, run_burst, warm_up
+from ..guard import find_baseline
 from ..results import BurstResult
 from ..workload import Workload
 from . import state
 from .controls import KnobControls
-from .diagnosis import Finding, diagnose
 from .plots import LivePlots
 from .table import RunsTable
 
@@ -257,7 +258,8 @@ class TuningPanel:
         flush()
         self.runs.append(result)
         self.table.update(self.runs)
-        self.diagnosis.value = self._diagnosis_html(run, label, diagnose(result))
+        baseline = find_baseline(result, self.runs[:-1])  # the fp32 run it should train like, if there is one
+        self.diagnosis.value = self._diagnosis_html(run, label, diagnose(result, baseline))
         self.plots.sync_state()
 
     def _final_status(self, what: str, planned: int) -> str:

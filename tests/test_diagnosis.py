@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from accel_widgets import Config, ErrorInfo
-from accel_widgets.panel.diagnosis import Finding, diagnose
+from accel_widgets.diagnosis import THRESHOLDS, Finding, diagnose
 from tests.panel.fakes import synthetic_result
 
 
@@ -116,3 +118,61 @@ def test_findings_are_ordered_warnings_first() -> None:
 def test_a_finding_must_name_a_real_knob() -> None:
     with pytest.raises(ValueError, match="unknown knob"):
         Finding("info", "x", "y", knob="num_worker")
+
+
+# -- the rules added for the full diagnosis --
+
+def with_host(result, **fields):
+    result.telemetry = [dataclasses.replace(t, **fields) for t in result.telemetry]
+    return result
+
+
+def test_fp32_on_a_tensor_core_gpu_points_at_mixed_precision() -> None:
+    result = synthetic_result(source="nvml")
+    result.environment = {"device_kind": "cuda", "capability": "9.0"}
+    assert by_title(diagnose(result), "fp32 on a tensor-core GPU").knob == "precision"
+    result.environment = {"device_kind": "cuda", "capability": "6.1"}  # Pascal: no tensor cores
+    assert "fp32 on a tensor-core GPU" not in titles(diagnose(result))
+
+
+def test_dataparallel_points_at_ddp() -> None:
+    assert by_title(diagnose(synthetic_result(Config(parallel="dataparallel"))), "DataParallel").knob == "parallel"
+
+
+def test_io_wait_reads_as_disk_bound() -> None:
+    result = with_host(synthetic_result(), iowait_pct=THRESHOLDS.iowait_notice_pct + 15)
+    assert by_title(diagnose(result), "Disk-bound").knob == "data_cache"
+
+
+def test_a_saturated_machine_starves_the_loader() -> None:
+    result = with_host(synthetic_result(Config(num_workers=2), data_s=0.02), host_util_pct=97.0, loader_util_pct=60.0)
+    finding = by_title(diagnose(result), "Loader starved of cores")
+    assert finding.knob == "data_cache" and "97%" in finding.detail and "60%" in finding.detail
+    quiet = with_host(synthetic_result(Config(num_workers=2), data_s=0.02), host_util_pct=50.0)
+    assert "Loader starved of cores" not in titles(diagnose(quiet))
+
+
+def test_compile_payback_counts_steps_or_says_it_never_pays() -> None:
+    baseline = synthetic_result(step_s=0.05)
+    compiled = synthetic_result(Config(compile_mode="default"), step_s=0.04)
+    compiled.ranks = [dataclasses.replace(r, first_step_s=10.04) for r in compiled.ranks]
+    finding = by_title(diagnose(compiled, baseline), "Compile payback")
+    assert "~1,000 steps" in finding.detail and finding.severity == "info"  # 10 s / 10 ms, more than measured
+    slower = synthetic_result(Config(compile_mode="default"), step_s=0.06)
+    slower.ranks = [dataclasses.replace(r, first_step_s=10.0) for r in slower.ranks]
+    assert by_title(diagnose(slower, baseline), "Compile does not pay off here").knob == "compile_mode"
+
+
+def test_a_run_that_changes_training_is_flagged_against_its_baseline() -> None:
+    baseline = synthetic_result()
+    broken = synthetic_result(Config(precision="bf16"))
+    broken.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in broken.steps]
+    finding = by_title(diagnose(broken, baseline), "Faster but changes training")
+    assert "NaN" in finding.detail
+    assert "Faster but changes training" not in titles(synthetic_result(Config(precision="bf16")).diagnose(baseline))
+
+
+def test_model_math_is_reported_when_flops_were_counted() -> None:
+    result = synthetic_result()
+    result.ranks = [dataclasses.replace(r, flops_per_sample=2e6) for r in result.ranks]
+    assert "GFLOP/s" in by_title(diagnose(result), "Model math").detail

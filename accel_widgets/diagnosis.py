@@ -13,20 +13,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..knobs import KNOBS
-from ..results import BurstResult
+from .knobs import KNOBS
+from .results import BurstResult
 
 Severity = Literal["warn", "info", "good"]
 
-UTIL_OK_PCT = 80.0
-MEMORY_HEADROOM_SHARE = 0.90
-H2D_MAX_SHARE = 0.10
-COMPUTE_OK_SHARE = 0.70
-DATA_WAIT_NOTICE_SHARE = 0.05
-DATA_WAIT_BOUND_SHARE = 0.10
-FOREIGN_CPU_NOTICE_PCT = 10.0
-SHORT_STEP_S = 0.010
-LOW_UTIL_PCT = 50.0
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number the rules compare against, in one table (the classic rules of thumb first)."""
+
+    util_ok_pct: float = 80.0  # device busy at least this share of the time
+    memory_full_share: float = 0.90  # peak memory above this share of the device leaves no room
+    h2d_max_share: float = 0.10  # host-to-device copies should stay below this share of the step
+    compute_ok_share: float = 0.70  # a healthy step spends at least this share computing
+    data_wait_notice_share: float = 0.05  # data wait worth mentioning
+    data_wait_bound_share: float = 0.10  # data wait that makes the step data-bound
+    foreign_cpu_notice_pct: float = 10.0  # other processes' CPU use that makes timings suspect
+    short_step_s: float = 0.010  # steps this short are dominated by per-step overhead
+    low_util_pct: float = 50.0
+    host_saturated_pct: float = 90.0  # the whole machine's CPU this busy: the loader has no cores left
+    iowait_notice_pct: float = 10.0  # CPU time waiting on the disk: the data source is the limit
+    tensor_core_capability: float = 7.0  # Volta and newer run fp16/bf16 matmuls on tensor cores
+
+
+THRESHOLDS = Thresholds()
 
 _ORDER: dict[Severity, int] = {"warn": 0, "info": 1, "good": 2}
 
@@ -45,14 +55,24 @@ class Finding:
             KNOBS[self.knob]  # a typo in a rule must fail loudly, not point the user at nothing
 
 
-def diagnose(result: BurstResult) -> list[Finding]:
-    """Findings for one burst, most urgent first (warnings, then notes, then what is already fine)."""
+def diagnose(result: BurstResult, baseline: BurstResult | None = None) -> list[Finding]:
+    """Findings for one burst, most urgent first (warnings, then notes, then what is already fine).
+
+    With ``baseline`` (the plain fp32 run of the same workload) two more readings become possible:
+    whether the speed-up changed training (the correctness guard) and when compiling pays for itself.
+    """
     findings = _outcome(result)
     if result.measured_steps():
         findings += _reliability(result)
         findings += _data(result)
+        findings += _host(result)
         findings += _device(result)
+        findings += _precision(result)
         findings += _memory(result)
+        findings += _parallel(result)
+        findings += _math(result)
+        if baseline is not None and baseline is not result:
+            findings += _against_baseline(result, baseline)
     findings += [Finding("warn", "Engine warning", warning) for warning in result.warnings]
     return sorted(findings, key=lambda f: _ORDER[f.severity])
 
@@ -81,7 +101,7 @@ def _outcome(result: BurstResult) -> list[Finding]:
 def _reliability(result: BurstResult) -> list[Finding]:
     step = result.step_time
     foreign = result.foreign_cpu_pct
-    busy = foreign is not None and foreign >= FOREIGN_CPU_NOTICE_PCT
+    busy = foreign is not None and foreign >= THRESHOLDS.foreign_cpu_notice_pct
     load = f"other processes used ~{foreign:.0f}% of the CPU during the burst" if busy else ""
     if step is not None and step.noisy:
         if step.n < 4:
@@ -102,9 +122,9 @@ def _reliability(result: BurstResult) -> list[Finding]:
 def _data(result: BurstResult) -> list[Finding]:
     findings = []
     wait, h2d = result.data_wait_share, result.h2d_share
-    if wait is not None and wait >= DATA_WAIT_NOTICE_SHARE:
+    if wait is not None and wait >= THRESHOLDS.data_wait_notice_share:
         findings.append(_data_wait(result, wait))
-    if h2d is not None and h2d >= H2D_MAX_SHARE:
+    if h2d is not None and h2d >= THRESHOLDS.h2d_max_share:
         knob = "non_blocking" if result.config.pin_memory else "pin_memory"
         findings.append(Finding("warn", "Host-to-device copies are slow",
                                 f"copies take {h2d:.0%} of the step (rule of thumb: < 10%): pin host memory and "
@@ -115,7 +135,7 @@ def _data(result: BurstResult) -> list[Finding]:
 def _data_wait(result: BurstResult, wait: float) -> Finding:
     """Data wait: the loop sits idle while the loader produces the next batch."""
     config = result.config
-    severity: Severity = "warn" if wait >= DATA_WAIT_BOUND_SHARE else "info"
+    severity: Severity = "warn" if wait >= THRESHOLDS.data_wait_bound_share else "info"
     title = "Data-bound" if severity == "warn" else "Some data wait"
     head = f"{wait:.0%} of the step waits on the data loader"
     if config.num_workers == 0:
@@ -136,8 +156,8 @@ def _device(result: BurstResult) -> list[Finding]:
     step = result.step_time
     findings = []
     what = "GPU" if any(t.source == "nvml" for t in result.telemetry) else "worker CPU"
-    if util is not None and util < UTIL_OK_PCT:
-        if step is not None and step.median < SHORT_STEP_S and util < LOW_UTIL_PCT:
+    if util is not None and util < THRESHOLDS.util_ok_pct:
+        if step is not None and step.median < THRESHOLDS.short_step_s and util < THRESHOLDS.low_util_pct:
             findings.append(Finding("warn", "Low utilisation, fast steps",
                                     f"{what} at {util:.0f}% with {step.median * 1e3:.1f} ms steps: per-step "
                                     "overhead dominates. A larger batch amortises it.", "batch_size"))
@@ -151,7 +171,7 @@ def _device(result: BurstResult) -> list[Finding]:
                                     "breakdown for where the rest goes."))
     elif util is not None:
         findings.append(Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%)."))
-    if compute is not None and compute >= COMPUTE_OK_SHARE:
+    if compute is not None and compute >= THRESHOLDS.compute_ok_share:
         findings.append(_compute_bound(result, compute))
     return findings
 
@@ -179,7 +199,88 @@ def _memory(result: BurstResult) -> list[Finding]:
     total = max(totals)
     share = peak / total
     numbers = f"peak {peak / 2**20:,.0f} MiB of {total / 2**20:,.0f} MiB ({share:.0%})"
-    if share >= MEMORY_HEADROOM_SHARE:
+    if share >= THRESHOLDS.memory_full_share:
         return [Finding("warn", "Memory nearly full", f"{numbers}: the next step up in batch size will not fit; "
                         "accumulate gradients instead.", "grad_accum_steps")]
     return [Finding("good", "Memory headroom", f"{numbers}: room for a larger batch.", "batch_size")]
+
+
+# -- the host --------------------------------------------------------------------------------------
+def _host(result: BurstResult) -> list[Finding]:
+    """What top and iostat would say: a saturated machine starves the loader; I/O wait means the disk."""
+    findings = []
+    iowait = result.iowait_pct
+    if iowait is not None and iowait >= THRESHOLDS.iowait_notice_pct:
+        findings.append(Finding("warn", "Disk-bound", f"the CPUs waited on I/O {iowait:.0f}% of the time: the data "
+                                "source is the limit; cache the prepared items.", "data_cache"))
+    wait = result.data_wait_share
+    host = [t.host_util_pct for t in result.telemetry if t.host_util_pct is not None]
+    busy = sum(host) / len(host) if host else None
+    if (wait is not None and wait >= THRESHOLDS.data_wait_bound_share and result.config.num_workers > 0
+            and busy is not None and busy >= THRESHOLDS.host_saturated_pct):
+        loader = result.loader_cpu_pct
+        share = f" (the loader workers used {loader:.0f}% of it)" if loader is not None else ""
+        findings.append(Finding("warn", "Loader starved of cores", f"the machine's CPU was {busy:.0f}% busy{share} "
+                                "while the step waited on data: more workers cannot help; cache the prepared "
+                                "items instead.", "data_cache"))
+    return findings
+
+
+# -- precision, parallelism, model math ------------------------------------------------------------
+def _precision(result: BurstResult) -> list[Finding]:
+    env = result.environment
+    capability = env.get("capability")
+    if env.get("device_kind") != "cuda" or result.config.precision != "fp32" or not capability:
+        return []
+    if float(capability) < THRESHOLDS.tensor_core_capability:
+        return []
+    return [Finding("warn", "fp32 on a tensor-core GPU", f"this GPU (compute capability {capability}) runs bf16/fp16 "
+                    "matmuls on tensor cores several times faster than fp32.", "precision")]
+
+
+def _parallel(result: BurstResult) -> list[Finding]:
+    if result.config.parallel != "dataparallel":
+        return []
+    return [Finding("warn", "DataParallel", "one Python process drives every GPU and scatters each batch from GPU 0: "
+                    "DDP (one process per GPU) avoids both bottlenecks.", "parallel")]
+
+
+def _math(result: BurstResult) -> list[Finding]:
+    achieved, mfu = result.achieved_flops_per_s, result.mfu
+    if achieved is None:
+        return []
+    if mfu is None:
+        return [Finding("info", "Model math", f"{achieved / 1e9:,.1f} GFLOP/s of matmul/conv work sustained.")]
+    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak for "
+                    f"{result.config.precision} ({achieved / 1e12:,.1f} TFLOP/s).")]
+
+
+# -- against the baseline --------------------------------------------------------------------------
+def _against_baseline(result: BurstResult, baseline: BurstResult) -> list[Finding]:
+    return _guard(result, baseline) + _compile_payback(result, baseline)
+
+
+def _guard(result: BurstResult, baseline: BurstResult) -> list[Finding]:
+    from .guard import check_training
+
+    verdict = check_training(result, baseline)
+    if verdict.status != "changes_training":
+        return []
+    return [Finding("warn", "Faster but changes training", "; ".join(verdict.reasons))]
+
+
+def _compile_payback(result: BurstResult, baseline: BurstResult) -> list[Finding]:
+    """Compile time is paid once; the gain per step repays it after compile_s / gain steps."""
+    compile_s, mine, theirs = result.compile_s, result.step_time, baseline.step_time
+    if compile_s is None or mine is None or theirs is None:
+        return []
+    gain = theirs.median - mine.median
+    if gain <= 0:
+        return [Finding("warn", "Compile does not pay off here", f"steps are {mine.median * 1e3:.1f} ms compiled vs "
+                        f"{theirs.median * 1e3:.1f} ms before, and compiling cost {compile_s:.1f} s.", "compile_mode")]
+    payback = compile_s / gain
+    measured = len(result.step_times())
+    severity: Severity = "info" if payback > measured else "good"
+    detail = (f"{compile_s:.1f} s of compiling is repaid after ~{payback:,.0f} steps ({gain * 1e3:.2f} ms saved "
+              f"per step); this burst measured {measured}.")
+    return [Finding(severity, "Compile payback", detail)]
