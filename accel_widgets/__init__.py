@@ -30,6 +30,7 @@ from .guard import GuardVerdict, check_training, find_baseline
 from .history import HistoryError, RunHistory, StoredRun, workload_fingerprint
 from .knobs import GROUPS, KNOBS, Knob, KnobValueError
 from .ladder import classic_ladder, run_ladder
+from .reporting import write_report as report
 from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .stats import Summary, summarize
 from .validation import ConfigError, check_config
@@ -80,6 +81,7 @@ __all__ = [
     "demo_workload",
     "find_baseline",
     "probe_device",
+    "report",
     "run_burst",
     "run_ladder",
     "summarize",

@@ -84,7 +84,7 @@ def _print_result_line(result: BurstResult, baseline: BurstResult | None) -> Non
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .report import comparison_rows, format_table, write_json, write_report
+    from .reporting import comparison_rows, format_table, write_json, write_report
 
     device = probe_device()
     names = args.workloads.split(",") if args.workloads else list(DEMO_NAMES)
@@ -116,7 +116,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .report import comparison_rows, format_table, write_json
+    from .reporting import comparison_rows, format_table, write_json
 
     workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
     config = config_from_args(args)

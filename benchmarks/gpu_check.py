@@ -40,7 +40,7 @@ def run_gpu_tests(timeout_s: float) -> dict[str, Any]:
 
 def run_ladders(names: list[str], size: str, seconds: float, budget_s: float) -> list[dict[str, Any]]:
     import accel_widgets as aw
-    from accel_widgets.report import comparison_rows, format_table
+    from accel_widgets.reporting import comparison_rows, format_table
 
     deadline = time.perf_counter() + budget_s
     results: list[aw.BurstResult] = []

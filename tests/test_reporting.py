@@ -1,8 +1,9 @@
-"""Tests of accel_widgets.report on hand-built results: no engine, no GPU, a few seconds."""
+"""Tests of accel_widgets.reporting on hand-built results: no engine, no GPU, a few seconds."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from accel_widgets.config import Config
-from accel_widgets.report import (
+from accel_widgets.reporting import (
     build_figures,
     comparison_rows,
     format_table,
@@ -259,7 +260,7 @@ def test_rows_to_dataframe(runs: list[BurstResult], monkeypatch: pytest.MonkeyPa
 
 
 def test_import_does_not_load_plotly() -> None:
-    code = ("import sys, accel_widgets.report as r; "
+    code = ("import sys, accel_widgets.reporting as r; "
             "r.format_table(r.comparison_rows([])); "
             "assert 'plotly' not in sys.modules and 'pandas' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
@@ -268,3 +269,14 @@ def test_import_does_not_load_plotly() -> None:
 def test_report_of_no_runs(tmp_path: Path) -> None:
     text = write_report([], tmp_path / "empty.html").read_text(encoding="utf-8")
     assert text.count("* plotly.js v") == 1 and "<h2>Errors</h2>" not in text
+
+
+def test_report_carries_each_runs_diagnosis(tmp_path):
+    from accel_widgets.reporting import write_report
+    from tests.panel.fakes import synthetic_result
+
+    base = synthetic_result(label="baseline")
+    broken = synthetic_result(Config(precision="bf16"), label="bf16")
+    broken.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in broken.steps]
+    text = write_report([base, broken], tmp_path / "r.html").read_text()
+    assert "<h2>Diagnosis</h2>" in text and "Faster but changes training" in text and "MFU %" in text

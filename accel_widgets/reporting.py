@@ -318,6 +318,8 @@ _HTML_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
     *_NUMERIC_COLUMNS[:1],
     ("tokens/s", _number("tokens_per_s", ",.0f")),
     *_NUMERIC_COLUMNS[1:],
+    ("TFLOP/s", _number("tflops", ".3f")),
+    ("MFU %", _number("mfu_pct", ".1f")),
     ("status", lambda r: str(r["status"])),
     ("error", lambda r: str(r["error"])),
 )
@@ -350,6 +352,7 @@ def write_report(results: Sequence[BurstResult], path: str | os.PathLike[str], *
         _environment_html(results),
         "<h2>Comparison</h2>",
         _table_html(rows),
+        _diagnosis_html(results, rows),
         _warnings_html(results, rows),
         _errors_html(results, rows),
         "<h2>Figures</h2>",
@@ -373,7 +376,7 @@ def _environment_html(results: Sequence[BurstResult]) -> str:
 
 
 def _table_html(rows: Sequence[Row]) -> str:
-    numeric = {h for h, _ in _NUMERIC_COLUMNS} | {"tokens/s", "#"}
+    numeric = {h for h, _ in _NUMERIC_COLUMNS} | {"tokens/s", "#", "TFLOP/s", "MFU %"}
     head = "".join(f"<th>{html.escape(h.replace(chr(10), ' '))}</th>" for h, _ in _HTML_COLUMNS)
     body = "".join(
         f'<tr class="{html.escape(str(row["status"]))}">'
@@ -388,6 +391,27 @@ def _table_html(rows: Sequence[Row]) -> str:
 def _cell_html(text: str, numeric: bool) -> str:
     attribute = ' class="num"' if numeric else ""
     return f"<td{attribute}>{html.escape(text.strip())}</td>"
+
+
+_SEVERITY_MARK = {"warn": "&#9888;", "info": "&#8505;", "good": "&#10003;"}
+
+
+def _diagnosis_html(results: Sequence[BurstResult], rows: Sequence[Row]) -> str:
+    """Each run's reading against its fp32 baseline (guard, compile payback included); warnings come below."""
+    from .diagnosis import diagnose
+    from .guard import find_baseline
+
+    sections = []
+    for result, row in zip(results, rows, strict=True):
+        findings = [f for f in diagnose(result, find_baseline(result, results)) if f.title != "Engine warning"]
+        if not findings:
+            continue
+        items = "".join(
+            f"<li>{_SEVERITY_MARK[f.severity]} <b>{html.escape(f.title)}</b>: {html.escape(f.detail)}"
+            + (f" &rarr; try <code>{html.escape(f.knob)}</code>" if f.knob else "") + "</li>"
+            for f in findings)
+        sections.append(f"<h3>#{row['run']} {html.escape(str(row['label']))}</h3><ul>{items}</ul>")
+    return "<h2>Diagnosis</h2>\n" + "\n".join(sections) if sections else ""
 
 
 def _warnings_html(results: Sequence[BurstResult], rows: Sequence[Row]) -> str:
