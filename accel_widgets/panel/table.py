@@ -16,6 +16,7 @@ from typing import Any
 
 import ipywidgets as w
 
+from ..guard import GuardVerdict, check_training, find_baseline
 from ..reporting import comparison_rows
 from ..results import BurstResult
 from .plots import run_colour
@@ -35,7 +36,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("peak MiB", "peak memory (GPU allocator, or the workers' RSS on CPU)", "80px"),
     ("compile s", "extra time of the first step over a steady one (compiled runs)", "80px"),
     ("TFLOP/s", "model math sustained (forward + backward), summed over ranks; MFU % of the GPUs' dense peak "
-                "in brackets where the peak is known", "105px"),
+                "in brackets where the peak is known; GFLOP/s below 0.01 TFLOP/s", "115px"),
     ("status", "ok, stopped, or failed with the error's first line; 'changes training' when the losses leave the "
                "fp32 baseline's (hover for why)", "minmax(90px, 1.5fr)"),
 )
@@ -57,10 +58,15 @@ def _step(row: Row) -> str:
 
 
 def _flops(row: Row) -> str:
-    if row["tflops"] is None:
+    """TFLOP/s with MFU; a small model on a CPU sustains far below 0.01 TFLOP/s, so that is shown in GFLOP/s
+    rather than as a meaningless 0.00."""
+    tflops = row["tflops"]
+    if tflops is None:
         return "–"
+    if tflops < 0.01:
+        return f"{tflops * 1e3:.2g} GFLOP/s"
     mfu = f" ({row['mfu_pct']:.0f}%)" if row["mfu_pct"] is not None else ""
-    return f"{row['tflops']:,.2f}{mfu}"
+    return f"{tflops:,.2f}{mfu}"
 
 
 def _status(row: Row) -> tuple[str, str]:

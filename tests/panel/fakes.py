@@ -14,7 +14,7 @@ from typing import Any
 
 from accel_widgets import BurstResult, Config, DeviceInfo, ErrorInfo, StepRecord, TelemetrySample, WorkerError
 from accel_widgets.device import GpuInfo
-from accel_widgets.results import RankSummary, Status
+from accel_widgets.results import OperatorTime, ProfileCapture, RankSummary, Status
 
 CPU = DeviceInfo(cpu_count=2, cpu_name="Fake CPU", cpu_flags=frozenset({"avx2"}))
 GPU1 = DeviceInfo(cpu_count=8, cpu_name="Fake CPU", gpus=(GpuInfo(0, 0, "Fake GPU", 80 * 2**30),), driver="1.0")
@@ -73,7 +73,9 @@ class FakeEngine:
 
     ``pace_s`` sleeps between events (to exercise batching and Stop); ``until_stop`` keeps emitting
     until the stop event is set; ``fail`` raises: "worker" a WorkerError carrying a failed result,
-    "plain" an exception without one; ``fail_times`` limits how many calls fail.
+    "plain" an exception without one; ``fail_times`` limits how many calls fail. ``profile_steps`` > 0
+    puts a :class:`ProfileCapture` (two operators, a trace path under ``profile_dir``) on rank 0, as the
+    real engine does after a finished burst.
     """
 
     steps_default: int = 10
@@ -86,9 +88,11 @@ class FakeEngine:
     started: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, workload: Any, config: Config, *, steps: int | None = None, seconds: float | None = None,
-                 on_event: Any = None, stop: threading.Event | None = None, label: str = "") -> BurstResult:
+                 on_event: Any = None, stop: threading.Event | None = None, label: str = "",
+                 profile_steps: int = 0, profile_dir: str = "accel_widgets_profiles") -> BurstResult:
         self.calls.append(Call(config, {"steps": steps, "seconds": seconds, "on_event": on_event, "stop": stop,
-                                        "label": label}))
+                                        "label": label, "profile_steps": profile_steps,
+                                        "profile_dir": profile_dir}))
         events: list[StepRecord | TelemetrySample] = []
         self.emitted.append(events)
         self.started.set()
@@ -111,11 +115,16 @@ class FakeEngine:
         why = ErrorInfo("stopped", "stopped before the end of the burst (Stop or an interrupt)") if stopped else None
         steps_done = [e for e in events if isinstance(e, StepRecord)]
         measured = [e for e in steps_done if not e.warmup and e.rank == 0]
+        profile = None
+        if profile_steps and not stopped:
+            profile = ProfileCapture(profile_steps, f"{profile_dir}/fake-trace.json", [
+                OperatorTime("aten::addmm", 3 * profile_steps, 1.5, 0.0),
+                OperatorTime("aten::relu", profile_steps, 0.25, 0.0)])
         return BurstResult(
             workload=workload.name, config=config, status="stopped" if stopped else "ok", world_size=config.ranks,
             warmup_steps=WARMUP, steps=steps_done, telemetry=[e for e in events if isinstance(e, TelemetrySample)],
             ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)), 150 * MIB, "rss", 0.1, 0.05,
-                               "cpu") for r in range(config.ranks)],
+                               "cpu", profile=profile if r == 0 else None) for r in range(config.ranks)],
             error=why,
             label=label,
         )

@@ -1,0 +1,302 @@
+"""The panel's history, correctness guard, TFLOP/s column, Profile and Tune, through its widgets.
+
+Fakes stand in for the engine (tests/panel/fakes.py) and the tuner (here, calling the panel's engine
+wrapper as :func:`accel_widgets.tuner.tune` does); one test profiles with the real engine.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accel_widgets import Config
+from accel_widgets.history import RunHistory
+from accel_widgets.panel import TuningPanel
+from accel_widgets.panel.table import RunsTable
+from accel_widgets.results import BurstResult
+from tests.panel.fakes import CPU, FakeEngine, synthetic_result
+from tests.workloads import tiny_workload
+
+
+def make_panel(engine: Any = None, **kwargs: Any) -> TuningPanel:
+    kwargs.setdefault("history", False)
+    return TuningPanel(tiny_workload(), engine=engine or FakeEngine(), device=CPU, steps=5, **kwargs)
+
+
+def click(panel: TuningPanel, button: str) -> None:
+    getattr(panel, button).click()
+    assert panel.wait(timeout=60), "the action did not finish"
+
+
+def nan_losses(result: BurstResult, from_step: int = 4) -> BurstResult:
+    """The same burst, with the loss gone NaN from ``from_step`` on (what a broken fp16 run looks like)."""
+    steps = [replace(s, loss=math.nan) if s.step >= from_step else s for s in result.steps]
+    return replace(result, steps=steps)
+
+
+# -- run history -------------------------------------------------------------------------------------------
+def test_every_finished_burst_is_recorded_ok_or_failed(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    panel = make_panel(FakeEngine(fail="worker"), history=str(path))
+    click(panel, "run_button")  # fails
+    panel.controls.controls["num_workers"].value = 1
+    click(panel, "run_button")
+    with RunHistory(path) as history:
+        stored = history.runs()
+    assert [(r.status, r.result.config) for r in reversed(stored)] == [("failed", Config()),
+                                                                        ("ok", Config(num_workers=1))]
+    assert len({r.fingerprint for r in stored}) == 1
+    assert "Run history off" not in panel.status.value
+
+
+def test_the_default_history_is_the_env_file_and_false_turns_it_off(private_history: Path) -> None:
+    click(make_panel(history=None), "run_button")
+    with RunHistory(private_history) as history:
+        assert len(history.runs()) == 1
+    panel = make_panel(history=False)
+    assert panel.history is None and panel.load_button.disabled and "no run history" in panel.status.value
+    click(panel, "run_button")
+    with RunHistory(private_history) as history:
+        assert len(history.runs()) == 1
+
+
+def test_a_new_panel_on_the_same_file_loads_the_earlier_runs_once(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    first = make_panel(history=RunHistory(path))
+    click(first, "run_button")
+    first.controls.controls["num_workers"].value = 1
+    click(first, "run_button")
+
+    second = make_panel(history=str(path))
+    click(second, "run_button")  # recorded too, so loading must not bring it back a second time
+    click(second, "load_button")
+    titles = [row[1] for row in second.table.text()]
+    assert titles == ["baseline", "⟲ baseline", "⟲ num_workers=1"]
+    assert sorted(second.loaded) == [1, 2] and "recorded" in second.loaded[1]
+    assert second.runs[2].config == Config(num_workers=1)
+    (legend,) = second.plots.traces(2, "legend")
+    assert legend.name.startswith("#2 ⟲")
+    assert len(second.plots.traces(2, "step")[0].x) == len([s for s in second.runs[2].steps if not s.warmup])
+    assert "Loaded 2 earlier runs" in second.status.value
+    click(second, "load_button")
+    assert len(second.runs) == 3 and "Loaded 0 earlier runs" in second.status.value
+    assert "(3 already shown)" in second.status.value
+
+
+def test_a_corrupt_history_file_is_reported_left_alone_and_the_panel_works(tmp_path: Path) -> None:
+    path = tmp_path / "notes.sqlite"
+    path.write_bytes(b"my precious notes, not a database\n" * 10)
+    panel = make_panel(history=str(path))
+    assert "Run history off" in panel.status.value and "not an SQLite file" in panel.status.value
+    assert panel.history is None and panel.load_button.disabled
+    with pytest.raises(RuntimeError, match="not an SQLite file"):
+        panel.load_history()
+    click(panel, "run_button")
+    assert panel.runs[0].ok and "finished" in panel.status.value and "Run history off" in panel.status.value
+    assert path.read_bytes() == b"my precious notes, not a database\n" * 10
+
+
+# -- correctness guard and TFLOP/s -------------------------------------------------------------------------
+def test_a_faster_run_whose_loss_goes_nan_is_marked_with_the_reasons() -> None:
+    table = RunsTable(lambda _: None)
+    baseline = synthetic_result(steps=10, step_s=0.05)
+    broken = nan_losses(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.025))
+    slower = nan_losses(synthetic_result(Config(num_workers=1), steps=10, step_s=0.1))
+    table.update([baseline, broken, slower])
+    statuses = [row[-1] for row in table.text()]
+    assert statuses == ["ok", "faster but changes training", "changes training"]
+    reasons = table.rows[1]["guard"].reasons
+    assert any("NaN" in reason for reason in reasons)
+    cell = table.widget.children[len(table._header) * 2 + len(table._header) - 1]
+    assert "faster but changes training" in cell.value and "NaN" in cell.value  # the reasons on hover
+
+
+def test_the_panel_flags_a_run_that_changes_training() -> None:
+    def engine(workload: Any, config: Config, **kwargs: Any) -> BurstResult:
+        if config.precision == "bf16":
+            return nan_losses(synthetic_result(config, step_s=0.02))
+        return synthetic_result(config)
+
+    panel = make_panel(engine)
+    click(panel, "run_button")
+    panel.controls.controls["precision"].value = "bf16"
+    click(panel, "run_button")
+    assert [row[-1] for row in panel.table.text()] == ["ok", "faster but changes training"]
+
+
+def test_tflops_and_mfu_are_shown_when_known() -> None:
+    table = RunsTable(lambda _: None)
+    cpu = synthetic_result(steps=10, step_s=0.05)  # 640 samples/s
+    cpu = replace(cpu, ranks=[replace(r, flops_per_sample=1e9) for r in cpu.ranks])
+    gpu = replace(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.05),
+                  environment={"device_kind": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"})
+    gpu = replace(gpu, ranks=[replace(r, flops_per_sample=312e12 * 0.5 / 640) for r in gpu.ranks])
+    tiny = replace(cpu, ranks=[replace(r, flops_per_sample=1e5) for r in cpu.ranks])  # 0.064 GFLOP/s
+    table.update([cpu, gpu, synthetic_result(), tiny])
+    assert [row[9] for row in table.text()] == ["0.64", "156.00 (50%)", "–", "0.064 GFLOP/s"]
+
+
+# -- profile -----------------------------------------------------------------------------------------------
+def test_profile_runs_a_profiled_burst_and_shows_the_top_operators(tmp_path: Path) -> None:
+    engine = FakeEngine()
+    panel = make_panel(engine, profile_dir=tmp_path / "profiles")
+    panel.controls.controls["num_workers"].value = 1
+    assert panel.profile_view.layout.display == "none"
+    click(panel, "profile_button")
+    call = engine.calls[-1]
+    assert call.config == Config(num_workers=1) and call.kwargs["steps"] == 5
+    assert call.kwargs["profile_steps"] == 5 and call.kwargs["profile_dir"] == str(tmp_path / "profiles")
+    view = panel.profile_view.value
+    assert panel.profile_view.layout.display is None
+    for text in ("aten::addmm", "aten::relu", "self CPU ms", "self device ms", "https://ui.perfetto.dev",
+                 str(tmp_path / "profiles" / "fake-trace.json")):
+        assert text in view, text
+    assert "Profile finished" in panel.status.value and panel.table.text()[0][-1] == "ok"
+
+
+def test_a_failed_profile_says_so_and_the_panel_keeps_working() -> None:
+    panel = make_panel(FakeEngine(fail="worker"))
+    click(panel, "profile_button")
+    assert "No profile captured" in panel.profile_view.value and "deliberate failure" in panel.profile_view.value
+    assert "failed" in panel.status.value
+    click(panel, "profile_button")
+    assert "aten::addmm" in panel.profile_view.value
+
+
+@pytest.mark.slow
+def test_a_real_profiled_burst_shows_operators_and_writes_the_trace(tmp_path: Path) -> None:
+    panel = TuningPanel(tiny_workload(), steps=3, history=False, profile_steps=2, profile_dir=tmp_path)
+    click(panel, "profile_button")
+    (result,) = panel.runs
+    assert result.ok, result.error
+    capture = result.profile
+    assert capture is not None and capture.steps == 2 and capture.top_operators
+    assert Path(capture.trace_path).is_file() and Path(capture.trace_path).is_relative_to(tmp_path)
+    assert capture.top_operators[0].name in panel.profile_view.value
+    assert "https://ui.perfetto.dev" in panel.profile_view.value
+
+
+# -- tune --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FakeStep:
+    knob: str
+    value: Any
+    accepted: bool
+    speedup: float | None
+    reason: str
+    results: list[BurstResult]
+
+
+@dataclass
+class FakeOutcome:
+    best: Config
+    best_samples_per_s: float | None
+    baseline_samples_per_s: float | None
+    ladder: list[FakeStep]
+    bursts: list[BurstResult]
+    wall_s: float
+    stopped_reason: str
+
+
+@dataclass
+class FakeTuner:
+    """Runs base, then each candidate, through the engine it is given, like ``tune``; keeps the second."""
+
+    candidates: tuple[Config, ...] = (Config(num_workers=1), Config(num_workers=1, precision="bf16"))
+    until_stop: bool = False
+    raises: Exception | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, workload: Any, **kwargs: Any) -> FakeOutcome:
+        self.calls.append(kwargs)
+        if self.raises is not None:
+            raise self.raises
+        engine, stop, base = kwargs["engine"], kwargs["stop"], kwargs["base"]
+        bursts = [engine(workload, base, steps=kwargs["steps"], label=f"tune: {base.label()}", stop=stop)]
+        ladder = []
+        while True:
+            for candidate in self.candidates:
+                if stop.is_set():
+                    break
+                burst = engine(workload, candidate, steps=kwargs["steps"], label=f"tune: {candidate.label()}",
+                               stop=stop)
+                bursts.append(burst)
+                accepted = candidate == self.candidates[0]
+                step = FakeStep("num_workers", 1, accepted, 1.5 if accepted else 0.9, "faster" if accepted else
+                                "slower", [bursts[0], burst])
+                ladder.append(step)
+                kwargs["on_step"](step)
+            if not self.until_stop or stop.is_set():
+                break
+        reason = "stopped: the stop event was set" if stop.is_set() else "every knob tried"
+        return FakeOutcome(self.candidates[0], 150.0, 100.0, ladder, bursts, 1.0, reason)
+
+
+def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp_path: Path) -> None:
+    engine, tuner = FakeEngine(), FakeTuner()
+    panel = make_panel(engine, tuner=tuner, history=tmp_path / "h.sqlite")
+    assert panel.budget.value == 60
+    panel.budget.value = 30
+    click(panel, "tune_button")
+    (call,) = tuner.calls
+    assert call["budget_s"] == 30 and call["base"] == Config() and call["steps"] == 5 and call["device"] is CPU
+    assert [c.config for c in engine.calls] == [Config(), *tuner.candidates]
+    assert all(c.kwargs["stop"] is call["stop"] for c in engine.calls)  # Stop reaches every burst
+    assert [row[1].split(":")[0] for row in panel.table.text()] == ["tune"] * 3
+    for run in range(3):
+        assert panel.plots.traces(run, "step"), run
+    assert panel.config == Config(num_workers=1)
+    text = panel.status.value
+    assert "Tune finished" in text and "num_workers=1" in text and "1.50×" in text and "3 bursts" in text
+    assert panel.progress.value == pytest.approx(1.0) and not panel.tune_button.disabled
+    with RunHistory(tmp_path / "h.sqlite") as history:
+        assert len(history.runs()) == 3
+
+
+def test_stop_ends_a_tuning_within_a_second() -> None:
+    engine, tuner = FakeEngine(pace_s=0.01), FakeTuner(until_stop=True)
+    panel = make_panel(engine, tuner=tuner)
+    panel.tune_button.click()
+    deadline = time.monotonic() + 10
+    while len(engine.calls) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert panel.running and panel.run_button.disabled and panel.profile_button.disabled
+    with pytest.raises(RuntimeError, match="already running"):
+        panel.profile()
+    clicked = time.monotonic()
+    panel.stop_button.click()
+    assert panel.wait(timeout=5)
+    assert time.monotonic() - clicked < 1.0
+    assert "Tune stopped" in panel.status.value and "stopped: the stop event was set" in panel.status.value
+    assert not panel.run_button.disabled
+
+
+def test_a_tuner_that_raises_is_reported_and_the_panel_keeps_working() -> None:
+    tuner = FakeTuner(raises=ValueError("unknown knob 'warp_speed'"))
+    panel = make_panel(tuner=tuner)
+    click(panel, "tune_button")
+    assert "Tune failed: ValueError: unknown knob" in panel.status.value
+    assert panel.config == Config()
+    click(panel, "run_button")
+    assert panel.runs[-1].ok
+
+
+def test_the_default_tuner_is_imported_only_when_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accel_widgets.tuner as tuner_module
+
+    seen: list[threading.Event] = []
+
+    def fake_tune(workload: Any, **kwargs: Any) -> FakeOutcome:
+        seen.append(kwargs["stop"])
+        return FakeOutcome(Config(), None, None, [], [], 0.0, "nothing to try")
+
+    monkeypatch.setattr(tuner_module, "tune", fake_tune)
+    panel = make_panel()
+    click(panel, "tune_button")
+    assert len(seen) == 1 and "Tune finished" in panel.status.value and "1.00×" in panel.status.value
