@@ -33,6 +33,7 @@ from .ladder import classic_ladder, run_ladder
 from .reporting import write_report as report
 from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .stats import Summary, summarize
+from .tuner import TuneResult, TuneStep, tune
 from .validation import ConfigError, check_config
 from .workload import Workload
 
@@ -70,6 +71,8 @@ __all__ = [
     "StoredRun",
     "Summary",
     "TelemetrySample",
+    "TuneResult",
+    "TuneStep",
     "WorkerCrashed",
     "WorkerError",
     "WorkerOutOfMemory",
@@ -85,6 +88,7 @@ __all__ = [
     "run_burst",
     "run_ladder",
     "summarize",
+    "tune",
     "warm_up",
     "workload_fingerprint",
 ]

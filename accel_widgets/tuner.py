@@ -1,0 +1,408 @@
+"""Auto-tuner: search the knob space for the highest samples/s within a time budget.
+
+Why coordinate ascent in the classic order rather than the exhaustive grid: the grid grows as the product
+of every knob's values (four knobs of two or three values is already 24 bursts), while the knobs that
+matter mostly act on different parts of the step (workers on data wait, precision on compute, the
+optimizer and syncs on Python overhead). Walking them one at a time from the best config so far finds
+the top of the grid in a fraction of the bursts. The order is the ladder's (:data:`~accel_widgets.knobs.GROUPS`):
+the large effects come first, so later knobs are judged on the step they will really run in.
+
+How a candidate is judged on a machine whose speed drifts (other jobs, clocks, caches):
+
+- interleaved A/B: current, candidate, current (, candidate, current ...), each candidate burst against
+  the mean of the current bursts either side of it, so a linear drift cancels;
+- it is accepted only when its median speedup clears both ``MIN_GAIN`` and the noise, estimated from the
+  bursts' own step-time spread and, after repeats, from the spread between rounds;
+- only a close contender (neither clearly in nor clearly out) is repeated, up to ``MAX_ROUNDS`` rounds;
+- numeric knobs (and ``compile_mode``, ordered by aggressiveness) walk away from the current value and
+  stop going further in a direction at the first value that does not win;
+- a failed burst is a loss with the error as its reason; with ``guard=True`` a candidate whose losses
+  leave the fp32 baseline's (:func:`~accel_widgets.guard.check_training`) is rejected however fast it is.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Config
+from .device import DeviceInfo, probe_device
+from .engine.launcher import BurstError, run_burst
+from .engine.training import resolve_batch_size
+from .guard import check_training, find_baseline
+from .knobs import GROUPS, KNOBS
+from .results import BurstResult
+from .validation import ConfigError, check_config, knob_availability
+from .workload import Workload
+
+#: Smallest speedup worth a knob: below it a change is within what the same config moves between bursts
+#: on a quiet machine (the repeatability benchmark), and a knob that buys less is not worth keeping.
+MIN_GAIN = 0.03
+#: Noise estimates are standard errors; a gain must clear this many of them to count.
+NOISE_Z = 2.0
+#: Rounds (candidate + current burst) a close contender gets before it is rejected as "no clear gain".
+MAX_ROUNDS = 3
+
+#: Knobs searched only when named in ``knobs=``, and why they are left out otherwise.
+LEFT_OUT: dict[str, str] = {
+    "batch_size": "the batch is a hyperparameter: it changes what is trained, not only how fast",
+    "grad_accum_steps": "accumulation saves memory, not time",
+    "deterministic": "it only ever trades speed for reproducibility",
+    "memory_fraction": "a memory cap never speeds a step up",
+    "empty_cache": "it frees cached memory before measuring and never speeds a step up",
+    "parallel": "it changes how many processes and devices train (compare with scaling_efficiency)",
+    "world_size": "it changes how many processes and devices train (compare with scaling_efficiency)",
+}
+
+#: Candidate values of the numeric knobs without a device-dependent ladder (see ``_builtin_values``).
+LADDERS: dict[str, tuple[int, ...]] = {
+    "prefetch_factor": (2, 4),
+    "sync_every": (1, 0),
+    "grad_accum_steps": (1, 2, 4, 8),
+}
+
+
+@dataclass(frozen=True)
+class TuneStep:
+    """One decision: a knob value tried (or skipped) against the best config at that point.
+
+    ``speedup`` is the candidate's median samples/s over the interleaved bursts of the current config
+    (``None`` when it was not measured); ``results`` are those bursts in run order, current and candidate
+    (the first may be the previous step's last burst, reused because it ran just before).
+    """
+
+    knob: str
+    value: Any
+    accepted: bool
+    speedup: float | None
+    reason: str
+    results: list[BurstResult]
+
+
+@dataclass
+class TuneResult:
+    """The best config found, every decision on the way (``ladder``) and every burst run (``bursts``).
+
+    ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over all bursts of those configs
+    (``None`` when none finished). They ran at different times; :attr:`speedup` chains the interleaved
+    comparisons instead, which is the number to trust on a machine whose speed drifts.
+    """
+
+    best: Config
+    best_samples_per_s: float | None
+    baseline_samples_per_s: float | None
+    ladder: list[TuneStep]
+    bursts: list[BurstResult]
+    wall_s: float
+    stopped_reason: str
+
+    @property
+    def speedup(self) -> float:
+        """Product of the accepted steps' speedups: what the best config gains over the starting one."""
+        return math.prod(s.speedup for s in self.ladder if s.accepted and s.speedup is not None)
+
+    def summary(self) -> str:
+        """Lines a person reads: the result, then each decision (+ marks the accepted ones)."""
+        rates = ", ".join(f"{name} {rate:,.1f} samples/s" for name, rate in
+                          (("baseline", self.baseline_samples_per_s), ("best", self.best_samples_per_s))
+                          if rate is not None)
+        head = (f"best: {self.best.label()} ({self.speedup:.2f}x by interleaved comparison; {rates}), "
+                f"{len(self.bursts)} bursts in {self.wall_s:.1f} s; {self.stopped_reason}")
+        return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
+                                  for s in self.ladder)])
+
+
+def tune(
+    workload: Workload,
+    *,
+    budget_s: float = 120.0,
+    knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None = None,
+    base: Config | None = None,
+    steps: int = 20,
+    device: DeviceInfo | None = None,
+    engine: Callable[..., BurstResult] = run_burst,
+    clock: Callable[[], float] = time.perf_counter,
+    guard: bool = True,
+    on_step: Callable[[TuneStep], None] | None = None,
+    stop: threading.Event | None = None,
+) -> TuneResult:
+    """Search ``knobs`` for the config with the highest samples/s, starting from ``base`` (``Config()``).
+
+    ``knobs``: knob names (their values come from the registry: the choices, or a small ladder such as
+    num_workers 0, 1, 2, 4 ... up to the cores), or a mapping of names to the values to try; values named
+    in a mapping are measured even where ``check_config`` warns (fp16 on a CPU without fp16 units), which
+    are otherwise skipped. ``None`` searches every knob except those in ``LEFT_OUT``. Knobs that cannot act
+    on ``device`` and values ``check_config`` rejects are skipped with the reason in the ladder.
+
+    Every burst runs ``steps`` measured steps through ``engine`` (called like ``run_burst`` with ``steps``,
+    ``label`` and ``stop``). No burst starts once it would end past ``budget_s`` on ``clock`` (at the
+    median burst duration so far); the starting config's burst always runs. Setting ``stop`` ends the
+    running burst and the search. A failing burst never raises: it is recorded and the candidate loses.
+    """
+    device = device or probe_device()
+    base = base or Config()
+    check_config(base, device)  # a start that cannot run here, or a knob that does not exist, is the caller's
+    plan = _plan(knobs)  # error: both raise before any burst
+    search = _Search(workload, engine, steps, device, clock, budget_s, guard, on_step, stop)
+    best = base
+    if search.can_run(1):
+        start = search.run(base)
+        if not _measured(start):
+            search.stopped = f"the starting config's burst did not finish: {_error(start)}"
+    for name, values in plan:
+        if search.stopped:
+            break
+        best = search.tune_knob(name, values, best, named=knobs is not None)
+    return TuneResult(best, _median_rate(search.bursts, best), _median_rate(search.bursts, base), search.ladder,
+                      search.bursts, clock() - search.started, search.stopped or "done: every knob was searched")
+
+
+def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> list[tuple[str, tuple[Any, ...] | None]]:
+    """Knob names with their explicit values (``None``: built-in), in the classic order; bad names raise."""
+    if knobs is None:
+        wanted: dict[str, tuple[Any, ...] | None] = dict.fromkeys(KNOBS)
+    elif isinstance(knobs, Mapping):
+        wanted = {name: tuple(KNOBS[name].check(v) for v in values) for name, values in knobs.items()}
+    else:
+        wanted = {KNOBS[name].name: None for name in knobs}
+    registry_order = list(KNOBS)
+    ordered = sorted(wanted, key=lambda n: (GROUPS.index(KNOBS[n].group), registry_order.index(n)))
+    return [(name, wanted[name]) for name in ordered]
+
+
+class _Search:
+    """The state of one tuning run: bursts so far, their durations on the clock, the ladder, why it stopped."""
+
+    def __init__(self, workload: Workload, engine: Callable[..., BurstResult], steps: int, device: DeviceInfo,
+                 clock: Callable[[], float], budget_s: float, guard: bool,
+                 on_step: Callable[[TuneStep], None] | None, stop: threading.Event | None) -> None:
+        self.workload, self.engine, self.steps, self.device = workload, engine, steps, device
+        self.clock, self.budget_s, self.guard, self.on_step, self.stop = clock, budget_s, guard, on_step, stop
+        self.started = clock()
+        self.bursts: list[BurstResult] = []
+        self.durations: list[float] = []
+        self.ladder: list[TuneStep] = []
+        self.stopped = ""
+
+    # -- bursts and the budget ------------------------------------------------------------------
+    def can_run(self, bursts: int) -> bool:
+        """Whether ``bursts`` more bursts fit in the budget at the median duration so far; says why not."""
+        if self.stop is not None and self.stop.is_set():
+            self.stopped = "stopped: the stop event was set"
+            return False
+        typical = statistics.median(self.durations) if self.durations else 0.0
+        elapsed = self.clock() - self.started
+        if elapsed + bursts * typical > self.budget_s:
+            self.stopped = (f"budget: {elapsed:.1f} s of {self.budget_s:g} s used, and {bursts} more burst(s) of "
+                            f"~{typical:.1f} s would not fit")
+            return False
+        return True
+
+    def run(self, config: Config) -> BurstResult:
+        """One burst; a BurstError becomes its (failed) result."""
+        before = self.clock()
+        try:
+            result = self.engine(self.workload, config, steps=self.steps, label=f"tune: {config.label()}",
+                                 stop=self.stop)
+        except BurstError as exc:
+            result = exc.result
+        self.durations.append(self.clock() - before)
+        self.bursts.append(result)
+        return result
+
+    def record(self, step: TuneStep) -> TuneStep:
+        self.ladder.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
+        return step
+
+    # -- the search -----------------------------------------------------------------------------
+    def tune_knob(self, name: str, values: tuple[Any, ...] | None, best: Config, *, named: bool) -> Config:
+        """Try ``name``'s values against ``best``; returns the best config after this knob."""
+        available, why = knob_availability(name, self.device)
+        if not available:
+            self.record(TuneStep(name, None, False, None, f"skipped: {why}", []))
+            return best
+        if not named and name in LEFT_OUT:
+            self.record(TuneStep(name, None, False, None, f"left out: {LEFT_OUT[name]}; name it in knobs= to "
+                                 "search it", []))
+            return best
+        explicit = values is not None
+        values = values if values is not None else _builtin_values(name, best, self.workload, self.device)
+        ordered = _is_ordered(name)
+        for direction in _directions(name, values, best, self.workload):
+            won = False
+            for value in direction:
+                step = self.try_value(name, value, best, explicit=explicit)
+                if step is None:
+                    return best
+                if step.accepted:
+                    best, won = best.replace(**{name: value}), True
+                elif step.results:
+                    break  # measured and lost: further in this direction is not tried
+            if won and ordered:
+                break  # it gained going this way, so going the other way would lose
+        return best
+
+    def try_value(self, name: str, value: Any, best: Config, *, explicit: bool) -> TuneStep | None:
+        """The step for one value (skipped, or measured in a duel); ``None`` once the search has to stop."""
+        candidate = best.replace(**{name: value})
+        try:
+            warnings = check_config(candidate, self.device)
+        except ConfigError as exc:
+            return self.record(TuneStep(name, value, False, None, f"skipped: {exc}", []))
+        new = [w for w in warnings if w not in check_config(best, self.device)]
+        if new and not explicit:
+            return self.record(TuneStep(name, value, False, None, f"skipped: {new[0]} (name the value in "
+                                        "knobs={...} to measure it anyway)", []))
+        step = self.duel(name, value, best, candidate)
+        return None if step is None else self.record(step)
+
+    def duel(self, name: str, value: Any, current: Config, candidate: Config) -> TuneStep | None:
+        """Interleave current, candidate, current ... until the judgement is clear (or rounds/budget run out)."""
+        last = self.bursts[-1] if self.bursts else None
+        lead = last if last is not None and _measured(last) and last.config == current else None
+        if not self.can_run(2 if lead is not None else 3):
+            return None
+        if lead is None:
+            lead = self.run(current)
+        results = [lead]
+
+        def unjudged(burst: BurstResult) -> TuneStep:
+            return TuneStep(name, value, False, None, f"not judged: a burst of the current config did not finish "
+                            f"({_error(burst)})", results)
+
+        if not _measured(lead):
+            return unjudged(lead)
+        rounds: list[tuple[BurstResult, BurstResult, BurstResult]] = []
+        while True:
+            challenger = self.run(candidate)
+            results.append(challenger)
+            if not _measured(challenger):
+                return TuneStep(name, value, False, None, f"burst failed: {_error(challenger)}", results)
+            if self.guard:
+                verdict = check_training(challenger, find_baseline(challenger, self.bursts))
+                if verdict.status == "changes_training":
+                    return TuneStep(name, value, False, None, "changes training: " + "; ".join(verdict.reasons),
+                                    results)
+            after = self.run(current)
+            results.append(after)
+            if not _measured(after):
+                return unjudged(after)
+            rounds.append((lead, challenger, after))
+            lead = after
+            judgement = _judge(rounds)
+            if judgement.decided or len(rounds) == MAX_ROUNDS or not self.can_run(2):
+                return TuneStep(name, value, judgement.accepted, judgement.speedup, judgement.reason, results)
+
+
+@dataclass(frozen=True)
+class _Judgement:
+    accepted: bool
+    decided: bool
+    speedup: float
+    reason: str
+
+
+def _judge(rounds: list[tuple[BurstResult, BurstResult, BurstResult]]) -> _Judgement:
+    """Accept, reject, or call it close, from interleaved (current, candidate, current) rounds.
+
+    Each round's ratio is the candidate's samples/s over the mean of the current bursts either side (a
+    linear drift cancels); the speedup is the median ratio. Noise: a burst's median step time moves by
+    about relative IQR / sqrt(steps) (its standard error, within the burst), combined over the three
+    bursts of a round and the rounds; after repeats, the spread between rounds counts too, since load
+    from other processes changes between bursts more than within one.
+    """
+    ratios = [_rate(x) / ((_rate(a) + _rate(b)) / 2) for a, x, b in rounds]
+    speedup = statistics.median(ratios)
+    variances = [_relative_se(x) ** 2 + (_relative_se(a) ** 2 + _relative_se(b) ** 2) / 4 for a, x, b in rounds]
+    noise = NOISE_Z * math.sqrt(statistics.fmean(variances) / len(rounds))
+    if len(ratios) > 1:
+        noise = max(noise, NOISE_Z * statistics.stdev(ratios) / math.sqrt(len(ratios)))
+    bar = max(MIN_GAIN, noise)
+    measured = f"{speedup - 1:+.1%} (noise ±{noise:.1%}, {len(rounds)} round{'s' if len(rounds) > 1 else ''})"
+    if speedup >= 1 + bar:
+        return _Judgement(True, True, speedup, f"faster: {measured}")
+    if speedup + noise < 1 + MIN_GAIN:
+        return _Judgement(False, True, speedup, f"{'slower' if speedup < 1 else 'no clear gain'}: {measured}")
+    return _Judgement(False, False, speedup, f"within noise: {measured}; a gain needs {bar:+.1%}")
+
+
+def _relative_se(result: BurstResult) -> float:
+    summary = result.step_time
+    return summary.relative_iqr / math.sqrt(summary.n) if summary is not None else 0.0
+
+
+# -- candidate values ---------------------------------------------------------------------------------
+def _builtin_values(name: str, current: Config, workload: Workload, device: DeviceInfo) -> tuple[Any, ...]:
+    """The registry's choices, or a small ladder for numeric knobs, within the knob's range."""
+    knob = KNOBS[name]
+    if knob.choices is not None:
+        return knob.choices
+    if knob.kind is bool:
+        return (False, True)
+    if name == "num_workers":
+        values: tuple[int, ...] = (0, *_powers_of_two(device.cpu_count))
+    elif name == "world_size":
+        values = _powers_of_two(len(device.gpus) if device.has_cuda else device.cpu_count)
+    elif name == "batch_size":
+        natural = resolve_batch_size(current, workload)
+        values = (max(1, natural // 2), natural, natural * 2, natural * 4)
+    else:
+        values = LADDERS.get(name, ())
+    return tuple(v for v in values if (knob.minimum is None or v >= knob.minimum)
+                 and (knob.maximum is None or v <= knob.maximum))
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    return tuple(1 << i for i in range(max(1, limit).bit_length()))
+
+
+def _is_ordered(name: str) -> bool:
+    """Numeric knobs, and compile_mode (its choices go from off to the most aggressive), have directions."""
+    return KNOBS[name].kind in (int, float) or name == "compile_mode"
+
+
+def _directions(name: str, values: tuple[Any, ...], current: Config, workload: Workload) -> list[list[Any]]:
+    """Values to try, grouped so a loss ends the group: ordered knobs up then down, others one group each."""
+    now = getattr(current, name)
+    if not _is_ordered(name):
+        return [[v] for v in dict.fromkeys(values) if v != now]
+
+    def key(value: Any) -> float:
+        if name == "compile_mode":
+            return list(KNOBS[name].choices or ()).index(value)
+        if name == "batch_size" and value is None:
+            return resolve_batch_size(current, workload)
+        if name == "sync_every" and value == 0:
+            return math.inf  # 0 syncs only at the end: fewer syncs than any N
+        return value
+
+    unique = sorted(dict.fromkeys(values), key=key)
+    up = [v for v in unique if key(v) > key(now)]
+    down = [v for v in reversed(unique) if key(v) < key(now)]
+    return [d for d in (up, down) if d]
+
+
+# -- reading results ------------------------------------------------------------------------------------
+def _rate(result: BurstResult) -> float:
+    return result.samples_per_s or 0.0
+
+
+def _measured(result: BurstResult) -> bool:
+    """Finished, with a throughput to compare (a stopped or failed burst has none worth comparing)."""
+    return result.ok and _rate(result) > 0
+
+
+def _error(result: BurstResult) -> str:
+    return result.error.message if result.error is not None else f"status {result.status}, no throughput"
+
+
+def _median_rate(bursts: list[BurstResult], config: Config) -> float | None:
+    rates = [_rate(b) for b in bursts if b.config == config and _measured(b)]
+    return statistics.median(rates) if rates else None

@@ -1,0 +1,286 @@
+"""The auto-tuner against a fake engine with a known landscape and a fake clock, then once for real."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from accel_widgets import (
+    BurstResult,
+    Config,
+    DeviceInfo,
+    ErrorInfo,
+    RankSummary,
+    StepRecord,
+    WorkerError,
+    Workload,
+    demo_workload,
+)
+from accel_widgets.device import GpuInfo
+from accel_widgets.knobs import GROUPS, KNOBS
+from accel_widgets.tuner import LEFT_OUT, MAX_ROUNDS, TuneResult, TuneStep, tune
+
+# A CPU with bf16 units but no fp16 units, like this machine: check_config warns about fp16 only.
+CPU = DeviceInfo(cpu_count=8, cpu_name="Fake CPU", cpu_flags=frozenset({"avx512_bf16"}))
+GPU = DeviceInfo(cpu_count=8, cpu_name="Fake CPU", gpus=(GpuInfo(0, 0, "Fake GPU", 80 * 2**30),), driver="1.0")
+WORKLOAD = Workload(model=nn.Linear(2, 1), dataset=(torch.zeros(4, 2), torch.zeros(4, 1)), loss_fn=nn.MSELoss(),
+                    name="fake", batch_size=256)
+BASE_RATE = 1000.0
+STEPS, WARMUP, SAMPLES = 20, 2, 32
+BURST_S = 1.0
+
+#: Speed factor of each knob value (1.0 where absent): unimodal in num_workers with its peak at 2.
+LANDSCAPE: dict[tuple[str, Any], float] = {
+    ("num_workers", 1): 1.3, ("num_workers", 2): 1.5, ("num_workers", 4): 1.4, ("num_workers", 8): 1.2,
+    ("precision", "bf16"): 1.4, ("precision", "fp16"): 0.1,
+    ("optimizer_impl", "for-loop"): 0.7, ("optimizer_impl", "foreach"): 1.1, ("optimizer_impl", "fused"): 1.2,
+    ("sync_every", 0): 1.1,
+}
+SUBSET = ["num_workers", "precision", "optimizer_impl", "sync_every"]
+OPTIMUM = Config(num_workers=2, precision="bf16", optimizer_impl="fused", sync_every=0)
+
+
+class FakeClock:
+    """Seconds that pass only when the fake engine runs a burst."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeEngine:
+    """``run_burst``'s signature; samples/s is the landscape's product times 1 +- seeded noise.
+
+    Step times alternate +-``jitter`` around the mean (a within-burst spread the tuner reads as noise);
+    ``fail`` configs raise a WorkerError carrying a failed result; ``nan`` configs report NaN losses.
+    """
+
+    clock: FakeClock
+    landscape: dict[tuple[str, Any], float] = field(default_factory=lambda: dict(LANDSCAPE))
+    noise: float = 0.005
+    jitter: float = 0.02
+    fail: set[tuple[str, Any]] = field(default_factory=set)
+    nan: set[tuple[str, Any]] = field(default_factory=set)
+    seed: int = 0
+    results: list[BurstResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def rate(self, config: Config) -> float:
+        return BASE_RATE * math.prod(self.landscape.get((name, getattr(config, name)), 1.0) for name in KNOBS)
+
+    def __call__(self, workload: Workload, config: Config, *, steps: int, label: str = "",
+                 stop: threading.Event | None = None) -> BurstResult:
+        self.clock.now += BURST_S
+        if self._matches(config, self.fail):
+            error = ErrorInfo("exception", "ValueError: deliberate failure", 0, "Traceback...")
+            result = BurstResult(workload=workload.name, config=config, status="failed", label=label, error=error)
+            self.results.append(result)
+            raise WorkerError("rank 0 failed: ValueError: deliberate failure", result)
+        rate = self.rate(config) * (1 + self.rng.gauss(0, self.noise))
+        step_s = SAMPLES / rate
+        loss = math.nan if self._matches(config, self.nan) else None
+        records = [StepRecord(rank=0, step=i, t=i * step_s, data_s=0.0, h2d_s=0.0, compute_s=step_s,
+                              total_s=step_s * (1 + self.jitter * (-1) ** i), samples=SAMPLES,
+                              loss=loss if loss is not None else 2.0 / (i + 1), warmup=i < WARMUP)
+                   for i in range(WARMUP + steps)]
+        result = BurstResult(workload=workload.name, config=config, status="ok", warmup_steps=WARMUP, steps=records,
+                             ranks=[RankSummary(0, SAMPLES * steps, step_s * steps, 0, "rss", 0.1, step_s, "cpu")],
+                             label=label)
+        self.results.append(result)
+        return result
+
+    @staticmethod
+    def _matches(config: Config, pairs: set[tuple[str, Any]]) -> bool:
+        return any(getattr(config, name) == value for name, value in pairs)
+
+
+def run(engine: FakeEngine | None = None, *, device: DeviceInfo = CPU, budget_s: float = 1000.0,
+        **kwargs: Any) -> tuple[TuneResult, FakeEngine]:
+    clock = engine.clock if engine is not None else FakeClock()
+    engine = engine or FakeEngine(clock)
+    result = tune(WORKLOAD, budget_s=budget_s, device=device, engine=engine, clock=clock, steps=STEPS, **kwargs)
+    return result, engine
+
+
+def tried(engine: FakeEngine, name: str) -> set[Any]:
+    return {getattr(r.config, name) for r in engine.results}
+
+
+def steps_for(result: TuneResult, knob: str) -> list[TuneStep]:
+    return [s for s in result.ladder if s.knob == knob]
+
+
+# -- the search ---------------------------------------------------------------------------------------
+def test_finds_the_optimum_and_the_ladder_says_what_each_knob_contributed():
+    result, engine = run(knobs=SUBSET)
+    assert result.best == OPTIMUM
+    assert result.best_samples_per_s >= 0.95 * engine.rate(OPTIMUM)
+    assert result.baseline_samples_per_s == pytest.approx(BASE_RATE, rel=0.03)
+    assert result.stopped_reason.startswith("done")
+    assert result.speedup == pytest.approx(engine.rate(OPTIMUM) / BASE_RATE, rel=0.05)
+
+    accepted = [(s.knob, s.value, s.speedup) for s in result.ladder if s.accepted]
+    expected = [("num_workers", 1, 1.3), ("num_workers", 2, 1.5 / 1.3), ("precision", "bf16", 1.4),  # registry order
+                ("sync_every", 0, 1.1), ("optimizer_impl", "foreach", 1.1), ("optimizer_impl", "fused", 1.2 / 1.1)]
+    assert [(k, v) for k, v, _ in accepted] == [(k, v) for k, v, _ in expected]
+    for (_, _, measured), (_, _, true) in zip(accepted, expected, strict=True):
+        assert measured == pytest.approx(true, rel=0.03)
+    assert "num_workers=2" in result.summary() and "+ precision='bf16': faster" in result.summary()
+
+
+def test_every_burst_is_recorded_and_every_step_interleaves_current_and_candidate():
+    result, engine = run(knobs=SUBSET)
+    assert result.bursts == engine.results
+    assert result.wall_s == len(engine.results) * BURST_S
+    measured = [s for s in result.ladder if s.results]
+    assert all(r in result.bursts for s in measured for r in s.results)
+    for step in measured:
+        candidate = [r.config for r in step.results[1::2]]
+        current = [r.config for r in step.results[0::2]]
+        assert len(set(candidate)) == 1 and len(set(current)) == 1 and candidate[0] != current[0]
+        assert getattr(candidate[0], step.knob) == step.value
+        assert len(step.results) == 3, f"{step.knob}={step.value} is clear-cut and needs one round"
+
+
+def test_a_numeric_knob_stops_in_a_direction_once_it_loses():
+    engine = FakeEngine(FakeClock(), landscape={("num_workers", 1): 1.3, ("num_workers", 2): 1.5,
+                                                ("num_workers", 4): 1.2, ("num_workers", 8): 3.0})
+    result, _ = run(engine, knobs=["num_workers"])
+    assert result.best == Config(num_workers=2)
+    assert tried(engine, "num_workers") == {0, 1, 2, 4}  # 8 would have been faster, but 4 lost to 2
+    assert [(s.value, s.accepted) for s in result.ladder] == [(1, True), (2, True), (4, False)]
+    assert result.ladder[-1].reason.startswith("slower")
+
+
+def test_a_numeric_knob_goes_down_only_when_up_loses():
+    engine = FakeEngine(FakeClock(), landscape={("batch_size", 128): 0.8, ("batch_size", 512): 1.3,
+                                                ("batch_size", 1024): 1.2})
+    result, _ = run(engine, knobs=["batch_size"])  # named, so searched; the workload's batch is 256
+    assert result.best == Config(batch_size=512)
+    assert tried(engine, "batch_size") == {None, 512, 1024}
+
+    engine = FakeEngine(FakeClock(), landscape={("batch_size", 128): 1.3, ("batch_size", 512): 0.8})
+    result, _ = run(engine, knobs=["batch_size"])
+    assert result.best == Config(batch_size=128)
+    assert tried(engine, "batch_size") == {None, 128, 512}
+
+
+def test_only_a_close_contender_is_repeated():
+    engine = FakeEngine(FakeClock(), landscape={("optimizer_impl", "foreach"): 1.02, ("optimizer_impl", "fused"): 1.5})
+    result, _ = run(engine, knobs={"optimizer_impl": ["foreach", "fused"]})
+    close, clear = result.ladder
+    assert not close.accepted and f"{MAX_ROUNDS} rounds" in close.reason
+    assert len(close.results) == 1 + 2 * MAX_ROUNDS
+    assert clear.accepted and len(clear.results) == 3
+    assert result.best == Config(optimizer_impl="fused")
+
+
+def test_stops_starting_bursts_when_the_budget_would_be_passed():
+    result, engine = run(knobs=SUBSET, budget_s=8.0)
+    assert len(engine.results) <= 8 and result.wall_s <= 8.0
+    assert result.stopped_reason.startswith("budget")
+    assert result.best == Config(num_workers=2)  # the best found in time
+    assert result.bursts == engine.results
+
+
+def test_stop_event_ends_the_search():
+    stop = threading.Event()
+    result, engine = run(knobs=SUBSET, stop=stop, on_step=lambda step: stop.set() if step.accepted else None)
+    assert result.stopped_reason.startswith("stopped")
+    assert result.best == Config(num_workers=1)
+    assert len(engine.results) == 3
+
+
+# -- what is skipped, failed or rejected ---------------------------------------------------------------
+def test_a_failing_candidate_is_recorded_as_a_loss_and_the_search_goes_on():
+    engine = FakeEngine(FakeClock(), fail={("optimizer_impl", "foreach")})
+    result, _ = run(engine, knobs=["optimizer_impl"])
+    failed = next(s for s in result.ladder if s.value == "foreach")
+    assert not failed.accepted and failed.speedup is None
+    assert failed.reason.startswith("burst failed") and "deliberate failure" in failed.reason
+    assert failed.results[-1].status == "failed" and failed.results[-1] in result.bursts
+    assert result.best == Config(optimizer_impl="fused")
+
+
+def test_a_failing_start_is_reported_not_raised():
+    engine = FakeEngine(FakeClock(), fail={("num_workers", 0)})
+    result, _ = run(engine, knobs=SUBSET)
+    assert result.best == Config() and result.best_samples_per_s is None
+    assert "did not finish" in result.stopped_reason and "deliberate failure" in result.stopped_reason
+    assert len(result.bursts) == 1 and result.ladder == []
+
+
+def test_the_guard_rejects_a_faster_candidate_that_breaks_training():
+    landscape = {("precision", "fp16"): 2.0}
+    engine = FakeEngine(FakeClock(), landscape=landscape, nan={("precision", "fp16")})
+    result, _ = run(engine, knobs={"precision": ["fp16"]})  # named, so measured despite the CPU warning
+    (step,) = result.ladder
+    assert not step.accepted and step.reason.startswith("changes training") and "NaN" in step.reason
+    assert result.best == Config()
+
+    engine = FakeEngine(FakeClock(), landscape=landscape, nan={("precision", "fp16")})
+    result, _ = run(engine, knobs={"precision": ["fp16"]}, guard=False)
+    assert result.best == Config(precision="fp16")
+
+
+def test_unavailable_knobs_and_warned_values_are_skipped_with_the_reason():
+    result, engine = run(knobs=["pin_memory", "tf32", "precision"])
+    pin, tf32 = steps_for(result, "pin_memory") + steps_for(result, "tf32")
+    for step in (pin, tf32):
+        assert step.value is None and not step.results and "only acts on CUDA" in step.reason
+    fp16 = next(s for s in result.ladder if s.value == "fp16")
+    assert not fp16.results and "no fp16 units" in fp16.reason
+    assert tried(engine, "pin_memory") == {False} and tried(engine, "precision") == {"fp32", "bf16"}
+
+    result, engine = run(knobs=["pin_memory", "precision"], device=GPU)
+    assert tried(engine, "pin_memory") == {False, True} and tried(engine, "precision") == {"fp32", "bf16", "fp16"}
+
+
+def test_a_full_search_walks_the_groups_in_order_and_leaves_non_speed_knobs_out():
+    engine = FakeEngine(FakeClock(), landscape={**LANDSCAPE, ("compile_mode", "default"): 1.2})
+    result, _ = run(engine)
+    knobs = list(dict.fromkeys(s.knob for s in result.ladder))
+    assert knobs == sorted(knobs, key=lambda k: GROUPS.index(KNOBS[k].group))
+    assert set(knobs) == set(KNOBS)
+    for name in LEFT_OUT:
+        (step,) = steps_for(result, name)
+        assert not step.results and tried(engine, name) == {KNOBS[name].default}
+        assert step.reason.startswith("left out" if "cpu" in KNOBS[name].applies_to else "skipped")
+    # compile_mode goes off -> default (wins) -> reduce-overhead (skipped: the same on CPU) -> max-autotune (loses)
+    compile_steps = [(s.value, s.accepted, bool(s.results)) for s in steps_for(result, "compile_mode")]
+    assert compile_steps == [("default", True, True), ("reduce-overhead", False, False), ("max-autotune", False, True)]
+    assert "same as 'default'" in steps_for(result, "compile_mode")[1].reason
+    assert result.best == OPTIMUM.replace(compile_mode="default")
+
+
+def test_bad_knob_names_and_values_raise_before_any_burst():
+    engine = FakeEngine(FakeClock())
+    with pytest.raises(ValueError, match="unknown knob 'num_wrokers'"):
+        run(engine, knobs=["num_wrokers"])
+    with pytest.raises(ValueError, match="precision='fp8' is invalid"):
+        run(engine, knobs={"precision": ["fp8"]})
+    assert engine.results == []
+
+
+# -- for real -------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_tunes_the_mlp_demo_with_real_bursts():
+    result = tune(demo_workload("mlp"), budget_s=40, knobs=["num_workers", "precision"], steps=10)
+    assert isinstance(result.best, Config)
+    assert set(result.best.diff()) <= {"num_workers", "precision"}
+    assert len(result.bursts) >= 3 and all(b.status == "ok" and b.workload == "mlp-small" for b in result.bursts)
+    assert result.best_samples_per_s is not None and result.baseline_samples_per_s is not None
+    assert [s for s in result.ladder if s.results and s.knob == "num_workers"]
+    assert result.stopped_reason
