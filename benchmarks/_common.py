@@ -17,12 +17,19 @@ import os
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEMOS: tuple[str, ...] = ("mlp", "lm", "image")
+# Machine-wide CPU use (all processes, % of all cores) under which the machine counts as quiet. Two
+# intra-op threads on two cores stall whenever another process takes a core, so a run that shares the
+# machine can be several times slower: such runs are flagged, and runs start only once it is quiet.
+QUIET_PCT = 15.0
+QUIET_MAX_WAIT_S = 15.0
+QUIET_WAIT_BUDGET_S = 60.0
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -65,6 +72,38 @@ def load_average() -> list[float]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
+
+
+def machine_busy_pct(interval_s: float = 0.5) -> float:
+    """Machine-wide CPU use over the next ``interval_s`` seconds, every process included."""
+    import psutil
+
+    return float(psutil.cpu_percent(interval=interval_s))
+
+
+class QuietGate:
+    """Waits for a quiet machine before each run, within a total waiting budget for the whole script.
+
+    Why: on a shared machine another job's burst of work would land on one variant and not the
+    other; starting each run on a quiet machine makes that less likely (it cannot rule it out, so runs
+    also record the foreign load they saw). When the machine stays busy the budget runs out and runs
+    go ahead without waiting, so a busy machine makes a script noisier, never much longer.
+    """
+
+    def __init__(self, threshold_pct: float = QUIET_PCT, budget_s: float = QUIET_WAIT_BUDGET_S,
+                 max_wait_s: float = QUIET_MAX_WAIT_S) -> None:
+        self.threshold_pct, self.budget_s, self.max_wait_s = threshold_pct, budget_s, max_wait_s
+        self.waited_s = 0.0
+
+    def wait(self) -> float:
+        """Block until machine-wide CPU use is under the threshold (or the wait/budget runs out)."""
+        started = time.monotonic()
+        limit = min(self.max_wait_s, self.budget_s - self.waited_s)
+        while time.monotonic() - started < limit and machine_busy_pct() >= self.threshold_pct:
+            pass
+        waited = time.monotonic() - started
+        self.waited_s += waited
+        return waited
 
 
 def cpu_name() -> str:
