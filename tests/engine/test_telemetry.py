@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import pytest
 
-from accel_widgets.engine.telemetry import THREAD_NAME, TelemetrySampler
+from accel_widgets.engine.telemetry import FAMILY_REFRESH_S, THREAD_NAME, TelemetrySampler
 from accel_widgets.results import TelemetrySample
 
 BUSY = "while True: pass"
@@ -243,12 +243,13 @@ def test_psutil_measures_a_busy_worker() -> None:
 
 def test_psutil_counts_descendants_that_appear_after_watch() -> None:
     # The watched process sleeps; only the grandchild it spawns (as a DataLoader worker would) burns CPU.
+    # Descendants are re-listed once per FAMILY_REFRESH_S (listing them is costly), so sample past that.
     spawner = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {BUSY!r}]); time.sleep(60)"
     with _child(spawner) as worker:
         sampler = TelemetrySampler(clock_origin=time.perf_counter())
         sampler.watch(worker.pid)
         with sampler:
-            time.sleep(0.8)
+            time.sleep(FAMILY_REFRESH_S + 0.8)
         assert len(psutil.Process(worker.pid).children()) == 1
     assert sampler.errors == []
     assert _mean_util(sampler.samples[-3:]) > 20.0
