@@ -92,9 +92,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results: list[BurstResult] = []
     for name in names:
         workload = demo_workload(name.strip(), size=args.size)
-        rungs = classic_ladder(workload, device)
-        if args.no_compile:
-            rungs = [r for r in rungs if r.name != "+compile"]
+        rungs = classic_ladder(workload, device, compile_mode=None if args.no_compile else "default")
         print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
         baseline: list[BurstResult] = []
 

@@ -41,9 +41,12 @@ def _precision_for(device: DeviceInfo) -> str | None:
     return "bf16" if device.cpu_has_bf16_units else None
 
 
-def classic_ladder(workload: Workload, device: DeviceInfo | None = None, *, compile_mode: str = "default",
+def classic_ladder(workload: Workload, device: DeviceInfo | None = None, *, compile_mode: str | None = "default",
                    base: Config | None = None) -> list[Rung]:
-    """baseline -> +loader -> +mixed precision -> +compile -> +the rest, for this workload on this device."""
+    """baseline -> +loader -> +mixed precision -> +compile -> +the rest, for this workload on this device.
+
+    ``compile_mode=None`` leaves compiling out of every rung (cold compiles cost tens of seconds).
+    """
     device = device or probe_device()
     config = base or Config()
     rungs = [Rung("baseline", "the plain loop: no loader workers, fp32, eager", config)]
@@ -59,8 +62,9 @@ def classic_ladder(workload: Workload, device: DeviceInfo | None = None, *, comp
         config = config.replace(precision=precision)
         rungs.append(Rung(f"+{precision}", "autocast matmuls/convs to half precision units", config))
 
-    config = config.replace(compile_mode=compile_mode)
-    rungs.append(Rung("+compile", "torch.compile fuses kernels and removes Python overhead", config))
+    if compile_mode is not None:
+        config = config.replace(compile_mode=compile_mode)
+        rungs.append(Rung("+compile", "torch.compile fuses kernels and removes Python overhead", config))
 
     rest: dict[str, Any] = {"sync_every": 0, "optimizer_impl": "fused" if device.has_cuda else "foreach"}
     if has_convolutions(workload):
