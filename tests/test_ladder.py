@@ -1,3 +1,5 @@
+import itertools
+
 from accel_widgets import Config, classic_ladder
 from accel_widgets.device import DeviceInfo, GpuInfo
 from tests.workloads import conv_workload, tiny_workload
@@ -10,7 +12,7 @@ def test_the_ladder_is_cumulative_in_the_classic_order():
     rungs = classic_ladder(tiny_workload(), CPU)
     assert [r.name for r in rungs] == ["baseline", "+loader", "+bf16", "+compile", "+rest"]
     assert rungs[0].config == Config()
-    for earlier, later in zip(rungs, rungs[1:], strict=False):
+    for earlier, later in itertools.pairwise(rungs):
         assert set(earlier.config.diff()) <= set(later.config.diff())
     assert rungs[-1].config.compile_mode == "default" and not rungs[-1].config.channels_last
 
