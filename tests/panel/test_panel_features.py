@@ -20,6 +20,7 @@ from accel_widgets.history import RunHistory
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.table import RunsTable
 from accel_widgets.results import BurstResult
+from accel_widgets.tuner import TuneResult, TuneStep
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
 from tests.workloads import tiny_workload
 
@@ -183,27 +184,6 @@ def test_a_real_profiled_burst_shows_operators_and_writes_the_trace(tmp_path: Pa
 
 
 # -- tune --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FakeStep:
-    knob: str
-    value: Any
-    accepted: bool
-    speedup: float | None
-    reason: str
-    results: list[BurstResult]
-
-
-@dataclass
-class FakeOutcome:
-    best: Config
-    best_samples_per_s: float | None
-    baseline_samples_per_s: float | None
-    ladder: list[FakeStep]
-    bursts: list[BurstResult]
-    wall_s: float
-    stopped_reason: str
-
-
 @dataclass
 class FakeTuner:
     """Runs base, then each candidate, through the engine it is given, like ``tune``; keeps the second."""
@@ -213,7 +193,7 @@ class FakeTuner:
     raises: Exception | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
 
-    def __call__(self, workload: Any, **kwargs: Any) -> FakeOutcome:
+    def __call__(self, workload: Any, **kwargs: Any) -> TuneResult:
         self.calls.append(kwargs)
         if self.raises is not None:
             raise self.raises
@@ -228,14 +208,14 @@ class FakeTuner:
                                stop=stop)
                 bursts.append(burst)
                 accepted = candidate == self.candidates[0]
-                step = FakeStep("num_workers", 1, accepted, 1.5 if accepted else 0.9, "faster" if accepted else
+                step = TuneStep("num_workers", 1, accepted, 1.5 if accepted else 0.9, "faster" if accepted else
                                 "slower", [bursts[0], burst])
                 ladder.append(step)
                 kwargs["on_step"](step)
             if not self.until_stop or stop.is_set():
                 break
         reason = "stopped: the stop event was set" if stop.is_set() else "every knob tried"
-        return FakeOutcome(self.candidates[0], 150.0, 100.0, ladder, bursts, 1.0, reason)
+        return TuneResult(self.candidates[0], 150.0, 100.0, ladder, bursts, 1.0, reason)
 
 
 def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp_path: Path) -> None:
@@ -292,9 +272,9 @@ def test_the_default_tuner_is_imported_only_when_tuning(monkeypatch: pytest.Monk
 
     seen: list[threading.Event] = []
 
-    def fake_tune(workload: Any, **kwargs: Any) -> FakeOutcome:
+    def fake_tune(workload: Any, **kwargs: Any) -> TuneResult:
         seen.append(kwargs["stop"])
-        return FakeOutcome(Config(), None, None, [], [], 0.0, "nothing to try")
+        return TuneResult(Config(), None, None, [], [], 0.0, "nothing to try")
 
     monkeypatch.setattr(tuner_module, "tune", fake_tune)
     panel = make_panel()
