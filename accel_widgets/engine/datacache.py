@@ -153,9 +153,14 @@ class _ContentPickler(cloudpickle.Pickler):
         return ("tensor", str(tensor.dtype), tuple(tensor.shape), content)
 
 
+def cache_root() -> Path:
+    """``$ACCEL_WIDGETS_CACHE``, else ``~/.cache/accel_widgets``: data caches and compiled kernels, shared by runs."""
+    return Path(os.environ.get("ACCEL_WIDGETS_CACHE") or Path.home() / ".cache" / "accel_widgets")
+
+
 def default_cache_dir() -> Path:
-    """``$ACCEL_WIDGETS_CACHE/data``, else ``~/.cache/accel_widgets/data``: outside the repo, shared by runs."""
-    return Path(os.environ.get("ACCEL_WIDGETS_CACHE", Path.home() / ".cache" / "accel_widgets")) / "data"
+    """Where materialised datasets live: ``cache_root()/data``, outside the repo."""
+    return cache_root() / "data"
 
 
 def cache_dataset(

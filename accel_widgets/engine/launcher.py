@@ -38,6 +38,7 @@ from ..device import DeviceInfo, probe_device
 from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from ..validation import ConfigError, check_config
 from ..workload import Workload
+from .datacache import cache_root
 from .events import RankDone, RankFailed, RankLosses, WorkerEvent
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
@@ -112,10 +113,6 @@ def _prepare_profile_dir(path: str) -> str:
     """Traces outlive the burst (its temp dir is removed), so they go to a directory the user chose."""
     os.makedirs(path, exist_ok=True)
     return os.path.abspath(path)
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("ACCEL_WIDGETS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "accel_widgets")
 
 
 def pickle_workload(workload: Workload, spec: BurstSpec) -> bytes:
@@ -230,7 +227,7 @@ def run_burst(
         raise ValueError("warmup_steps must be >= 1: the first step always pays one-off costs")
     spec = BurstSpec(
         config=config, steps=steps, seconds=seconds, warmup_steps=warmup_steps, clock_origin=called_at,
-        cache_dir=cache_dir or default_cache_dir(), threads_per_rank=max(1, device.cpu_count // config.ranks),
+        cache_dir=cache_dir or str(cache_root()), threads_per_rank=max(1, device.cpu_count // config.ranks),
         device_kind=device.kind, temp_dir="", master_port=free_port() if config.parallel == "ddp" else None,
         profile_steps=profile_steps, profile_dir=_prepare_profile_dir(profile_dir) if profile_steps else "",
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any, Literal, Self
 
 import psutil
 
+from ..device import usable_cpu_count
 from ..results import TelemetrySample
 
 THREAD_NAME = "accel-widgets-telemetry"
@@ -76,7 +76,7 @@ class TelemetrySampler:
         self._loader_pct: float | None = None
         self._family: dict[int, psutil.Process] = {}
         self._family_due = 0.0
-        self._cpus = _usable_cpus()
+        self._cpus = usable_cpu_count()  # psutil's percent is per core; 100% must mean all usable cores
         self._mem_total = int(psutil.virtual_memory().total)
         # NVML state: a module with NVML open, and the (index, handle) pairs to read.
         self._nvml: Any | None = None
@@ -303,14 +303,6 @@ def _unless_unsupported(nvml: Any, read: Callable[..., Any], *args: Any) -> Any 
         return read(*args)
     except nvml.NVMLError_NotSupported:
         return None
-
-
-def _usable_cpus() -> int:
-    """CPUs this process may run on: psutil's per-process percent is per core, and 100% must mean all of these."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _describe(exc: BaseException) -> str:
