@@ -9,8 +9,13 @@ timed training burst in an isolated worker process::
     fast = aw.run_burst(wl, aw.Config(num_workers=2, precision="bf16"), steps=40)
     print(fast.samples_per_s / base.samples_per_s, fast.summary())
 
-Importing this package pulls in neither the UI (ipywidgets, plotly) nor CUDA.
+Importing this package pulls in neither the UI (ipywidgets, plotly) nor CUDA. It starts the
+forkserver that bursts are launched from, so that it has imported torch by the first burst.
 """
+
+from .engine.forkserver import prestart_on_import
+
+prestart_on_import()  # first, so the server imports torch while this process does too
 
 from .config import Config
 from .demos import DEMO_NAMES, demo_workload
@@ -34,7 +39,7 @@ from .reporting import write_report as report
 from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .stats import Summary, summarize
 from .tuner import TuneResult, TuneStep, tune
-from .validation import ConfigError, check_config
+from .validation import BurstRequestError, ConfigError, check_config
 from .workload import Workload
 
 __version__ = "0.1.0"
@@ -54,6 +59,7 @@ __all__ = [
     "GROUPS",
     "KNOBS",
     "BurstError",
+    "BurstRequestError",
     "BurstResult",
     "BurstTimeout",
     "Config",

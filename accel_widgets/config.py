@@ -51,15 +51,21 @@ class Config:
     parallel: Parallel = _default("parallel")
     world_size: int = _default("world_size")
 
+    def __new__(cls, *args: Any, **knobs: Any) -> Config:
+        """Refuse an unknown keyword before the generated ``__init__`` does: its bare TypeError names neither
+        the closest knob nor the known ones. ``__new__`` sees the same arguments and leaves the dataclass (and
+        the ``__init__`` signature editors read) untouched, so ``dataclasses.replace`` and pickling keep working.
+        """
+        for name in knobs:
+            KNOBS[name]  # raises KnobValueError naming the closest knob and the known ones
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             object.__setattr__(self, field.name, KNOBS[field.name].check(getattr(self, field.name)))
 
     def replace(self, **changes: Any) -> Config:
-        """A copy with some knobs changed (validated like the constructor)."""
-        unknown = set(changes) - set(KNOBS)
-        if unknown:
-            KNOBS[sorted(unknown)[0]]  # raises KnobValueError naming the known knobs
+        """A copy with some knobs changed (validated like the constructor, unknown names included)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,8 +73,6 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
-        for name in data:
-            KNOBS[name]  # an unknown key names the known knobs instead of a TypeError
         return cls(**data)
 
     def to_json(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .guard import GuardVerdict, check_training
 from .knobs import KNOBS
 from .results import BurstResult
 
@@ -55,11 +56,14 @@ class Finding:
             KNOBS[self.knob]  # a typo in a rule must fail loudly, not point the user at nothing
 
 
-def diagnose(result: BurstResult, baseline: BurstResult | None = None) -> list[Finding]:
+def diagnose(result: BurstResult, baseline: BurstResult | None = None, *,
+             verdict: GuardVerdict | None = None) -> list[Finding]:
     """Findings for one burst, most urgent first (warnings, then notes, then what is already fine).
 
-    With ``baseline`` (the plain fp32 run of the same workload) two more readings become possible:
-    whether the speed-up changed training (the correctness guard) and when compiling pays for itself.
+    With ``baseline`` (the run its speed-up is measured against: the plain fp32 run of the same workload)
+    two more readings become possible: whether the speed-up changed training (the correctness guard) and
+    when compiling pays for itself. ``verdict`` is ``check_training(result, baseline)`` when the caller has
+    it already (the panel and the report show it in their tables), so the guard runs once per run.
     """
     findings = _outcome(result)
     if result.measured_steps():
@@ -72,7 +76,7 @@ def diagnose(result: BurstResult, baseline: BurstResult | None = None) -> list[F
         findings += _parallel(result)
         findings += _math(result)
         if baseline is not None and baseline is not result:
-            findings += _against_baseline(result, baseline)
+            findings += _against_baseline(result, baseline, verdict or check_training(result, baseline))
     findings += [Finding("warn", "Engine warning", warning) for warning in result.warnings]
     return sorted(findings, key=lambda f: _ORDER[f.severity])
 
@@ -87,6 +91,8 @@ def _outcome(result: BurstResult) -> list[Finding]:
     if result.status == "stopped":
         steps = len(result.measured_steps())
         return [Finding("info", "Stopped early", f"{steps} measured steps before Stop; numbers cover those only.")]
+    if result.status == "diverged":
+        return [_diverged(result)]
     if error.kind == "oom":
         return [Finding("warn", "Out of memory", f"{first_line} Lower batch_size, or keep the effective batch "
                         "with grad_accum_steps.", "batch_size")]
@@ -95,6 +101,16 @@ def _outcome(result: BurstResult) -> list[Finding]:
     if error.kind == "timeout":
         return [Finding("warn", "Timed out", first_line)]
     return [Finding("warn", "Burst failed", first_line)]
+
+
+def _diverged(result: BurstResult) -> Finding:
+    """The burst measured its speed, but the loss went NaN/inf: it trained nothing, so it is no speed-up.
+    Reduced precision is the usual suspect when it is in use; in fp32 the cause (learning rate, data) is no knob."""
+    reduced = result.config.precision != "fp32"
+    suspect = f"precision={result.config.precision!r} overflowing, " if reduced else ""
+    return Finding("warn", "Training diverged", f"{'; '.join(result.nonfinite_losses())}: the throughput is "
+                   f"measured, but a run that does not train is no speed-up. Check {suspect}the learning rate and the "
+                   "data for NaN/inf.", "precision" if reduced else None)
 
 
 # -- can the numbers be trusted -------------------------------------------------------------------
@@ -214,7 +230,7 @@ def _host(result: BurstResult) -> list[Finding]:
         findings.append(Finding("warn", "Disk-bound", f"the CPUs waited on I/O {iowait:.0f}% of the time: the data "
                                 "source is the limit; cache the prepared items.", "data_cache"))
     wait = result.data_wait_share
-    host = [t.host_util_pct for t in result.telemetry if t.host_util_pct is not None]
+    host = [t.host_util_pct for t in result.measured_telemetry() if t.host_util_pct is not None]
     busy = sum(host) / len(host) if host else None
     if (wait is not None and wait >= THRESHOLDS.data_wait_bound_share and result.config.num_workers > 0
             and busy is not None and busy >= THRESHOLDS.host_saturated_pct):
@@ -256,15 +272,12 @@ def _math(result: BurstResult) -> list[Finding]:
 
 
 # -- against the baseline --------------------------------------------------------------------------
-def _against_baseline(result: BurstResult, baseline: BurstResult) -> list[Finding]:
-    return _guard(result, baseline) + _compile_payback(result, baseline)
+def _against_baseline(result: BurstResult, baseline: BurstResult, verdict: GuardVerdict) -> list[Finding]:
+    return _guard(result, verdict) + _compile_payback(result, baseline)
 
 
-def _guard(result: BurstResult, baseline: BurstResult) -> list[Finding]:
-    from .guard import check_training
-
-    verdict = check_training(result, baseline)
-    if verdict.status != "changes_training":
+def _guard(result: BurstResult, verdict: GuardVerdict) -> list[Finding]:
+    if verdict.status != "changes_training" or result.status == "diverged":  # the outcome finding says it already
         return []
     return [Finding("warn", "Faster but changes training", "; ".join(verdict.reasons))]
 

@@ -90,6 +90,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to train")
     args = parser.parse_args()
+    if DETERMINISTIC:
+        # cuBLAS is deterministic only with a fixed workspace, which it reads when CUDA starts: set it first.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     # torchrun sets RANK, LOCAL_RANK and WORLD_SIZE and runs the rendezvous for us.
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -103,9 +106,8 @@ def main():
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
 
-    precision = "tf32" if TF32 else "ieee"
-    torch.backends.cuda.matmul.fp32_precision = precision
-    torch.backends.cudnn.conv.fp32_precision = precision
+    # TF32 tensor cores for fp32 matmuls (False is PyTorch's default; cuDNN convolutions use TF32 either way).
+    torch.backends.cuda.matmul.allow_tf32 = TF32
     torch.backends.cudnn.benchmark = CUDNN_BENCHMARK
     torch.use_deterministic_algorithms(DETERMINISTIC)
     if device.type == "cuda" and MEMORY_FRACTION is not None:

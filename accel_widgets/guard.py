@@ -216,21 +216,8 @@ def _finite_losses(result: BurstResult) -> dict[int, float]:
 
 
 def _nonfinite_reasons(result: BurstResult) -> list[str]:
-    """One reason per rank whose loss went NaN/inf: the first step, and how many steps followed suit."""
-    reasons = []
-    for rank in sorted({s.rank for s in result.steps}):
-        losses = [(s.step, s.loss) for s in result.steps if s.rank == rank and s.loss is not None]
-        bad = [(step, loss) for step, loss in losses if not math.isfinite(loss)]
-        if bad:
-            where = f" on rank {rank}" if result.world_size > 1 else ""
-            first_step, first_loss = bad[0]
-            reasons.append(f"loss is {_spell(first_loss)} from step {first_step}{where} "
-                           f"({len(bad)} of {len(losses)} steps not finite)")
-    return reasons
-
-
-def _spell(value: float) -> str:
-    return "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    """One reason per rank whose loss went NaN/inf, worded as the engine's "diverged" status words it."""
+    return result.nonfinite_losses()
 
 
 def _scaler_reasons(result: BurstResult) -> list[str]:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .engine.datacache import DataCacheError, dataset_fingerprint
+from .fingerprint import FingerprintError, dataset_fingerprint
 from .results import BurstResult
 from .workload import Workload
 
@@ -103,7 +103,7 @@ def workload_fingerprint(workload: Workload) -> str:
 
     It covers the model's architecture and initial weights (class, ``repr`` and every ``state_dict`` entry's
     name, shape, dtype and bytes; a factory is built under the workload seed as a burst builds it), the
-    dataset (:func:`~accel_widgets.engine.datacache.dataset_fingerprint`, with its limits), the names of
+    dataset (:func:`~accel_widgets.fingerprint.dataset_fingerprint`, with its limits), the names of
     ``loss_fn``, ``optimizer`` and ``collate_fn``, ``batch_size``, ``seed`` and ``name``.
 
     Limits: callables are identified by module and qualified name only, so two lambdas defined in one function
@@ -143,10 +143,10 @@ def _model_digest(model: nn.Module) -> str:
 
 
 def _dataset_digest(dataset: Any) -> str:
-    """The data cache's fingerprint; a dataset that does not pickle falls back to its class and length."""
+    """The data cache's own fingerprint; a dataset that does not pickle falls back to its class and length."""
     try:
         return dataset_fingerprint(dataset)
-    except DataCacheError:
+    except FingerprintError:
         return f"unpicklable {_qualname(type(dataset))} len={len(dataset)}"
 
 
@@ -273,7 +273,10 @@ def _open(path: Path) -> sqlite3.Connection:
 
 
 def _refuse_non_sqlite(path: Path) -> None:
-    """Refuse a non-empty file without the SQLite header before SQLite touches it at all."""
+    """Refuse a directory, or a non-empty file without the SQLite header, before SQLite touches it at all."""
+    if path.is_dir():
+        raise HistoryError(f"{path} is a directory, not a run history file: pass a file path such as "
+                           f"{path / DEFAULT_HISTORY_FILE} to RunHistory(), or set ${HISTORY_ENV} to one.")
     with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
         head = f.read(len(_SQLITE_MAGIC))
         if head and head != _SQLITE_MAGIC:

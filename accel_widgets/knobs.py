@@ -8,6 +8,8 @@ Cross-knob and device rules (conflicts, "no effect here") live in :mod:`accel_wi
 
 from __future__ import annotations
 
+import difflib
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -79,6 +81,8 @@ class Knob:
             raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
+        if not math.isfinite(value):  # NaN passes every range comparison, and int(inf) raises OverflowError
+            raise KnobValueError(f"{self.name}={value!r} is not a finite number: use {self.valid_values_text()}")
         if self.kind is int and int(value) != value:
             raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
         value = self.kind(value)
@@ -121,7 +125,9 @@ class KnobRegistry(Mapping[str, Knob]):
         try:
             return self._knobs[name]
         except KeyError:
-            raise KnobValueError(f"unknown knob {name!r}: known knobs are {', '.join(self._knobs)}") from None
+            close = difflib.get_close_matches(str(name), self._knobs, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KnobValueError(f"unknown knob {name!r}{hint}: known knobs are {', '.join(self._knobs)}") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._knobs)
@@ -188,13 +194,16 @@ KNOBS = KnobRegistry(
             what="Autocast dtype via torch.amp; fp16 also uses torch.amp.GradScaler.",
             why="Half-precision matmuls run on tensor cores / bf16 units and halve activation memory.",
             when="The step is compute-bound on hardware with bf16/fp16 units (tensor-core GPUs, AVX512-BF16/AMX "
-            "CPUs).",
+            "CPUs). fp16's GradScaler reads its inf/NaN check back to the host on every step (a sync) unless "
+            "optimizer_impl='fused', which checks on the GPU.",
         ),
         Knob(
             "tf32", "precision", bool, False, applies_to=("cuda",),
-            what="Allow TF32 tensor cores for float32 matmuls and convolutions.",
+            what="Allow TF32 tensor cores for float32 matmuls (off: PyTorch's default, IEEE fp32 matmuls). cuDNN "
+            "convolutions and RNNs use TF32 either way, as in stock PyTorch.",
             why="Ampere+ GPUs run fp32 matmuls several times faster with a 10-bit mantissa.",
-            when="Training stays in fp32 on an Ampere or newer GPU. No effect on CPU.",
+            when="Training stays in fp32 on an Ampere or newer GPU and matmuls (linear layers, attention) "
+            "matter. No effect on CPU.",
         ),
         # -- batch --------------------------------------------------------------------------------
         Knob(
@@ -216,7 +225,8 @@ KNOBS = KnobRegistry(
             "sync_every", "python", int, 1, minimum=0, maximum=1 << 20,
             what="Read the loss on the host every N steps (1 = every step, 0 = only at the end).",
             why="loss.item() blocks the host until the GPU finishes, so the GPU idles while Python catches up.",
-            when="Launch-bound GPU steps; logging every step is the classic hidden sync.",
+            when="Launch-bound GPU steps; logging every step is the classic hidden sync. fp16 with a non-fused "
+            "optimizer still syncs every step inside GradScaler; run_burst(sync_debug=True) names any sync left.",
         ),
         Knob(
             "script_loss", "python", bool, False,
@@ -265,8 +275,11 @@ KNOBS = KnobRegistry(
         Knob(
             "empty_cache", "system", bool, False, applies_to=("cuda",),
             what="Call torch.cuda.empty_cache() after warmup, before measuring.",
-            why="Returns cached blocks so peak-memory readings reflect the steady state only.",
-            when="Comparing memory between runs. It never speeds training up. No effect on CPU.",
+            why="Returns the allocator's cached, unused blocks to the driver: other processes on the GPU can "
+            "use that memory (nvidia-smi shows less), and the next allocations pay cudaMalloc again. It "
+            "does not lower the measured peak of allocated memory (that peak is reset after warm-up anyway).",
+            when="Sharing the GPU with other processes. It never speeds training up; it can slow the first "
+            "measured steps. No effect on CPU.",
         ),
         # -- parallel -----------------------------------------------------------------------------
         Knob(

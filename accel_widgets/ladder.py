@@ -36,8 +36,10 @@ def has_convolutions(workload: Workload) -> bool:
 
 
 def _precision_for(device: DeviceInfo) -> str | None:
+    """The half precision this hardware runs natively: bf16 on Ampere+ GPUs and bf16-capable CPUs; fp16
+    (with GradScaler) on older GPUs (T4, V100), where bf16 is emulated; none on other CPUs."""
     if device.has_cuda:
-        return "bf16"
+        return "bf16" if device.gpu_has_bf16_units else "fp16"
     return "bf16" if device.cpu_has_bf16_units else None
 
 

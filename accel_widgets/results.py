@@ -17,7 +17,8 @@ from .config import Config
 from .flops import peak_flops
 from .stats import Summary, summarize
 
-Status = Literal["ok", "failed", "stopped", "timeout"]
+#: "diverged": the burst finished and has its numbers, but a loss went NaN/inf, so it did not train.
+Status = Literal["ok", "diverged", "failed", "stopped", "timeout"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,9 @@ class StepRecord:
 class TelemetrySample:
     """Device (NVML) or host-process (psutil) reading on the burst's clock.
 
-    ``util_pct`` is NVML's "a kernel was running" share for a GPU, and the workers' CPU use as a share
-    of the machine's cores for ``source="psutil"``: a busy signal, never an efficiency measure.
+    ``util_pct`` is NVML's "a kernel was running" share for a GPU (None where the GPU does not report it:
+    a MIG device), and the workers' CPU use as a share of the machine's cores for ``source="psutil"``: a
+    busy signal, never an efficiency measure.
     ``host_util_pct`` is the whole machine's CPU use, every process included: the gap to the workers'
     share is load the burst did not cause, which makes its timings unreliable. Per-core use, I/O wait
     and the DataLoader workers' share tell "the loader is starved of cores" or "the disk is the limit".
@@ -49,7 +51,7 @@ class TelemetrySample:
 
     t: float
     source: Literal["nvml", "psutil"]
-    util_pct: float
+    util_pct: float | None
     mem_used_bytes: int
     device: str = ""
     mem_total_bytes: int | None = None
@@ -101,7 +103,7 @@ class RankSummary:
 class ErrorInfo:
     """Why a burst did not finish: the root-cause rank, its message and its own traceback."""
 
-    kind: Literal["exception", "oom", "crash", "timeout", "stopped", "config"]
+    kind: Literal["exception", "oom", "exit", "crash", "timeout", "stopped", "config", "diverged"]
     message: str
     rank: int | None = None
     traceback: str = ""
@@ -130,6 +132,8 @@ class BurstResult:
     # -- derived numbers ------------------------------------------------------------------------
     @property
     def ok(self) -> bool:
+        """Finished with finite losses: a valid measurement. A "diverged" run keeps its numbers but is not ok,
+        because a loop that no longer trains is no speed-up (no baseline, no tuner pick, CLI exit code 1)."""
         return self.status == "ok"
 
     def measured_steps(self, rank: int | None = None) -> list[StepRecord]:
@@ -206,14 +210,58 @@ class BurstResult:
     def losses(self, rank: int = 0) -> list[float | None]:
         return [s.loss for s in self.steps if s.rank == rank]
 
+    def nonfinite_losses(self) -> list[str]:
+        """One line per rank whose loss went NaN/inf: the first such step, and how many steps followed suit."""
+        lines = []
+        for rank in sorted({s.rank for s in self.steps}):
+            losses = [(s.step, s.loss) for s in self.steps if s.rank == rank and s.loss is not None]
+            bad = [(step, loss) for step, loss in losses if not math.isfinite(loss)]
+            if bad:
+                where = f" on rank {rank}" if self.world_size > 1 else ""
+                first_step, first_loss = bad[0]
+                lines.append(f"loss is {_spell(first_loss)} from step {first_step}{where} "
+                             f"({len(bad)} of {len(losses)} steps not finite)")
+        return lines
+
+    def divergence(self) -> ErrorInfo | None:
+        """Why a finished burst did not train (status "diverged"), or None while every loss is finite."""
+        lines = self.nonfinite_losses()
+        if not lines:
+            return None
+        first_bad = min((s for s in self.steps if s.loss is not None and not math.isfinite(s.loss)),
+                        key=lambda s: (s.step, s.rank))
+        message = (f"{'; '.join(lines)}: training diverged. The throughput was measured, but a run that does not "
+                   "train is no valid speed-up: check the learning rate, the precision (fp16 overflows past "
+                   "65504) and the data for NaN/inf.")
+        return ErrorInfo("diverged", message, first_bad.rank if self.world_size > 1 else None)
+
     @property
     def final_loss(self) -> float | None:
         finite = [v for v in self.losses() if v is not None]
         return finite[-1] if finite else None
 
+    def measured_window(self) -> tuple[float, float] | None:
+        """The steady-state window on the burst clock, over all ranks: from the start of the first measured
+        step (its end ``t`` less its ``total_s``) to the end of the last; None without a measured step."""
+        measured = self.measured_steps()
+        if not measured:
+            return None
+        return min(s.t - s.total_s for s in measured), max(s.t for s in measured)
+
+    def measured_telemetry(self) -> list[TelemetrySample]:
+        """The telemetry taken while the measured steps ran. Setup, compile and warm-up are left out: a
+        25 s compile would otherwise make every compiled run read "low utilisation". All of it when the
+        burst has no measured step (it failed early), since that is all there is to read."""
+        window = self.measured_window()
+        if window is None:
+            return list(self.telemetry)
+        start, end = window
+        return [t for t in self.telemetry if start <= t.t <= end]
+
     @property
     def mean_utilisation_pct(self) -> float | None:
-        values = [t.util_pct for t in self.telemetry]
+        """Mean device utilisation over the measured window (GPUs that do not report it left out)."""
+        values = [t.util_pct for t in self.measured_telemetry() if t.util_pct is not None]
         return sum(values) / len(values) if values else None
 
     @property
@@ -235,36 +283,41 @@ class BurstResult:
         if achieved is None or self.environment.get("device_kind") != "cuda":
             return None
         peak = peak_flops(str(self.environment.get("device_name", "")), self.config.precision, self.config.tf32)
-        return achieved / (peak * self.world_size) if peak else None
+        return achieved / (peak * self.gpus_used) if peak else None
+
+    @property
+    def gpus_used(self) -> int:
+        """GPUs the burst trained on: every visible one for DataParallel (one process, so world_size is 1,
+        drives them all), one per rank otherwise; 0 without CUDA. Agrees with ``DeviceInfo.gpus_for``."""
+        if self.environment.get("device_kind") != "cuda":
+            return 0
+        if self.config.parallel == "dataparallel":
+            return max(1, len(self.environment.get("gpus", ())))
+        return self.world_size
 
     @property
     def loader_cpu_pct(self) -> float | None:
-        """Mean share of the machine's CPU used by DataLoader worker processes during the burst."""
-        values = [t.loader_util_pct for t in self.telemetry if t.loader_util_pct is not None]
+        """Mean share of the machine's CPU used by DataLoader worker processes over the measured window."""
+        values = [t.loader_util_pct for t in self.measured_telemetry() if t.loader_util_pct is not None]
         return sum(values) / len(values) if values else None
 
     @property
     def iowait_pct(self) -> float | None:
-        values = [t.iowait_pct for t in self.telemetry if t.iowait_pct is not None]
+        """Mean share of the machine's CPU time spent waiting on I/O over the measured window."""
+        values = [t.iowait_pct for t in self.measured_telemetry() if t.iowait_pct is not None]
         return sum(values) / len(values) if values else None
 
     @property
     def foreign_cpu_pct(self) -> float | None:
-        """Mean CPU share (of the machine) used by processes other than the burst's workers."""
-        gaps = [t.host_util_pct - t.util_pct for t in self.telemetry
-                if t.source == "psutil" and t.host_util_pct is not None]
+        """Mean CPU share (of the machine) used by processes other than the burst's workers while it measured."""
+        gaps = [t.host_util_pct - t.util_pct for t in self.measured_telemetry()
+                if t.source == "psutil" and t.host_util_pct is not None and t.util_pct is not None]
         return max(0.0, sum(gaps) / len(gaps)) if gaps else None
 
     def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
         """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
         mine, theirs = self.samples_per_s, single_rank.samples_per_s
         return mine / (self.world_size * theirs) if mine and theirs else None
-
-    def diagnose(self, baseline: BurstResult | None = None) -> list[Any]:
-        """Plain-language findings (see :func:`accel_widgets.diagnosis.diagnose`)."""
-        from .diagnosis import diagnose
-
-        return diagnose(self, baseline)
 
     def speedup_over(self, baseline: BurstResult) -> float | None:
         mine, theirs = self.samples_per_s, baseline.samples_per_s
@@ -274,9 +327,10 @@ class BurstResult:
     def summary(self) -> str:
         """A few lines a person reads: throughput, step time with spread, where the time went."""
         head = f"{self.label or self.config.label()} [{self.workload}] {self.status}"
-        if not self.ok and self.error is not None:
-            return f"{head}: {self.error.message}"
-        lines = [head]
+        why = f": {self.error.message}" if not self.ok and self.error is not None else ""
+        if why and self.status != "diverged":
+            return head + why
+        lines = [head + why]  # a diverged run says why, then shows the numbers it measured
         if self.samples_per_s is not None:
             tokens = f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
             lines.append(f"  throughput  {self.samples_per_s:,.1f} samples/s{tokens}")
@@ -339,6 +393,10 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
         operators = [OperatorTime(**o) for o in profile["top_operators"]]
         data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators)}
     return RankSummary(**data)
+
+
+def _spell(value: float) -> str:
+    return "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
 
 
 def _float_or_none(value: Any) -> float | None:

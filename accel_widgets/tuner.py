@@ -284,7 +284,7 @@ class _Search:
             challenger = self.run(candidate)
             results.append(challenger)
             if not _measured(challenger):
-                return TuneStep(name, value, False, None, f"burst failed: {_error(challenger)}", results)
+                return TuneStep(name, value, False, None, f"burst {challenger.status}: {_error(challenger)}", results)
             if self.guard:
                 verdict = check_training(challenger, find_baseline(challenger, self.bursts))
                 if verdict.status == "changes_training":

@@ -7,6 +7,7 @@ so the panel can attach the message to the right controls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -20,12 +21,71 @@ class ConfigError(ValueError):
     """The config cannot run on this device; the message says why and what to change."""
 
 
+class BurstRequestError(ValueError):
+    """``run_burst``'s length, warm-up, timeout or profiling argument is not a usable number; raised before any
+    process starts, because a NaN length or timeout would otherwise run into the timeout and read as a hang."""
+
+
+def check_burst_request(steps: object, seconds: object, warmup_steps: object, timeout_s: object,
+                        profile_steps: object) -> None:
+    """Raise :class:`BurstRequestError` unless every burst argument is a number the engine can act on.
+
+    ``steps`` is an int >= 1 and ``seconds`` a finite number > 0 (each may be None: ``run_burst`` picks the
+    default length); ``warmup_steps`` (None: the engine's default) an int >= 1, since the first step always
+    pays one-off costs; ``timeout_s`` a finite number > 0; ``profile_steps`` an int >= 0. Bools are refused
+    as counts, and so are floats: ``steps=2.5`` would otherwise run 3 steps.
+    """
+    problems = [
+        problem
+        for problem in (
+            _count_problem("steps", steps, 1, optional=True),
+            _duration_problem("seconds", seconds, optional=True),
+            _count_problem("warmup_steps", warmup_steps, 1, optional=True,
+                           why=": the first step always pays one-off costs"),
+            _duration_problem("timeout_s", timeout_s, optional=False),
+            _count_problem("profile_steps", profile_steps, 0, optional=False),
+        )
+        if problem
+    ]
+    if problems:
+        raise BurstRequestError("; ".join(problems))
+
+
+def _count_problem(name: str, value: object, minimum: int, *, optional: bool, why: str = "") -> str:
+    """What is wrong with a step count, or "" when it is an int >= ``minimum`` (or None where allowed)."""
+    if value is None and optional:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        return f"{name}={value!r} is invalid: use an integer, {name} >= {minimum}{why}"
+    return ""
+
+
+def _duration_problem(name: str, value: object, *, optional: bool) -> str:
+    """What is wrong with a duration in seconds, or "" when it is a finite number > 0 (or None where allowed)."""
+    if value is None and optional:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return f"{name}={value!r} is invalid: use a finite number of seconds, {name} > 0"
+    return ""
+
+
 @dataclass(frozen=True)
 class Rule:
     knobs: tuple[str, ...]
     severity: Literal["error", "warning"]
     applies: Callable[[Config, DeviceInfo], bool]
     message: Callable[[Config, DeviceInfo], str]
+
+
+#: torch.compile modes that capture CUDA graphs on a GPU (inductor's ``triton.cudagraphs``).
+CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _gpu_without_bf16(device: DeviceInfo) -> str:
+    """The first GPU here without bf16 units, named with its compute capability."""
+    gpu = next(g for g in device.gpus if not g.has_bf16_units)
+    major, minor = gpu.compute_capability or (0, 0)
+    return f"{gpu.name} (compute capability {major}.{minor})"
 
 
 def _cuda_only_knobs_set(config: Config) -> list[str]:
@@ -75,10 +135,25 @@ RULES: tuple[Rule, ...] = (
         "forbids. Use compile_mode='default' or turn deterministic off.",
     ),
     Rule(
+        ("compile_mode", "grad_accum_steps"), "error",
+        lambda c, d: d.has_cuda and c.compile_mode in CUDA_GRAPH_COMPILE_MODES and c.grad_accum_steps > 1,
+        lambda c, d: f"compile_mode={c.compile_mode!r} replays CUDA graphs, which reuse their output memory: "
+        f"with grad_accum_steps={c.grad_accum_steps} training fails ('accessing tensor output of CUDAGraphs "
+        "that has been overwritten') or accumulates wrong gradients (pytorch/pytorch#169545, #96693). Use "
+        "compile_mode='max-autotune-no-cudagraphs' or 'default', or a bigger batch_size instead of "
+        "accumulating.",
+    ),
+    Rule(
         ("precision",), "warning",
         lambda c, d: c.precision == "fp16" and not d.has_cuda and not d.cpu_has_fp16_units,
         lambda c, d: f"precision='fp16' on this CPU ({d.cpu_name}) has no fp16 units: autocast emulates "
         "it, measured 11-130x slower than fp32 here. Use bf16.",
+    ),
+    Rule(
+        ("precision",), "warning",
+        lambda c, d: c.precision == "bf16" and d.has_cuda and not d.gpu_has_bf16_units,
+        lambda c, d: f"precision='bf16' on {_gpu_without_bf16(d)}: GPUs before Ampere (compute capability 8.0) "
+        "have no bf16 tensor cores, so bf16 is slow, emulated. Use precision='fp16' (with GradScaler).",
     ),
     Rule(
         ("precision",), "warning",

@@ -7,6 +7,7 @@ object is never touched by a burst.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ class Workload:
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
             raise TypeError(f"Workload.model must be an nn.Module or a zero-argument factory, got {self.model!r}")
+        if not isinstance(self.model, nn.Module):
+            _check_zero_argument_factory(self.model)
         if not callable(self.loss_fn):
             raise TypeError(f"Workload.loss_fn must be callable as loss_fn(output, target), got {self.loss_fn!r}")
         if not callable(self.optimizer):
@@ -72,5 +75,33 @@ class Workload:
         torch.manual_seed(self.seed)
         model = self.model()
         if not isinstance(model, nn.Module):
-            raise TypeError(f"Workload.model() must return an nn.Module, got {type(model).__name__}")
+            raise TypeError(
+                f"Workload.model is a factory ({_name(self.model)}), so it is called to build the model, and it "
+                f"returned {type(model).__name__}, not an nn.Module: make it return the model, or pass the model "
+                "instance itself as Workload(model=...)"
+            )
         return model
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or type(obj).__name__
+
+
+def _check_zero_argument_factory(factory: Callable[..., Any]) -> None:
+    """A model that is not an nn.Module is a factory the worker calls with no arguments: check that now,
+    so ``model=nn.Linear`` fails here, naming what to pass, instead of in the worker after a process started."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins have no signature to read: the worker call will tell
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        required = [p.name for p in signature.parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        name = _name(factory)
+        raise TypeError(
+            f"Workload.model={name} is not an nn.Module, so it is taken as a factory and called with no "
+            f"arguments, but it needs {', '.join(required)}. Pass a built model, e.g. model={name}(...), or a "
+            f"zero-argument factory, e.g. model=lambda: {name}(...)"
+        ) from None

@@ -1,18 +1,21 @@
 """(a) Harness overhead: steady-state samples/s of ``run_burst`` against a plain hand-written loop.
 
 Why: a burst is only worth trusting if the engine's own machinery (per-step timing, the event queue
-to the parent, loss bookkeeping) costs next to nothing. The reference is the loop a person would
-write for the same configuration as ``Config()``: same model, dataset, batch size and AdamW, the same
-number of torch threads as the engine gives one rank (the usable cores), ``loss.item()`` every step
-(the engine's default ``sync_every=1``), ``drop_last`` and a seeded ``RandomSampler`` DataLoader with
-``num_workers=0``.
+to the parent, loss bookkeeping, telemetry) costs next to nothing. The reference is the loop a person
+would write for the same configuration as ``Config()``: same model, dataset, batch size and AdamW, the
+same number of torch threads as the engine gives one rank (the usable cores), ``loss.item()`` every
+step (the engine's default ``sync_every=1``), ``drop_last`` and a seeded ``RandomSampler`` DataLoader
+with ``num_workers=0``.
 
-Fairness: both variants run in a fresh process forked from the same preloaded forkserver the
-engine uses (``accel_widgets.warm_up()`` starts it; a plain ``multiprocessing`` forkserver Process
-forks from that same server), so neither competes with the parent for the GIL or inherits its
-state. Both time the same number of measured steps after the same number of warmup steps with
-``time.perf_counter``. Runs are interleaved pair by pair, and the order inside a pair alternates
-(engine first, then plain first, ...) so slow drift or an order effect cannot favour either side.
+The loop runs in two places, each against the engine:
+- **here**, in this very process, the caller's: what a user compares with when they run their own
+  loop in the notebook instead of a burst. Everything the engine costs shows: the rank's queue
+  messages, the caller's event pump and telemetry sampling stealing cores from the rank.
+- **forked** from the same preloaded forkserver the engine uses: the engine's conditions, which
+  isolates the in-rank cost (timing, bookkeeping) from the caller's side.
+All three time the same number of measured steps after the same number of warmup steps with
+``time.perf_counter``. Runs are interleaved triple by triple, and the order inside a triple rotates
+so slow drift or an order effect cannot favour any of them.
 
 Noise: on a shared 2-core machine another job taking a core stalls both intra-op threads, so each
 run starts only once the machine is quiet, each records the CPU share other processes took while it
@@ -21,9 +24,12 @@ pairs are flagged, and extra pairs (up to ``--max-pairs``) replace them. The goa
 quiet pairs when there are at least three. The parent's own CPU time during each engine burst is
 recorded too: with every core busy training, it is the part of the overhead noise cannot hide.
 
-Goal: median engine/plain throughput ratio >= 0.98 per workload.
+Goal: median engine / loop-here throughput ratio >= 0.98 per workload with steps of >= 3 ms. The
+``mlp-128`` workload is the MLP demo at batch 128 (3-4 ms steps on this machine): the fast-step case
+where per-step costs of the harness show most. The latency from a rank's step to the caller's
+``on_event`` is recorded too (goal <= 50 ms median): batching events must not make plots lag.
 
-Run:  .venv/bin/python benchmarks/harness_overhead.py [--pairs 5] [--steps N] [--workloads mlp,lm,image]
+Run:  .venv/bin/python benchmarks/harness_overhead.py [--rounds 5] [--steps N] [--workloads mlp-128,mlp,lm,image]
 """
 
 from __future__ import annotations
@@ -44,7 +50,6 @@ from _common import (
     positive_int,
     spread,
     table,
-    workloads_arg,
     write_json,
 )
 
@@ -54,11 +59,26 @@ GOAL = 0.98
 WARMUP_STEPS = 2
 # Measured steps per workload: long enough (~1-5 s) that one scheduler hiccup is a few percent at
 # most, short enough that 5 pairs of all three demos stay near two minutes on 2 cores.
-DEFAULT_STEPS = {"mlp": 400, "lm": 60, "image": 24}
+DEFAULT_STEPS = {"mlp-128": 600, "mlp": 400, "lm": 60, "image": 24}
+
+
+def demo(name: str) -> aw.Workload:
+    """A small demo by name; ``mlp-128`` is the MLP demo at batch 128 (the fast-step case)."""
+    if name == "mlp-128":
+        workload = aw.demo_workload("mlp")
+        workload.batch_size = 128
+        return workload
+    return aw.demo_workload(name)
 
 
 def plain_loop(name: str, steps: int, warmup_steps: int, threads: int, conn: Connection) -> None:
-    """The hand-written reference loop; runs in a forkserver child and sends its measurement back.
+    """The hand-written reference loop in a forkserver child; sends its measurement back."""
+    conn.send(plain_measure(name, steps, warmup_steps, threads))
+    conn.close()
+
+
+def plain_measure(name: str, steps: int, warmup_steps: int, threads: int) -> dict[str, Any]:
+    """The hand-written reference loop, timed.
 
     Written the way a user writes it (no engine code), with the engine's default knobs: fp32, no
     grad accumulation, ``zero_grad(set_to_none=True)``, and ``loss.item()`` every step.
@@ -68,7 +88,7 @@ def plain_loop(name: str, steps: int, warmup_steps: int, threads: int, conn: Con
     from torch.utils.data import DataLoader, RandomSampler
 
     torch.set_num_threads(threads)
-    workload = aw.demo_workload(name)
+    workload = demo(name)
     dataset = workload.dataset
     torch.manual_seed(workload.seed)
     generator = torch.Generator().manual_seed(workload.seed)
@@ -107,9 +127,19 @@ def plain_loop(name: str, steps: int, warmup_steps: int, threads: int, conn: Con
     window_s = time.perf_counter() - window_start
     machine_pct = psutil.cpu_percent(interval=None)
     own_pct = 100.0 * (time.process_time() - cpu_start) / (window_s * (psutil.cpu_count() or 1))
-    conn.send({"samples_per_s": samples / window_s, "step_median_s": statistics.median(step_times),
-               "threads": torch.get_num_threads(), "foreign_cpu_pct": max(0.0, machine_pct - own_pct)})
-    conn.close()
+    return {"samples_per_s": samples / window_s, "step_median_s": statistics.median(step_times),
+            "threads": torch.get_num_threads(), "foreign_cpu_pct": max(0.0, machine_pct - own_pct)}
+
+
+def run_here(name: str, steps: int, threads: int) -> dict[str, Any]:
+    """The reference loop in this process, the caller's, with the thread count put back afterwards."""
+    import torch
+
+    saved = torch.get_num_threads()
+    try:
+        return plain_measure(name, steps, WARMUP_STEPS, threads)
+    finally:
+        torch.set_num_threads(saved)
 
 
 def run_plain(name: str, steps: int, threads: int) -> dict[str, Any]:
@@ -140,66 +170,79 @@ def run_engine(workload: aw.Workload, steps: int) -> dict[str, Any]:
     (pumping step events, telemetry ticks) takes a core away from them; it is the engine's overhead that
     noise cannot hide, unlike a few percent of throughput.
     """
+    latencies: list[float] = []
     cpu_start = _own_cpu_s()
-    result = aw.run_burst(workload, aw.Config(), steps=steps, warmup_steps=WARMUP_STEPS)
+    called = time.perf_counter()
+
+    def on_event(event: Any) -> None:
+        if isinstance(event, aw.StepRecord):
+            latencies.append(time.perf_counter() - called - event.t)
+
+    result = aw.run_burst(workload, aw.Config(), steps=steps, warmup_steps=WARMUP_STEPS, on_event=on_event)
     parent_cpu_s = _own_cpu_s() - cpu_start
     assert result.samples_per_s is not None and result.step_time is not None
     return {"samples_per_s": result.samples_per_s, "step_median_s": result.step_time.median,
             "threads": result.environment.get("threads_per_rank"),
             "foreign_cpu_pct": getattr(result, "foreign_cpu_pct", None),
             "parent_cpu_pct_of_core": 100.0 * parent_cpu_s / result.wall_s,
-            "parent_cpu_ms_per_step": 1e3 * parent_cpu_s / len(result.steps)}
+            "parent_cpu_ms_per_step": 1e3 * parent_cpu_s / len(result.steps),
+            "event_latency_median_s": statistics.median(latencies),
+            "event_latency_max_s": max(latencies)}
 
 
-def measure(name: str, steps: int, pairs: int, max_pairs: int, threads: int, gate: QuietGate) -> dict[str, Any]:
-    """Interleaved engine/plain pairs for one workload; ratios are taken within each pair.
+def measure(name: str, steps: int, rounds: int, max_rounds: int, threads: int, gate: QuietGate) -> dict[str, Any]:
+    """Interleaved engine / loop-here / loop-forked triples for one workload; ratios within each triple.
 
-    Runs ``pairs`` pairs, then more (up to ``max_pairs`` in all) until ``pairs`` of them were quiet:
-    other processes used < ``gate.threshold_pct`` of the CPU during both runs. Every pair is reported.
+    Runs ``rounds`` triples, then more (up to ``max_rounds`` in all) until ``rounds`` of them were
+    quiet: other processes used < ``gate.threshold_pct`` of the CPU during all three. All are reported.
     """
-    workload = aw.demo_workload(name)
+    workload = demo(name)
     run_engine(workload, 5)  # unmeasured: the first burst of a workload pays one-off costs in the parent
+    run_here(name, 5, threads)  # and the first loop here pays them in this process
+    variants = {"engine": lambda: run_engine(workload, steps), "here": lambda: run_here(name, steps, threads),
+                "forked": lambda: run_plain(name, steps, threads)}
+    order = list(variants)
     rows: list[dict[str, Any]] = []
-    while len(rows) < pairs or (sum(r["quiet"] for r in rows) < pairs and len(rows) < max_pairs):
+    while len(rows) < rounds or (sum(r["quiet"] for r in rows) < rounds and len(rows) < max_rounds):
         i = len(rows)
         waited = gate.wait()
-        if i % 2 == 0:
-            engine, plain = run_engine(workload, steps), run_plain(name, steps, threads)
-        else:
-            plain, engine = run_plain(name, steps, threads), run_engine(workload, steps)
-        if engine["threads"] != plain["threads"]:
-            raise RuntimeError(f"thread counts differ: engine {engine['threads']}, plain {plain['threads']}")
-        quiet = all((v["foreign_cpu_pct"] or 0.0) < gate.threshold_pct for v in (engine, plain))
-        rows.append({"order": "engine-first" if i % 2 == 0 else "plain-first", "engine": engine, "plain": plain,
-                     "throughput_ratio": engine["samples_per_s"] / plain["samples_per_s"],
-                     "step_median_ratio": plain["step_median_s"] / engine["step_median_s"], "quiet": quiet,
-                     "waited_for_quiet_s": waited})
-        print(f"  {name} pair {i + 1}: engine {engine['samples_per_s']:.1f}/s, "
-              f"plain {plain['samples_per_s']:.1f}/s, ratio {rows[-1]['throughput_ratio']:.3f}, foreign load "
-              f"{_pct(engine['foreign_cpu_pct'])} / {_pct(plain['foreign_cpu_pct'])}{'' if quiet else ' (noisy)'}",
-              flush=True)
-    ratios = spread([r["throughput_ratio"] for r in rows])
+        rotation = order[i % 3:] + order[: i % 3]
+        runs = {variant: variants[variant]() for variant in rotation}
+        if len({run["threads"] for run in runs.values()}) != 1:
+            raise RuntimeError(f"thread counts differ: {[(k, v['threads']) for k, v in runs.items()]}")
+        quiet = all((v["foreign_cpu_pct"] or 0.0) < gate.threshold_pct for v in runs.values())
+        engine = runs["engine"]
+        rows.append({"order": rotation, **runs, "quiet": quiet, "waited_for_quiet_s": waited,
+                     "ratio_vs_here": engine["samples_per_s"] / runs["here"]["samples_per_s"],
+                     "ratio_vs_forked": engine["samples_per_s"] / runs["forked"]["samples_per_s"]})
+        print(f"  {name} round {i + 1}: engine {engine['samples_per_s']:.1f}/s, here "
+              f"{runs['here']['samples_per_s']:.1f}/s, forked {runs['forked']['samples_per_s']:.1f}/s; engine/here "
+              f"{rows[-1]['ratio_vs_here']:.3f}, engine/forked {rows[-1]['ratio_vs_forked']:.3f}, event latency "
+              f"{1e3 * engine['event_latency_median_s']:.1f} ms{'' if quiet else ' (noisy)'}", flush=True)
     quiet_rows = [r for r in rows if r["quiet"]]
-    quiet_ratios = spread([r["throughput_ratio"] for r in quiet_rows]) if quiet_rows else None
+    judged = quiet_rows if len(quiet_rows) >= 3 else rows  # on the quiet rounds when there are 3 or more
+
+    def over(key: str, chosen: list[dict[str, Any]]) -> dict[str, float]:
+        return spread([r[key] for r in chosen])
+
     return {
         "workload": name,
         "steps": steps,
         "warmup_steps": WARMUP_STEPS,
         "batch_size": workload.batch_size,
         "threads": threads,
-        "throughput_ratio": ratios,
-        # Plain step time over engine step time: >1 would mean the engine's steps are faster.
-        "step_median_ratio": spread([r["step_median_ratio"] for r in rows]),
-        "engine_samples_per_s": spread([r["engine"]["samples_per_s"] for r in rows]),
-        "plain_samples_per_s": spread([r["plain"]["samples_per_s"] for r in rows]),
+        "step_median_ms": 1e3 * statistics.median(r["engine"]["step_median_s"] for r in rows),
+        "ratio_vs_here": over("ratio_vs_here", rows),
+        "ratio_vs_forked": over("ratio_vs_forked", rows),
+        "ratio_vs_here_judged": over("ratio_vs_here", judged),
+        "ratio_vs_forked_judged": over("ratio_vs_forked", judged),
+        "quiet_rounds": len(quiet_rows),
+        "event_latency_median_ms": 1e3 * statistics.median(r["engine"]["event_latency_median_s"] for r in rows),
+        "event_latency_max_ms": 1e3 * max(r["engine"]["event_latency_max_s"] for r in rows),
         "engine_parent_cpu_pct_of_core": spread([r["engine"]["parent_cpu_pct_of_core"] for r in rows]),
         "engine_parent_cpu_ms_per_step": spread([r["engine"]["parent_cpu_ms_per_step"] for r in rows]),
-        "quiet_pairs": len(quiet_rows),
-        "throughput_ratio_quiet_pairs": quiet_ratios,
-        "step_median_ratio_quiet_pairs": spread([r["step_median_ratio"] for r in quiet_rows]) if quiet_rows else None,
-        # Judged on the quiet pairs when there are at least 3 of them, else on all pairs.
-        "meets_goal": (quiet_ratios if quiet_ratios and len(quiet_rows) >= 3 else ratios)["median"] >= GOAL,
-        "pairs": rows,
+        "meets_goal": over("ratio_vs_here", judged)["median"] >= GOAL,
+        "rounds": rows,
     }
 
 
@@ -209,49 +252,42 @@ def _pct(value: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=positive_int, default=5, help="interleaved engine/plain pairs (default 5)")
-    parser.add_argument("--max-pairs", type=positive_int, default=None,
-                        help="extra pairs replace noisy ones up to this many in all (default 2 x --pairs)")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="interleaved engine / loop-here / loop-forked rounds (default 5)")
+    parser.add_argument("--max-rounds", type=positive_int, default=None,
+                        help="extra rounds replace noisy ones up to this many in all (default 2 x --rounds)")
     parser.add_argument("--quiet-pct", type=float, default=QUIET_PCT,
                         help=f"quiet: other processes used under this %% of the CPU (default {QUIET_PCT:g})")
     parser.add_argument("--steps", type=positive_int, default=None,
                         help=f"measured steps per run (default per workload: {DEFAULT_STEPS})")
-    parser.add_argument("--workloads", type=workloads_arg, default=["mlp", "lm", "image"],
-                        help="comma-separated small demos (default mlp,lm,image)")
+    parser.add_argument("--workloads", type=lambda text: text.split(","), default=["mlp-128", "mlp", "lm", "image"],
+                        help="comma-separated small demos, mlp-128 = mlp at batch 128 (default mlp-128,mlp,lm,image)")
     args = parser.parse_args()
 
     load_at_start = load_average()
-    aw.warm_up()  # the forkserver both variants fork from
+    aw.warm_up()  # the forkserver the engine and the forked loop fork from
     threads = max(1, aw.probe_device().cpu_count)  # the engine's threads_per_rank for one rank
     gate = QuietGate(args.quiet_pct)
     results = []
     for name in args.workloads:
         steps = args.steps or DEFAULT_STEPS[name]
-        print(f"{name}: {args.pairs} pairs x {steps} measured steps, {threads} threads", flush=True)
-        max_pairs = max(args.pairs, args.max_pairs or 2 * args.pairs)
-        results.append(measure(name, steps, args.pairs, max_pairs, threads, gate))
+        print(f"{name}: {args.rounds} rounds x {steps} measured steps, {threads} threads", flush=True)
+        max_rounds = max(args.rounds, args.max_rounds or 2 * args.rounds)
+        results.append(measure(name, steps, args.rounds, max_rounds, threads, gate))
 
     print()
     print(table(
-        ["workload", "steps", "engine samples/s", "plain samples/s", "engine/plain (min-max)", "step-median ratio",
-         f"goal >= {GOAL}", "quiet pairs: engine/plain"],
-        [[r["workload"], r["steps"], f"{r['engine_samples_per_s']['median']:.1f}",
-          f"{r['plain_samples_per_s']['median']:.1f}", fmt_ratio(r["throughput_ratio"]),
-          fmt_ratio(r["step_median_ratio"]), "met" if r["meets_goal"] else "NOT met",
-          f"{r['quiet_pairs']}/{len(r['pairs'])}: "
-          + (fmt_ratio(r["throughput_ratio_quiet_pairs"]) if r["throughput_ratio_quiet_pairs"] else "-")]
-         for r in results],
+        ["workload", "batch", "step (ms)", "engine / loop here", "engine / loop forked", f"goal >= {GOAL}",
+         "quiet rounds", "event latency median / max (ms)", "parent CPU (% of a core)"],
+        [[r["workload"], r["batch_size"], f"{r['step_median_ms']:.2f}", fmt_ratio(r["ratio_vs_here_judged"]),
+          fmt_ratio(r["ratio_vs_forked_judged"]), "met" if r["meets_goal"] else "NOT met",
+          f"{r['quiet_rounds']}/{len(r['rounds'])}",
+          f"{r['event_latency_median_ms']:.1f} / {r['event_latency_max_ms']:.1f}",
+          f"{r['engine_parent_cpu_pct_of_core']['median']:.1f}"] for r in results],
     ))
-    print(f"(step-median ratio: plain median step time / engine's; a pair is quiet when other processes used "
-          f"< {args.quiet_pct:g}% of the CPU during both runs)")
-    print()
-    print(table(["workload", "parent CPU during a burst (% of one core)", "parent CPU per step (ms)",
-                 "engine step median (ms)"],
-                [[r["workload"], f"{r['engine_parent_cpu_pct_of_core']['median']:.1f}",
-                  f"{r['engine_parent_cpu_ms_per_step']['median']:.3f}",
-                  f"{1e3 * spread([p['engine']['step_median_s'] for p in r['pairs']])['median']:.2f}"]
-                 for r in results]))
-    path = write_json("harness_overhead", {"goal_min_ratio": GOAL, "pairs": args.pairs,
+    print(f"(ratios: median (min-max) over the quiet rounds when there are 3 or more; a round is quiet when other "
+          f"processes used < {args.quiet_pct:g}% of the CPU during all three runs)")
+    path = write_json("harness_overhead", {"goal_min_ratio": GOAL, "rounds": args.rounds,
                                            "quiet_pct": args.quiet_pct, "waited_for_quiet_s": gate.waited_s,
                                            "load_average_at_start": load_at_start, "workloads": results})
     print(f"\nwrote {path}")

@@ -8,6 +8,7 @@ import pytest
 
 from accel_widgets import Config, ErrorInfo
 from accel_widgets.diagnosis import THRESHOLDS, Finding, diagnose
+from accel_widgets.guard import GuardVerdict
 from tests.panel.fakes import synthetic_result
 
 
@@ -169,10 +170,44 @@ def test_a_run_that_changes_training_is_flagged_against_its_baseline() -> None:
     broken.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in broken.steps]
     finding = by_title(diagnose(broken, baseline), "Faster but changes training")
     assert "NaN" in finding.detail
-    assert "Faster but changes training" not in titles(synthetic_result(Config(precision="bf16")).diagnose(baseline))
+    assert "Faster but changes training" not in titles(diagnose(synthetic_result(Config(precision="bf16")), baseline))
+
+
+def test_a_verdict_the_caller_already_has_is_read_not_recomputed() -> None:
+    """The panel and the report judge each run once, for their table, and hand that verdict to the reading."""
+    baseline, run = synthetic_result(), synthetic_result(Config(precision="bf16"))
+    verdict = GuardVerdict("changes_training", ("the loss left the baseline's at step 7",))
+    finding = by_title(diagnose(run, baseline, verdict=verdict), "Faster but changes training")
+    assert finding.detail == "the loss left the baseline's at step 7"
+    assert "Faster but changes training" not in titles(diagnose(run, baseline, verdict=GuardVerdict("ok")))
 
 
 def test_model_math_is_reported_when_flops_were_counted() -> None:
     result = synthetic_result()
     result.ranks = [dataclasses.replace(r, flops_per_sample=2e6) for r in result.ranks]
     assert "GFLOP/s" in by_title(diagnose(result), "Model math").detail
+
+
+def diverged(config: Config | None = None):
+    """A finished synthetic burst whose loss went NaN after step 5, marked as the launcher marks it."""
+    result = synthetic_result(config)
+    result.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in result.steps]
+    result.error = result.divergence()
+    result.status = "diverged"
+    return result
+
+
+def test_a_diverged_run_is_read_first_and_still_from_its_numbers() -> None:
+    findings = diagnose(diverged())
+    first = findings[0]
+    assert first.title == "Training diverged" and first.severity == "warn" and first.knob is None
+    assert first.detail.startswith("loss is NaN from step 6 (6 of 12 steps not finite): the throughput is measured, "
+                                   "but a run that does not train is no speed-up. Check the learning rate")
+    assert "Device kept busy" in titles(findings)  # the numbers are still read
+
+
+def test_a_diverged_run_in_reduced_precision_points_at_precision_once() -> None:
+    findings = diagnose(diverged(Config(precision="bf16")), synthetic_result())
+    finding = by_title(findings, "Training diverged")
+    assert finding.knob == "precision" and "Check precision='bf16' overflowing, the learning rate" in finding.detail
+    assert "Faster but changes training" not in titles(findings)  # the guard's NaN reason is not said twice

@@ -34,3 +34,19 @@ def test_export_rejects_what_it_cannot_write(tmp_path):
         export_script("no_colon", Config(), tmp_path / "x.py")
     with pytest.raises(ValueError, match="use parallel='ddp'"):
         export_script("a:b", Config(parallel="dataparallel"), tmp_path / "x.py")
+
+
+def test_deterministic_script_fixes_the_cublas_workspace_before_cuda_starts(tmp_path):
+    text = export_script("a:b", Config(deterministic=True), tmp_path / "train.py").read_text()
+    assert "DETERMINISTIC = True" in text
+    workspace = text.index('os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")')
+    assert workspace < text.index("torch.cuda.set_device(local_rank)")  # first CUDA call of the script
+    assert workspace < text.index("torch.use_deterministic_algorithms(DETERMINISTIC)")
+
+
+def test_default_config_script_keeps_pytorch_tf32_defaults(tmp_path):
+    plain = export_script("a:b", Config(), tmp_path / "plain.py").read_text()
+    tf32 = export_script("a:b", Config(tf32=True), tmp_path / "tf32.py").read_text()
+    assert "TF32 = False" in plain and "TF32 = True" in tf32
+    assert "torch.backends.cuda.matmul.allow_tf32 = TF32" in plain
+    assert "fp32_precision" not in plain and "cudnn.allow_tf32" not in plain  # cuDNN keeps its TF32 default

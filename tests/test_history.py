@@ -307,6 +307,16 @@ def test_files_that_are_not_ours_are_refused_untouched(tmp_path, make, message):
     assert sorted(os.listdir(tmp_path)) == listing  # no -wal/-shm left behind either
 
 
+def test_a_directory_is_refused_with_a_history_error_naming_a_file_to_use(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(HistoryError) as error:
+        RunHistory(tmp_path)
+    assert str(error.value) == (f"{tmp_path} is a directory, not a run history file: pass a file path such as "
+                                f"{tmp_path / DEFAULT_HISTORY_FILE} to RunHistory(), or set $ACCEL_WIDGETS_HISTORY "
+                                "to one.")
+    assert os.listdir(tmp_path) == ["notes.txt"]
+
+
 # -- workload fingerprints ---------------------------------------------------------------------------------
 
 

@@ -1,5 +1,8 @@
+import copy
 import dataclasses
 import json
+import math
+import pickle
 
 import pytest
 
@@ -50,6 +53,33 @@ def test_unknown_knob_lists_known_ones():
         Config().replace(num_wrokers=2)
     with pytest.raises(KnobValueError, match="unknown knob 'speed'"):
         Config.from_dict({"speed": 11})
+
+
+def test_unknown_keyword_to_the_constructor_names_the_closest_knob():
+    with pytest.raises(KnobValueError) as info:
+        Config(num_wrkers=2)
+    message = str(info.value)
+    assert "unknown knob 'num_wrkers' (did you mean 'num_workers'?)" in message
+    assert "known knobs are batch_size, num_workers" in message
+    with pytest.raises(KnobValueError, match="did you mean 'precision'"):
+        dataclasses.replace(Config(), precison="bf16")
+
+
+def test_config_stays_a_dataclass_with_its_checks():
+    config = Config(num_workers=2)
+    assert dataclasses.replace(config, precision="bf16") == Config(num_workers=2, precision="bf16")
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert copy.deepcopy(config) == config
+    assert Config(2).batch_size == 2  # positional arguments still reach the generated __init__
+
+
+@pytest.mark.parametrize("name", ["batch_size", "memory_fraction", "num_workers", "world_size"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_numbers_are_rejected(name, value):
+    with pytest.raises(KnobValueError, match=f"{name}={value!r} is not a finite number: use "):
+        Config(**{name: value})
+    with pytest.raises(KnobValueError, match="not a finite number"):
+        KNOBS[name].parse(str(value))
 
 
 def test_config_is_frozen_hashable_and_round_trips_json():

@@ -27,3 +27,10 @@ def test_gpu_rungs_add_pinned_memory_cudnn_and_channels_last_for_convs():
     rest = classic_ladder(conv_workload(), GPU)[-1].config
     assert rest.pin_memory and rest.non_blocking and rest.cudnn_benchmark and rest.tf32 and rest.channels_last
     assert rest.optimizer_impl == "fused" and rest.precision == "bf16"
+
+
+def test_a_gpu_without_bf16_units_gets_fp16_with_gradscaler():
+    t4 = DeviceInfo(cpu_count=8, cpu_name="host", gpus=(GpuInfo(0, 0, "Tesla T4", 1, compute_capability=(7, 5)),))
+    rungs = classic_ladder(tiny_workload(), t4)
+    assert [r.name for r in rungs] == ["baseline", "+loader", "+fp16", "+compile", "+rest"]
+    assert rungs[-1].config.precision == "fp16"  # the engine adds GradScaler for fp16

@@ -44,7 +44,7 @@ def make_result(workload: str = "mlp", config: Config | None = None, *, step_ms:
         steps += [StepRecord(rank, warmup + i, 1.0 + i * ms / 1e3, data_ms / 1e3, h2d_ms / 1e3,
                              (ms - data_ms - h2d_ms) / 1e3, ms / 1e3, 64, loss=1.0 / (i + 1))
                   for i, ms in enumerate(times)]
-    telemetry = [TelemetrySample(t=0.5 * i, source=source, util_pct=u, mem_used_bytes=MIB, device="cpu" if
+    telemetry = [TelemetrySample(t=1.0 + 0.01 * i, source=source, util_pct=u, mem_used_bytes=MIB, device="cpu" if
                                  source == "psutil" else "cuda:0") for i, u in enumerate(util)]
     summaries = [RankSummary(rank, int(samples_per_s / ranks * 8), 8.0, (100 + rank) * MIB, "rss", 0.1,
                              first_step_s, "cpu") for rank in range(ranks)]
@@ -124,14 +124,18 @@ def test_format_table_values_and_width(runs: list[BurstResult]) -> None:
     table = format_table(comparison_rows([*runs, long]))
     lines = table.splitlines()
     assert all(len(line) <= 120 for line in lines), max(lines, key=len)
-    for text in ("num_workers=2", "baseline", "bf16 <try> (precision=bf16)", "2.00×", "200.0", "10.00 ± 0.00",
-                 "20.0", "60.0", "failed", "#4 failed: CUDA out of memory"):
+    for text in ("num_workers=2", "baseline", "bf16 <try>: precision=bf16", "2.00×", "200.0", "10.0 ± 0.0",
+                 "20%", " 60 ", "failed", "#4 failed: CUDA out of memory"):
         assert text in table
     assert "…" in table  # the long changes were truncated
     noisy_line = next(line for line in lines if "bf16 <try>" in line)
     assert "7.50 ± 5.00 ~" in noisy_line
-    assert lines[0].split() == ["speedup", "util", "data", "peak", "compile"]
-    assert "step ms" in lines[1] and "changes" in lines[1] and "wait %" in lines[1]
+    base_line = next(line for line in lines if line.startswith("1 "))
+    assert base_line.index("10.0 ± 0.0") + len("10.0 ± 0.0  ") == noisy_line.index("7.50 ± 5.00 ~") + len(
+        "7.50 ± 5.00 ~")  # the noise mark's room is kept, so the numbers stay right-aligned
+    assert lines[0].split() == ["step", "util", "data", "peak", "compile"]
+    assert lines[1].split()[:3] == ["#", "workload", "changes"]
+    assert lines[1].split()[3:] == ["samples/s", "speed-up", "ms", "%", "wait", "MiB", "s", "status"]
 
 
 def test_format_table_empty() -> None:
@@ -148,7 +152,7 @@ def test_timeline_one_trace_per_run_per_subplot(runs: list[BurstResult]) -> None
     util, steps, warmups = _traces(fig, "util"), _traces(fig, "step"), _traces(fig, "warmup")
     assert [t.meta["run"] for t in util] == [0, 1, 2] and all(t.xaxis == "x" for t in util)
     assert [t.meta["run"] for t in steps] == [0, 1, 2] and all(t.xaxis == "x2" for t in steps)
-    assert list(util[1].x) == [0.0, 0.5] and list(util[1].y) == [50.0, 70.0]
+    assert list(util[1].x) == [1.0, 1.01] and list(util[1].y) == [50.0, 70.0]
     assert list(steps[0].x) == list(range(2, 10)) and list(steps[0].y) == pytest.approx([5.0] * 8)
     assert steps[0].mode == "lines+markers"
     # warm-up steps: their own hollow-marker trace, not part of the measured line
@@ -161,13 +165,13 @@ def test_timeline_one_trace_per_run_per_subplot(runs: list[BurstResult]) -> None
         assert sum(bool(t.showlegend) for t in mine) == 1
         assert len({t.line.color for t in mine if t.mode != "markers"}) == 1
     assert len({util[r].line.color for r in range(3)}) == 3
-    assert fig.layout.yaxis.title.text == "worker CPU utilisation (% of machine)"
+    assert fig.layout.yaxis.title.text == "workers' CPU % of machine (psutil)"
 
 
 def test_timeline_gpu_axis_and_per_rank_traces() -> None:
     ddp = make_result(config=Config(parallel="ddp", world_size=2), ranks=2, source="nvml")
     fig = build_figures([ddp])["timeline"]
-    assert fig.layout.yaxis.title.text == "GPU utilisation (NVML) %"
+    assert fig.layout.yaxis.title.text == "GPU utilisation % (NVML)"
     assert sorted(t.meta["rank"] for t in _traces(fig, "step")) == [0, 1]
     assert sorted(t.meta["rank"] for t in _traces(fig, "warmup")) == [0, 1]
 
@@ -231,8 +235,8 @@ def test_report_content(report: tuple[Path, str]) -> None:
     _, text = report
     parser = _Parser()
     parser.feed(text)
-    assert {"num_workers=2", "baseline", "bf16 <try>", "200.0", "2.00×", "10.00 ± 0.00", "failed",
-            "CUDA out of memory. Tried to allocate 2 GiB", "2.13.0"} <= set(parser.cells)
+    assert {"num_workers=2", "baseline", "bf16 <try>: precision=bf16", "200.0", "2.00×", "10.0 ± 0.0",
+            "failed: CUDA out of memory. Tried to allocate 2 GiB", "2.13.0"} <= set(parser.cells)
     assert "Speed &lt;check&gt;" in text and "bf16 &lt;try&gt;" in text and "Speed <check>" not in text
     assert "only 8 measured steps" in text
     assert "Measured on a shared runner &amp; noisy." in text
@@ -279,4 +283,35 @@ def test_report_carries_each_runs_diagnosis(tmp_path):
     broken = synthetic_result(Config(precision="bf16"), label="bf16")
     broken.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in broken.steps]
     text = write_report([base, broken], tmp_path / "r.html").read_text()
-    assert "<h2>Diagnosis</h2>" in text and "Faster but changes training" in text and "MFU %" in text
+    assert "<h2>Diagnosis</h2>" in text and "Faster but changes training" in text and "FLOP/s (MFU)" in text
+    assert '<tr class="ok changes-training">' in text  # the guard's verdict is in the table too, marked
+    assert ">changes training</td>" in text
+
+
+def make_diverged(config: Config | None = None, **kwargs: Any) -> BurstResult:
+    """A finished run whose loss went NaN from its third measured step, marked as the launcher marks it."""
+    result = make_result(config=config, **kwargs)
+    result.steps = [dataclasses.replace(s, loss=float("nan")) if s.step >= 4 else s for s in result.steps]
+    result.error = result.divergence()
+    result.status = "diverged"
+    return result
+
+
+def test_a_diverged_run_is_never_the_baseline_and_keeps_its_numbers() -> None:
+    diverged = make_diverged(samples_per_s=300.0)  # the plain config, listed first and fastest
+    rows = comparison_rows([diverged, make_result(config=Config(num_workers=2))])
+    assert rows[0]["status"] == "diverged" and rows[0]["samples_per_s"] == pytest.approx(300.0)
+    assert rows[0]["error"].startswith("loss is NaN from step 4 (6 of 8 steps not finite): training diverged.")
+    assert rows[1]["changes"] == "baseline" and rows[1]["speedup"] == pytest.approx(1.0)  # the ok run is the baseline
+    assert rows[0]["changes"] == "num_workers=0"
+
+
+def test_report_shows_a_diverged_run_in_table_diagnosis_and_errors(tmp_path: Path) -> None:
+    text = write_report([make_result(), make_diverged(Config(precision="bf16"), label="bf16")],
+                        tmp_path / "r.html").read_text(encoding="utf-8")
+    parser = _Parser()
+    parser.feed(text)
+    assert any(c.startswith("diverged: loss is NaN from step 4") for c in parser.cells)
+    assert '<tr class="diverged changes-training">' in text  # styled like every row that is not ok
+    assert "<b>Training diverged</b>: loss is NaN from step 4 (6 of 8 steps not finite)" in text
+    assert "#1 bf16: diverged</summary>" in text

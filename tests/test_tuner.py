@@ -235,6 +235,22 @@ def test_the_guard_rejects_a_faster_candidate_that_breaks_training():
     assert result.best == Config(precision="fp16")
 
 
+def test_a_diverged_candidate_is_never_the_best_even_without_the_guard():
+    fake = FakeEngine(FakeClock(), landscape={("precision", "fp16"): 2.0}, nan={("precision", "fp16")})
+
+    def engine(workload: Workload, config: Config, **kwargs: Any) -> BurstResult:
+        result = fake(workload, config, **kwargs)
+        result.error = result.divergence()  # as the real engine marks a NaN loss
+        result.status = "diverged" if result.error is not None else "ok"
+        return result
+
+    result = tune(WORKLOAD, budget_s=1000.0, device=CPU, engine=engine, clock=fake.clock, steps=STEPS,
+                  knobs={"precision": ["fp16"]}, guard=False)
+    (step,) = result.ladder
+    assert not step.accepted and step.reason.startswith("burst diverged: loss is NaN from step 0 (22 of 22 steps")
+    assert result.best == Config()
+
+
 def test_unavailable_knobs_and_warned_values_are_skipped_with_the_reason():
     result, engine = run(knobs=["pin_memory", "tf32", "precision"])
     pin, tf32 = steps_for(result, "pin_memory") + steps_for(result, "tf32")
@@ -246,6 +262,17 @@ def test_unavailable_knobs_and_warned_values_are_skipped_with_the_reason():
 
     result, engine = run(knobs=["pin_memory", "precision"], device=GPU)
     assert tried(engine, "pin_memory") == {False, True} and tried(engine, "precision") == {"fp32", "bf16", "fp16"}
+
+
+def test_on_a_gpu_without_bf16_units_bf16_is_skipped_and_fp16_measured():
+    t4 = DeviceInfo(cpu_count=8, cpu_name="Fake CPU", driver="1.0",
+                    gpus=(GpuInfo(0, 0, "Tesla T4", 16 * 2**30, compute_capability=(7, 5)),))
+    engine = FakeEngine(FakeClock(), landscape={("precision", "bf16"): 0.5, ("precision", "fp16"): 1.8})
+    result, _ = run(engine, knobs=["precision"], device=t4)
+    (bf16,) = [s for s in result.ladder if s.value == "bf16"]
+    assert not bf16.results and "slow, emulated" in bf16.reason
+    assert tried(engine, "precision") == {"fp32", "fp16"}
+    assert result.best == Config(precision="fp16")
 
 
 def test_a_full_search_walks_the_groups_in_order_and_leaves_non_speed_knobs_out():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -66,7 +67,34 @@ class FailAt(TinyNet):
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.how == "hang":
                 time.sleep(3600)
+            if self.how == "hang-ignoring-sigterm":
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                time.sleep(3600)
+            if self.how == "sys.exit(0)":
+                sys.exit(0)
+            if self.how == "sys.exit(3)":
+                sys.exit(3)
+            if self.how == "os._exit(0)":
+                os._exit(0)
+            if self.how == "os._exit(3)":
+                os._exit(3)
+            if self.how == "KeyboardInterrupt":
+                raise KeyboardInterrupt
         return super().forward(x)
+
+
+class DivergesAt(TinyNet):
+    """Its output turns NaN at the k-th forward call, as an overflow would; the NaN gradients that follow keep
+    every later loss NaN, the way a real divergence does."""
+
+    def __init__(self, at_call: int = 4) -> None:
+        super().__init__()
+        self.at_call, self.calls = at_call, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = super().forward(x)
+        return out * float("nan") if self.calls == self.at_call else out
 
 
 def tensors(n: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +131,23 @@ class LockedDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self.lock:
             return self.x[index], self.y[index]
+
+
+class StuckItemDataset(torch.utils.data.Dataset):
+    """Every item after the first ``stuck_after`` a loader worker serves hangs: a loader worker that never returns."""
+
+    def __init__(self, stuck_after: int = 64) -> None:
+        self.x, self.y = tensors()
+        self.stuck_after, self.served = stuck_after, 0
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.served += 1
+        if self.served > self.stuck_after:
+            time.sleep(3600)
+        return self.x[index], self.y[index]
 
 
 def net_with_broken_compiler() -> nn.Module:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import io
 import json
 import os
 import re
@@ -36,16 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import cloudpickle
 import numpy as np
 import torch
 from numpy.lib.format import open_memmap
 from torch.utils.data import Dataset, IterableDataset
 
+from ..fingerprint import FingerprintError, dataset_fingerprint
+
 #: Bumped whenever the on-disk layout changes; caches of another version count as damaged and are rebuilt.
 FORMAT_VERSION = 1
 
-_PICKLE_PROTOCOL = 5
 _META = "meta.json"
 _FINGERPRINT_RE = re.compile(r"[0-9A-Za-z_-][0-9A-Za-z_.-]{0,127}")
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -115,44 +113,6 @@ class _Layout:
         return layout
 
 
-def dataset_fingerprint(dataset: Any) -> str:
-    """Hex digest of the dataset's *definition*: sha256 over ``cloudpickle.dumps(dataset)`` and ``len(dataset)``.
-
-    The same object, or two objects built from the same class and arguments, give the same digest; a
-    different seed, size or any other attribute gives a different one. Limits, all by design of hashing the
-    pickle rather than the items (which would mean computing them, the very cost the cache avoids):
-
-    * a dataset reading files is fingerprinted by its paths, not the files' contents: edit the files and
-      the stale cache is reused (pass ``fingerprint=`` or delete the cache directory);
-    * a class importable from a module is pickled by reference, so editing its ``__getitem__`` does not
-      change the digest (classes defined in a notebook or ``__main__`` are pickled by value and do);
-    * mutable state (e.g. a call counter) is part of the definition, and objects whose pickle is not
-      deterministic (sets of strings under hash randomisation) give a different digest per process.
-    """
-    buffer = io.BytesIO()
-    try:
-        _ContentPickler(buffer, protocol=_PICKLE_PROTOCOL).dump(dataset)
-    except Exception as exc:  # cloudpickle raises whatever the object's reducer raises
-        raise DataCacheError(
-            f"cannot fingerprint {type(dataset).__name__}: it does not pickle ({exc}); pass fingerprint= explicitly"
-        ) from exc
-    digest = hashlib.sha256(buffer.getvalue())
-    digest.update(f"len={len(dataset)}".encode())
-    return digest.hexdigest()
-
-
-class _ContentPickler(cloudpickle.Pickler):
-    """Pickles tensors by content: torch's own pickle names each storage by its memory address, which would
-    give equal datasets (or one dataset sent to a worker) a different fingerprint every time."""
-
-    def persistent_id(self, obj: Any) -> Any:
-        if not isinstance(obj, torch.Tensor):
-            return None
-        tensor = obj.detach().cpu().contiguous()
-        content = hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy()).hexdigest()
-        return ("tensor", str(tensor.dtype), tuple(tensor.shape), content)
-
-
 def cache_root() -> Path:
     """``$ACCEL_WIDGETS_CACHE``, else ``~/.cache/accel_widgets``: data caches and compiled kernels, shared by runs."""
     return Path(os.environ.get("ACCEL_WIDGETS_CACHE") or Path.home() / ".cache" / "accel_widgets")
@@ -179,12 +139,20 @@ def cache_dataset(
     Raises DataCacheError for variable-size or unsupported items, naming the first offending item and field.
     """
     n = _length(dataset)
-    fingerprint = dataset_fingerprint(dataset) if fingerprint is None else _checked_fingerprint(fingerprint)
+    fingerprint = _fingerprint(dataset) if fingerprint is None else _checked_fingerprint(fingerprint)
     if mode == "memory":
         return _cache_memory(dataset, n, fingerprint)
     if mode == "memmap":
         return _cache_memmap(dataset, n, fingerprint, Path(cache_dir) if cache_dir is not None else default_cache_dir())
     raise DataCacheError(f"data_cache mode must be 'memory' or 'memmap' ('none' means: do not cache), got {mode!r}")
+
+
+def _fingerprint(dataset: Any) -> str:
+    """:func:`~accel_widgets.fingerprint.dataset_fingerprint`, failing as the cache fails, with the way out."""
+    try:
+        return dataset_fingerprint(dataset)
+    except FingerprintError as exc:
+        raise DataCacheError(f"{exc}; pass fingerprint= explicitly") from exc
 
 
 # -- items ---------------------------------------------------------------------------------------------

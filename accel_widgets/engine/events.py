@@ -9,6 +9,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import torch
@@ -16,6 +17,33 @@ import torch
 from ..results import RankSummary, StepRecord
 
 PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
+COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")
+
+
+class Phase(IntEnum):
+    """What a rank is doing right now, kept in memory the launcher reads when a burst hangs or fails."""
+
+    STARTING = 0  # the process exists; the burst's code has not run yet
+    SETUP = 1
+    DATA = 2
+    STEP = 3
+    FINISHING = 4
+
+    def describe(self) -> str:
+        return {
+            Phase.STARTING: "starting (the process had not reached the burst's code)",
+            Phase.SETUP: "still setting up (building the model, loader or process group)",
+            Phase.DATA: "waiting for its DataLoader (a loader worker is stuck or very slow)",
+            Phase.STEP: "inside a training step (forward, backward, optimizer or a DDP collective)",
+            Phase.FINISHING: "finishing (profiling, counting FLOPs or leaving the process group)",
+        }[self]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Step records sent together: one queue message per ~25 ms instead of one per (fast) step."""
+
+    records: tuple[StepRecord, ...]
 
 
 @dataclass(frozen=True)
@@ -51,16 +79,28 @@ class RankFailed:
         text = str(exc).strip()
         first = text.splitlines()[0] if text else ""
         message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-        oom = isinstance(exc, torch.OutOfMemoryError)
-        if oom:
+        kind = "exception"
+        if isinstance(exc, torch.OutOfMemoryError):
+            kind = "oom"
             message += " -- try a smaller batch_size with grad_accum_steps, or precision='bf16'"
-        return cls(rank, t, "oom" if oom else "exception", message, traceback.format_exc())
+        elif isinstance(exc, SystemExit):
+            kind = "exit"
+            message = f"the workload called sys.exit({exc.code!r}) on rank {rank}: a burst cannot end the process"
+        elif isinstance(exc, KeyboardInterrupt):
+            kind = "exit"
+            message = (f"KeyboardInterrupt raised inside the workload on rank {rank} (ranks ignore Ctrl-C: only "
+                       "the caller stops a burst, so this came from user code)")
+        elif any(marker in text for marker in COLLECTIVE_TIMEOUT_MARKERS):
+            message += (" -- a DDP collective waited past the process group's timeout: another rank is stuck "
+                        "or ran a different number of steps")
+        return cls(rank, t, kind, message, traceback.format_exc())
 
     @property
     def peer_failure(self) -> bool:
-        """The rank only noticed that another rank vanished: a symptom, never the root cause."""
-        return any(marker in self.message + self.traceback for marker in PEER_FAILURE_MARKERS)
+        """The rank only noticed that another rank vanished or stalled: a symptom, never the root cause."""
+        text = self.message + self.traceback
+        return any(marker in text for marker in (*PEER_FAILURE_MARKERS, *COLLECTIVE_TIMEOUT_MARKERS))
 
 
-WorkerEvent = StepRecord | RankLosses | RankDone | RankFailed
+WorkerEvent = StepRecord | StepBatch | RankLosses | RankDone | RankFailed
 Emit = Callable[[WorkerEvent], None]

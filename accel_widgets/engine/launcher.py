@@ -1,12 +1,10 @@
 """Launch a burst's rank processes, stream their events, and always clean up after them.
 
-Why a forkserver with torch preloaded (measured on a 2-core machine, see the project notes): a cold
-``spawn`` interpreter reaches its first step ~2.6 s after launch because every burst re-imports
-torch; plain ``fork`` from a kernel that has used OpenMP deadlocks, and after CUDA init it is unsafe.
-A forkserver imports torch (and ``torch._dynamo``, which the first optimizer step imports lazily for
-~1 s) once, never runs OpenMP or CUDA itself, and forks each rank in ~10 ms with a fresh CUDA state.
-Ranks are started with torch's own ``start_processes`` so a failing rank's traceback and the
-teardown of its peers follow torch's machinery; the workload travels cloudpickled, by value.
+Ranks are forked from the preloaded forkserver (:mod:`.forkserver` says why) with torch's own
+``start_processes``, so a failing rank's traceback and the teardown of its peers follow torch's
+machinery; the workload travels cloudpickled, by value. Nothing a burst starts outlives it or its
+caller: teardown survives repeated Ctrl-C, ranks die with the process that launched them, and the
+temp dirs of callers that were killed are removed by the next burst.
 """
 
 from __future__ import annotations
@@ -16,9 +14,9 @@ import copy
 import glob
 import os
 import queue
+import re
 import shutil
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -34,23 +32,22 @@ from torch import nn
 from torch.multiprocessing.spawn import ProcessContext
 
 from ..config import Config
-from ..device import DeviceInfo, probe_device
+from ..device import DeviceInfo, probe_device, worker_env
 from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
-from ..validation import ConfigError, check_config
+from ..validation import ConfigError, check_burst_request, check_config
 from ..workload import Workload
 from .datacache import cache_root
-from .events import RankDone, RankFailed, RankLosses, WorkerEvent
+from .events import Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
+from .forkserver import MP_DIR_PREFIX, START_METHOD, forkserver_context, warm_up
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
 
-START_METHOD = "forkserver"
-FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
-                      "accel_widgets.engine.worker"]
 DEFAULT_STEPS = 40
 BURST_DIR_PREFIX = "accel-widgets-burst-"  # + the owning process id, so leftovers can be attributed
 DEFAULT_TIMEOUT_S = 600.0
 POLL_S = 0.02
 TEARDOWN_GRACE_S = 0.5
+COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
 FOREIGN_LOAD_WARN_PCT = 25.0
 
 Event = StepRecord | TelemetrySample
@@ -88,25 +85,21 @@ class IsolationWarning(UserWarning):
     """The burst runs in the calling process and loses crash/OOM/hang isolation."""
 
 
-def forkserver_context() -> Any:
-    ctx = torch_mp.get_context(START_METHOD)
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    return ctx
+def inductor_cache_dir(cache_dir: str) -> str:
+    """Where the ranks keep compiled kernels: a private (0700) directory under the project's cache root.
 
-
-def warm_up() -> None:
-    """Start the preloaded forkserver now (a panel calls this when it opens) instead of at the first burst."""
-    forkserver_context()
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()
-
-
-def free_port() -> int:
-    """A free TCP port on loopback for one burst's rendezvous (never a fixed 29500: bursts may overlap)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    torch's own default is one shared, world-readable directory in the system temp dir. A directory the
+    user chose with ``TORCHINDUCTOR_CACHE_DIR`` wins; torch's default, which the caller's environment
+    holds once anything compiled in this process, does not count as a choice.
+    """
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    torch_default = os.path.join(tempfile.gettempdir(), "torchinductor_")
+    if chosen and not os.path.abspath(chosen).startswith(torch_default):
+        return chosen
+    path = os.path.join(cache_dir, "inductor")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
 
 
 def _prepare_profile_dir(path: str) -> str:
@@ -139,10 +132,15 @@ class _Collected:
     warnings: list[str] = field(default_factory=list)
     errors: list[RankFailed] = field(default_factory=list)
     exit_codes: list[int | None] = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)  # what each rank was doing when the burst ended
+    oom_kills_before: int | None = None
     first_step_at: float | None = None
 
     def handle(self, event: WorkerEvent, on_event: Callable[[Event], None] | None, now: float) -> None:
-        if isinstance(event, StepRecord):
+        if isinstance(event, StepBatch):
+            for record in event.records:
+                self.handle(record, on_event, now)
+        elif isinstance(event, StepRecord):
             self.steps.append(event)
             if self.first_step_at is None:
                 self.first_step_at = now
@@ -180,10 +178,20 @@ class _Collected:
         return None
 
     def crashed_ranks(self) -> list[tuple[int, int]]:
-        """``(rank, exit code)`` of ranks that exited non-zero without sending an error event."""
+        """``(rank, exit code)`` of ranks that ended without finishing and without sending an error event.
+
+        Exit code 0 counts: ranks ignore Ctrl-C, so a rank that exits cleanly before reporting its
+        result was ended by the workload itself (``os._exit(0)``), never by an interrupt.
+        """
         reported = {e.rank for e in self.errors}
         return [(rank, code) for rank, code in enumerate(self.exit_codes)
-                if code not in (0, None) and rank not in reported]
+                if code is not None and rank not in reported and (code != 0 or rank not in self.ranks)]
+
+    def where_ranks_were(self, besides: int | None = None) -> str:
+        """'rank 1 was waiting for its DataLoader ...' for every rank still running when the burst ended."""
+        running = [rank for rank, code in enumerate(self.exit_codes) if code is None and rank != besides]
+        parts = [f"rank {rank} was {self.phases[rank].describe()}" for rank in running if rank < len(self.phases)]
+        return "; ".join(parts)
 
 
 def run_burst(
@@ -202,6 +210,7 @@ def run_burst(
     device: DeviceInfo | None = None,
     profile_steps: int = 0,
     profile_dir: str = "accel_widgets_profiles",
+    sync_debug: bool = False,
 ) -> BurstResult:
     """Train ``workload`` under ``config`` for a short timed burst and return what was measured.
 
@@ -209,27 +218,36 @@ def run_burst(
     ones (default 2, or 3 when compiling). ``on_event`` receives every step record and telemetry sample
     live, on the calling thread. Setting ``stop`` ends the burst early (status "stopped").
     ``profile_steps`` > 0 records that many extra steady-state steps with torch.profiler after the
-    measured window (rank 0) and writes the trace under ``profile_dir`` (``result.profile``). Raises
-    :class:`ConfigError` before starting anything if the config cannot run here, and a
-    :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes.
+    measured window (rank 0) and writes the trace under ``profile_dir`` (``result.profile``).
+    ``sync_debug=True`` runs the measured steps under torch's CUDA sync-debug mode "error": a hidden
+    host-device sync (anything but the loss read ``sync_every`` asks for) fails the burst with the
+    traceback of the line that synced. Raises :class:`BurstRequestError` or :class:`ConfigError` before
+    starting anything if an argument is unusable or the config cannot run here, and a
+    :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
+    that turns NaN/inf raises nothing and ends with status "diverged".
     """
+    check_burst_request(steps, seconds, warmup_steps, timeout_s, profile_steps)
+    if not isinstance(config, Config | None):
+        raise TypeError(f"config must be an accel_widgets.Config, got {type(config).__name__}: pass "
+                        "Config(precision='bf16'), or Config(**knobs) for a dict of knob values")
     called_at = time.perf_counter()
     config = config or Config()
     device = device or probe_device()
     config_warnings = check_config(config, device)
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
-    if (steps is not None and steps < 1) or (seconds is not None and seconds <= 0):
-        raise ValueError(f"a burst needs steps >= 1 or seconds > 0 (got steps={steps}, seconds={seconds})")
     if warmup_steps is None:
         warmup_steps = 3 if config.compile_mode != "off" else 2
-    if warmup_steps < 1:
-        raise ValueError("warmup_steps must be >= 1: the first step always pays one-off costs")
+    cache_dir = cache_dir or str(cache_root())
+    owner = psutil.Process()
     spec = BurstSpec(
+        environment={**os.environ, **worker_env()},
         config=config, steps=steps, seconds=seconds, warmup_steps=warmup_steps, clock_origin=called_at,
-        cache_dir=cache_dir or str(cache_root()), threads_per_rank=max(1, device.cpu_count // config.ranks),
-        device_kind=device.kind, temp_dir="", master_port=free_port() if config.parallel == "ddp" else None,
+        cache_dir=cache_dir, threads_per_rank=max(1, device.cpu_count // config.ranks),
+        device_kind=device.kind, temp_dir="", owner_pid=owner.pid, owner_started=owner.create_time(),
+        inductor_cache_dir=inductor_cache_dir(cache_dir), collective_timeout_s=timeout_s * COLLECTIVE_TIMEOUT_SHARE,
         profile_steps=profile_steps, profile_dir=_prepare_profile_dir(profile_dir) if profile_steps else "",
+        sync_debug=sync_debug,
     )
     result = BurstResult(workload=workload.name, config=config, status="ok", world_size=config.ranks,
                          warmup_steps=warmup_steps, tokens_per_sample=workload.tokens_per_sample,
@@ -248,22 +266,19 @@ def _run_in_workers(
     stop: threading.Event | None, timeout_s: float, device: DeviceInfo, called_at: float,
 ) -> BurstResult:
     warm_up()  # returns at once; the server imports torch while we pickle
+    remove_orphaned_burst_dirs()
     temp_dir = tempfile.mkdtemp(prefix=f"{BURST_DIR_PREFIX}{os.getpid()}-")
     spec = replace(spec, temp_dir=temp_dir)
     samples: queue.SimpleQueue[TelemetrySample] = queue.SimpleQueue()
     sampler = TelemetrySampler(clock_origin=called_at, on_sample=samples.put,
-                               gpu_indices=[g.nvml_index for g in device.gpus[: spec.config.ranks]])
-    events = forkserver_context().Queue()
+                               gpus=[(g.index, g.nvml_key) for g in device.gpus_for(spec.config)])
+    mp_context = forkserver_context()
+    events = mp_context.Queue()
+    phases = mp_context.Array("b", spec.config.ranks, lock=False)  # one Phase per rank, written by the rank
     context: ProcessContext | None = None
-    collected = _Collected()
-    try:
-        payload = pickle_workload(workload, spec)
-        context = _start_ranks(payload, events, spec.config.ranks)
-        for pid in context.pids():
-            sampler.watch(pid)
-        sampler.start()
-        outcome = _collect(context, events, samples, collected, on_event, stop, called_at + timeout_s)
-    finally:
+    collected = _Collected(oom_kills_before=oom_kill_count())
+
+    def tear_down() -> None:
         result.telemetry = sampler.stop()
         if context is not None:
             _terminate(context)
@@ -272,12 +287,44 @@ def _run_in_workers(
         events.close()
         events.join_thread()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+    try:
+        payload = pickle_workload(workload, spec)
+        context = _start_ranks(payload, events, phases, spec.config.ranks)
+        for pid in context.pids():
+            sampler.watch(pid)
+        sampler.start()
+        outcome = _collect(context, events, phases, samples, collected, on_event, stop, called_at + timeout_s)
+    except BaseException:
+        _shielded(tear_down, reraise_interrupt=False)
+        raise
+    _shielded(tear_down, reraise_interrupt=True)
     return _finish(result, collected, outcome, called_at, timeout_s)
 
 
-def _start_ranks(payload: bytes, events: Any, ranks: int) -> ProcessContext:
+def _shielded(cleanup: Callable[[], None], *, reraise_interrupt: bool) -> None:
+    """Run ``cleanup`` to its end even when Ctrl-C is pressed again meanwhile.
+
+    A second interrupt during teardown used to abandon it halfway: ranks left running, temp dirs left
+    behind. On the main thread SIGINT is held back until the cleanup is done, then re-raised unless an
+    exception (the first interrupt, usually) is already on its way out.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        cleanup()  # signals are only ever delivered to the main thread
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
-        return torch_mp.start_processes(worker_main, args=(payload, events), nprocs=ranks, join=False,
+        cleanup()
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if held and reraise_interrupt:
+        raise KeyboardInterrupt
+
+
+def _start_ranks(payload: bytes, events: Any, phases: Any, ranks: int) -> ProcessContext:
+    try:
+        return torch_mp.start_processes(worker_main, args=(payload, events, phases), nprocs=ranks, join=False,
                                         start_method=START_METHOD)
     except (BrokenPipeError, EOFError, ConnectionError) as exc:
         raise RuntimeError(
@@ -288,8 +335,8 @@ def _start_ranks(payload: bytes, events: Any, ranks: int) -> ProcessContext:
 
 
 def _collect(
-    context: ProcessContext, events: Any, samples: queue.SimpleQueue[TelemetrySample], collected: _Collected,
-    on_event: Callable[[Event], None] | None, stop: threading.Event | None, deadline: float,
+    context: ProcessContext, events: Any, phases: Any, samples: queue.SimpleQueue[TelemetrySample],
+    collected: _Collected, on_event: Callable[[Event], None] | None, stop: threading.Event | None, deadline: float,
 ) -> str:
     """Pump events to the caller until every rank is done; returns how the burst ended."""
     while True:
@@ -300,17 +347,25 @@ def _collect(
                 on_event(sample)
         if stop is not None and stop.is_set():
             return "stopped"
-        # Exit codes are read at the first failure, before teardown signals blur who died first.
+        # Exit codes and phases are read at the first failure, before teardown blurs who died first.
         codes = [process.exitcode for process in context.processes]
-        if any(code not in (0, None) for code in codes):
-            collected.exit_codes = codes
-            _drain(events, collected, on_event, timeout=0.2)
-            return "failed"
+        if _ended_unfinished(codes, collected):
+            _drain(events, collected, on_event, timeout=0.2)  # its last events may still be in the pipe
+            if _ended_unfinished(codes, collected):
+                collected.exit_codes, collected.phases = codes, [Phase(p) for p in phases]
+                return "failed"
         if all(code == 0 for code in codes):
             _drain(events, collected, on_event)
+            collected.exit_codes = codes
             return "exited"
         if time.perf_counter() > deadline:
+            collected.exit_codes, collected.phases = codes, [Phase(p) for p in phases]
             return "timeout"
+
+
+def _ended_unfinished(codes: list[int | None], collected: _Collected) -> bool:
+    """A rank has ended without delivering its result (it failed, or something ended its process)."""
+    return any(code is not None and (code != 0 or rank not in collected.ranks) for rank, code in enumerate(codes))
 
 
 def _drain(events: Any, collected: _Collected, on_event: Callable[[Event], None] | None,
@@ -339,13 +394,34 @@ def _terminate(context: ProcessContext) -> None:
     for member in family:
         with contextlib.suppress(psutil.Error):
             member.terminate()
-    _, alive = psutil.wait_procs(family, timeout=TEARDOWN_GRACE_S)
-    for member in alive:
+    alive = _wait_gone(family, TEARDOWN_GRACE_S)
+    for member in alive:  # e.g. a workload that traps SIGTERM
         with contextlib.suppress(psutil.Error):
             member.kill()
-    psutil.wait_procs(alive, timeout=TEARDOWN_GRACE_S)
+    _wait_gone(alive, TEARDOWN_GRACE_S)
     for process in context.processes:
         process.join(timeout=TEARDOWN_GRACE_S)
+
+
+def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited; returns those still running after ``timeout``.
+
+    A process that has exited but not been reaped yet (a zombie: a loader worker whose rank has not
+    called wait) is gone for our purposes; psutil's ``wait_procs`` would wait out the grace for it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [p for p in processes if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.005)
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _remove_error_files(context: ProcessContext) -> None:
@@ -372,41 +448,97 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
         result.time_to_first_step_s = collected.first_step_at - called_at
     all_done = len(collected.ranks) == result.world_size
     cause = collected.root_cause()
-    if outcome == "exited" and all_done:
+    if all_done and (outcome == "exited" or (outcome == "failed" and cause is None)):
+        if outcome == "failed":
+            # Every rank delivered its complete measurement before one died in teardown: keep the numbers.
+            rank, code = collected.crashed_ranks()[0]
+            result.warnings.append(f"{_crash_message(rank, code, collected)} "
+                                   "(after finishing its burst)")
+        # A NaN/inf loss is the model's outcome, not the engine's: keep the numbers, raise nothing, but say so.
+        result.error = result.divergence()
+        if result.error is not None:
+            result.status = "diverged"
         return result
-    if outcome == "failed" and all_done and cause is None:
-        # Every rank delivered its complete measurement before one died in teardown: keep the numbers.
-        result.warnings.append(f"{_crash_message(*collected.crashed_ranks()[0])} (after finishing its burst)")
-        return result
-    if outcome == "stopped" or (outcome == "exited" and cause is None):
+    if outcome == "stopped":
         result.status = "stopped"
         result.error = ErrorInfo("stopped", "stopped before the end of the burst (Stop or an interrupt)")
         return result
     if outcome == "timeout":
         result.status = "timeout"
-        result.error = ErrorInfo("timeout", f"no result within timeout_s={timeout_s:g} s: the burst was stopped "
-                                 "(a hang, e.g. a rank waiting in a collective, or a burst longer than the timeout)")
+        where = collected.where_ranks_were()
+        result.error = ErrorInfo("timeout", f"no result within timeout_s={timeout_s:g} s: the burst was stopped"
+                                 + (f" ({where})" if where else ""))
         raise BurstTimeout(result.error.message, result)
     result.status = "failed"
     if cause is None:
         crashed = collected.crashed_ranks()
         rank, code = crashed[0] if crashed else (None, None)
-        result.error = ErrorInfo("crash", _crash_message(rank, code), rank)
+        result.error = ErrorInfo("crash", _crash_message(rank, code, collected), rank)
         raise WorkerCrashed(result.error.message, result)
-    result.error = ErrorInfo("oom" if cause.kind == "oom" else "exception", cause.message, cause.rank, cause.traceback)
+    message = cause.message
+    if cause.peer_failure and (where := collected.where_ranks_were(besides=cause.rank)):
+        message += f" ({where})"
+    kind = cause.kind if cause.kind in ("oom", "exit") else "exception"
+    result.error = ErrorInfo(kind, message, cause.rank, cause.traceback)
     error_cls = WorkerOutOfMemory if cause.kind == "oom" else WorkerError
-    raise error_cls(f"rank {cause.rank} failed: {cause.message}\n\n-- rank {cause.rank} traceback --\n"
+    raise error_cls(f"rank {cause.rank} failed: {message}\n\n-- rank {cause.rank} traceback --\n"
                     f"{cause.traceback}", result)
 
 
-def _crash_message(rank: int | None, exit_code: int | None) -> str:
+def _crash_message(rank: int | None, exit_code: int | None, collected: _Collected) -> str:
+    """Why a rank vanished without raising, saying only what the evidence supports."""
     who = "a rank" if rank is None else f"rank {rank}"
-    if exit_code is not None and exit_code < 0:
-        how = f"was killed by {signal.Signals(-exit_code).name}"
-    else:
-        how = f"exited with code {exit_code}" if exit_code is not None else "died"
-    return (f"{who} {how} without raising an exception. If it was SIGKILL, the likely cause is the operating "
-            "system's out-of-memory killer: use a smaller batch_size or fewer num_workers")
+    if exit_code is None:
+        return f"{who} died without raising an exception"
+    if rank is not None and rank < len(collected.phases) and collected.phases[rank] == Phase.STARTING:
+        return (f"{who} died while starting, before the burst's code ran (exit code {exit_code}). From a script, "
+                "put the code that calls run_burst under `if __name__ == '__main__':` -- each worker re-imports "
+                "the main script (notebooks need nothing)")
+    if exit_code == 0:
+        return (f"{who} exited (code 0) before finishing its burst, without raising an exception: the workload "
+                "or a library it calls ended the process (os._exit(0)?)")
+    if exit_code > 0:
+        return (f"{who} exited with code {exit_code} without raising a Python exception: the workload or a "
+                f"native library ended the process (os._exit({exit_code}) or a C-level exit())")
+    name = signal.Signals(-exit_code).name
+    if -exit_code != signal.SIGKILL:
+        return f"{who} was killed by {name}" + (" (a crash in native code)" if name in _CRASH_SIGNALS else "")
+    kills_now = oom_kill_count()
+    before = collected.oom_kills_before
+    if before is not None and kills_now is not None and kills_now > before:
+        return (f"{who} was killed by SIGKILL from the kernel's out-of-memory killer (its OOM kill count rose "
+                "during the burst): use a smaller batch_size or fewer num_workers")
+    known = "no out-of-memory kill was recorded" if kills_now is not None else "the OOM killer cannot be checked here"
+    return f"{who} was killed by SIGKILL from outside the burst ({known})"
+
+
+_CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this memory cgroup (None: cannot tell).
+
+    Read before a burst and after a rank died of SIGKILL: only a rise is evidence of the OOM killer.
+    """
+    for path in _memory_event_files():
+        with contextlib.suppress(OSError, ValueError), open(path) as fh:
+            for line in fh:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return None
+
+
+def _memory_event_files() -> list[str]:
+    """cgroup v2's memory.events for this process's cgroup, then cgroup v1's memory.oom_control."""
+    files = []
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as fh:
+        for line in fh:
+            hierarchy, _, path = line.strip().partition("::")
+            if hierarchy == "0" and path:
+                files.append(os.path.join("/sys/fs/cgroup", path.lstrip("/"), "memory.events"))
+    files += ["/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]
+    return files
 
 
 def _run_in_process(
@@ -449,6 +581,32 @@ def _with_private_model(workload: Workload) -> Workload:
             "Pass a zero-argument model factory instead of an instance."
         ) from exc
     return replace(workload, model=model)
+
+
+def remove_orphaned_burst_dirs() -> list[str]:
+    """Delete the temp dirs of owners that are gone (killed before they could clean up after themselves).
+
+    Burst dirs and an owner's multiprocessing dir are named after the owner's pid; the owner counts as
+    gone when no process has that pid, or when the process that has it started after the dir was made
+    (the pid was recycled).
+    """
+    removed = []
+    pattern = re.compile(f"(?:{re.escape(BURST_DIR_PREFIX)}|{re.escape(MP_DIR_PREFIX)})" + r"(\d+)-")
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "accel-widgets-*")):
+        match = pattern.match(os.path.basename(path))
+        if match is None or _owner_alive(int(match.group(1)), path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _owner_alive(pid: int, path: str) -> bool:
+    try:
+        owner = psutil.Process(pid)
+        return owner.status() != psutil.STATUS_ZOMBIE and owner.create_time() <= os.stat(path).st_mtime + 1.0
+    except (psutil.Error, OSError):
+        return False
 
 
 def leftover_temp_files(owner_pid: int | None = None) -> list[str]:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import psutil
 
@@ -31,10 +31,12 @@ _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuch
 class TelemetrySampler:
     """Samples GPUs (NVML) or the watched worker processes (psutil) at a fixed rate on a daemon thread.
 
-    Backend: NVML when ``gpu_indices`` is non-empty and NVML initialises; psutil otherwise (no driver,
-    no ``pynvml``, a bad index). ``gpu_indices`` are *NVML* indices, which follow PCI bus order and so may
-    differ from CUDA ordinals (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER=FASTEST_FIRST): the caller maps
-    them. Each sample is labelled ``cuda:{index}`` with the index exactly as given.
+    Backend: NVML when ``gpus`` is non-empty and NVML initialises; psutil otherwise (no driver,
+    no ``pynvml``, a bad index). ``gpus`` pairs each GPU's CUDA ordinal, as the ranks number it,
+    with what NVML finds it by (``GpuInfo.nvml_key``: its UUID, which also names a MIG device, or its
+    NVML index); the two differ under CUDA_VISIBLE_DEVICES. Each sample is labelled ``cuda:{ordinal}``,
+    so ``cuda:0`` is the device rank 0 trains on. Where a GPU does not report utilisation (a MIG device)
+    its samples carry ``util_pct=None`` and still carry memory.
 
     ``clock`` only stamps samples; the tick schedule runs on ``time.monotonic`` so a fake clock in tests
     cannot stall or race the thread. A tick that falls behind (a stalled machine) re-aligns instead of
@@ -51,7 +53,7 @@ class TelemetrySampler:
         self,
         *,
         clock_origin: float,
-        gpu_indices: Sequence[int] = (),
+        gpus: Sequence[tuple[int, int | str]] = (),
         interval_s: float = 0.1,
         on_sample: Callable[[TelemetrySample], None] | None = None,
         nvml: Any | None = None,
@@ -78,10 +80,10 @@ class TelemetrySampler:
         self._family_due = 0.0
         self._cpus = usable_cpu_count()  # psutil's percent is per core; 100% must mean all usable cores
         self._mem_total = int(psutil.virtual_memory().total)
-        # NVML state: a module with NVML open, and the (index, handle) pairs to read.
+        # NVML state: a module with NVML open, and the (CUDA ordinal, handle) pairs to read.
         self._nvml: Any | None = None
         self._handles: list[tuple[int, Any]] = []
-        use_nvml = bool(gpu_indices) and self._open_nvml(nvml, gpu_indices)
+        use_nvml = bool(gpus) and self._open_nvml(nvml, gpus)
         self.source: Literal["nvml", "psutil"] = "nvml" if use_nvml else "psutil"
 
     # -- public API -------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ class TelemetrySampler:
                 self._record(f"nvmlShutdown: {_describe(exc)}")
         return self.samples
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> TelemetrySampler:
         self.start()
         return self
 
@@ -132,7 +134,7 @@ class TelemetrySampler:
         self.stop()
 
     # -- setup ------------------------------------------------------------------------------------
-    def _open_nvml(self, nvml: Any | None, gpu_indices: Sequence[int]) -> bool:
+    def _open_nvml(self, nvml: Any | None, gpus: Sequence[tuple[int, int | str]]) -> bool:
         """Initialise NVML and look up every handle; on any failure leave NVML closed and say why."""
         if nvml is None:
             try:
@@ -146,7 +148,7 @@ class TelemetrySampler:
             self._record(f"NVML unavailable ({_describe(exc)}); sampling worker processes with psutil")
             return False
         try:
-            self._handles = [(index, nvml.nvmlDeviceGetHandleByIndex(index)) for index in gpu_indices]
+            self._handles = [(ordinal, _handle(nvml, key)) for ordinal, key in gpus]
         except nvml.NVMLError as exc:
             nvml.nvmlShutdown()
             self._record(f"NVML device lookup failed ({_describe(exc)}); sampling worker processes with psutil")
@@ -185,17 +187,18 @@ class TelemetrySampler:
         readings = []
         self._read_psutil(t)  # refreshes the loader workers' share; the GPU sample carries the host side
         host = self._host_fields()
-        for index, handle in self._handles:
-            device = f"cuda:{index}"
+        for ordinal, handle in self._handles:
+            device = f"cuda:{ordinal}"
             try:
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                util = _unless_unsupported(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)  # None on MIG
                 power_mw = _unless_unsupported(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
                 sm_clock = _unless_unsupported(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
                 readings.append(
                     TelemetrySample(
                         t=t,
                         source="nvml",
-                        util_pct=float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                        util_pct=None if util is None else float(util.gpu),
                         mem_used_bytes=int(memory.used),
                         mem_total_bytes=int(memory.total),
                         power_w=None if power_mw is None else power_mw / 1000.0,
@@ -297,8 +300,14 @@ class TelemetrySampler:
             self.errors.append(message)
 
 
+def _handle(nvml: Any, key: int | str) -> Any:
+    """An NVML handle from a UUID (``GPU-...`` or ``MIG-...``) or an NVML index."""
+    return nvml.nvmlDeviceGetHandleByUUID(key) if isinstance(key, str) else nvml.nvmlDeviceGetHandleByIndex(key)
+
+
 def _unless_unsupported(nvml: Any, read: Callable[..., Any], *args: Any) -> Any | None:
-    """``read(*args)``, or None where this GPU does not report the quantity (power/clocks on some boards)."""
+    """``read(*args)``, or None where this GPU does not report the quantity (power/clocks on some boards,
+    utilisation on a MIG device)."""
     try:
         return read(*args)
     except nvml.NVMLError_NotSupported:

@@ -16,7 +16,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -26,7 +26,7 @@ from ..config import Config
 from ..flops import count_training_flops
 from ..results import OperatorTime, ProfileCapture, RankSummary, StepRecord
 from ..workload import Workload
-from .events import Emit, RankLosses
+from .events import Emit, Phase, RankLosses
 
 Clock = Callable[[], float]
 
@@ -45,6 +45,8 @@ class BatchFormatError(TypeError):
 # -- timing ---------------------------------------------------------------------------------------
 @dataclass
 class StepTiming:
+    """One step on the timeline that does the work: ``data_s + h2d_s + compute_s == total_s`` exactly."""
+
     t: float
     data_s: float
     h2d_s: float
@@ -55,97 +57,150 @@ class StepTiming:
         return max(0.0, self.total_s - self.data_s - self.h2d_s)
 
 
-class HostStepClock:
-    """Wall-clock step timing. Exact on CPU, where every op finishes before the next Python line runs."""
+class Timeline(Protocol):
+    """Markers on the clock of whatever runs the step's work (the host on a CPU, a CUDA stream on a GPU)."""
 
-    def __init__(self, clock: Clock, origin: float) -> None:
-        self._clock, self._origin = clock, origin
-        self._done: deque[StepTiming] = deque()
+    def mark(self) -> Any:
+        """A marker placed after everything issued so far; it is *reached* once all of that has run."""
 
-    def start_step(self) -> None:
-        self._start, self._data, self._h2d = self._clock(), 0.0, 0.0
+    def reached(self, marker: Any) -> bool:
+        """Whether the work before ``marker`` has run, asked without waiting for it."""
 
-    @contextlib.contextmanager
-    def waiting_for_data(self) -> Iterator[None]:
-        begin = self._clock()
-        yield
-        self._data += self._clock() - begin
+    def seconds_between(self, start: Any, end: Any) -> float: ...
 
-    @contextlib.contextmanager
-    def copying(self) -> Iterator[None]:
-        begin = self._clock()
-        yield
-        self._h2d += self._clock() - begin
+    def synchronize(self) -> None:
+        """Wait until every marker placed so far is reached."""
 
-    def end_step(self) -> None:
-        end = self._clock()
-        self._done.append(StepTiming(end - self._origin, self._data, self._h2d, end - self._start))
+
+class HostTimeline:
+    """The host's wall clock: on a CPU every op has finished before the next Python line runs."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+
+    def mark(self) -> float:
+        return self._clock()
+
+    def reached(self, marker: float) -> bool:
+        return True
+
+    def seconds_between(self, start: float, end: float) -> float:
+        return end - start
 
     def synchronize(self) -> None:
         """Nothing is in flight on the host."""
 
-    def completed(self) -> list[StepTiming]:
-        out = list(self._done)
-        self._done.clear()
-        return out
 
-    def flush(self) -> list[StepTiming]:
-        return self.completed()
+class CudaTimeline:
+    """CUDA events on the current stream, so measuring never adds a host-device sync.
 
-
-class CudaStepClock(HostStepClock):
-    """GPU step timing with CUDA events, so measuring never adds a host-device sync.
-
-    The host runs ahead of the GPU; events mark step boundaries on the stream and are read only once
-    the GPU has passed them (``Event.query``), so a config that avoids syncs is measured without one.
-    A step's total is the GPU-side time between its start and end markers, idle gaps included.
+    The host runs ahead of the GPU; events are read only once the GPU has passed them
+    (``Event.query``), so a config that avoids syncs is measured without one.
     """
 
-    def __init__(self, clock: Clock, origin: float, device: torch.device) -> None:
-        super().__init__(clock, origin)
+    def __init__(self, device: torch.device) -> None:
         self._device = device
-        torch.cuda.synchronize(device)
-        self._reference = self._event()
-        torch.cuda.synchronize(device)
-        self._reference_t = clock() - origin
-        self._pending: deque[tuple[Any, Any, list[tuple[Any, Any]], float]] = deque()
 
-    @staticmethod
-    def _event() -> Any:
+    def mark(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    def start_step(self) -> None:
-        super().start_step()
-        self._start_event, self._copies = self._event(), []
+    def reached(self, marker: Any) -> bool:
+        return bool(marker.query())
 
-    @contextlib.contextmanager
-    def copying(self) -> Iterator[None]:
-        begin = self._event()
-        yield
-        self._copies.append((begin, self._event()))
-
-    def end_step(self) -> None:
-        self._pending.append((self._start_event, self._event(), self._copies, self._data))
+    def seconds_between(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self._device)
 
-    def _resolve(self, start: Any, end: Any, copies: list[tuple[Any, Any]], data_s: float) -> StepTiming:
-        h2d = sum(a.elapsed_time(b) for a, b in copies) / 1e3
-        t = self._reference_t + self._reference.elapsed_time(end) / 1e3
-        return StepTiming(t, data_s, h2d, start.elapsed_time(end) / 1e3)
+
+@dataclass
+class _OpenStep:
+    start: Any
+    data: list[tuple[Any, Any]] = field(default_factory=list)
+    copies: list[tuple[Any, Any]] = field(default_factory=list)
+    end: Any = None
+
+
+class StepClock:
+    """Times steps on one timeline so that they tile the measured window and their parts add up.
+
+    Each step starts where the previous one ended, so the steps' totals sum to the window and nothing
+    the loop does between steps escapes measurement. A step's parts are intervals on the same timeline:
+    *data* runs from a marker placed before asking the loader for a batch to one placed after it
+    arrived. On a GPU that interval is the time the GPU sat idle because of the loader, not the host's
+    wait: a host running ahead (``sync_every`` != 1) hides its data wait behind queued kernels, and
+    then the GPU sees no stall. *h2d* brackets the copy the same way; compute is the rest.
+    """
+
+    def __init__(self, timeline: Timeline, clock: Clock, origin: float) -> None:
+        self._timeline = timeline
+        timeline.synchronize()
+        self._reference = timeline.mark()
+        timeline.synchronize()
+        self._reference_t = clock() - origin
+        self._previous_end: Any = None
+        self._open: _OpenStep | None = None
+        self._pending: deque[_OpenStep] = deque()
+
+    def restart(self) -> None:
+        """The next step starts at a fresh marker (after a pause that belongs to no step, e.g. a sync)."""
+        self._previous_end = None
+
+    def start_step(self) -> None:
+        start = self._previous_end if self._previous_end is not None else self._timeline.mark()
+        self._open = _OpenStep(start)
+
+    @contextlib.contextmanager
+    def waiting_for_data(self) -> Iterator[None]:
+        with self._interval(self._require_open().data):
+            yield
+
+    @contextlib.contextmanager
+    def copying(self) -> Iterator[None]:
+        with self._interval(self._require_open().copies):
+            yield
+
+    def end_step(self) -> None:
+        step = self._require_open()
+        step.end = self._previous_end = self._timeline.mark()
+        self._pending.append(step)
+        self._open = None
+
+    def synchronize(self) -> None:
+        self._timeline.synchronize()
 
     def completed(self) -> list[StepTiming]:
+        """Timings of the steps whose end the timeline has reached; never waits."""
         out = []
-        while self._pending and self._pending[0][1].query():
-            out.append(self._resolve(*self._pending.popleft()))
+        while self._pending and self._timeline.reached(self._pending[0].end):
+            out.append(self._resolve(self._pending.popleft()))
         return out
 
     def flush(self) -> list[StepTiming]:
-        self.synchronize()
+        """Wait for every pending step and return its timing."""
+        self._timeline.synchronize()
         return self.completed()
+
+    @contextlib.contextmanager
+    def _interval(self, into: list[tuple[Any, Any]]) -> Iterator[None]:
+        begin = self._timeline.mark()
+        yield
+        into.append((begin, self._timeline.mark()))
+
+    def _require_open(self) -> _OpenStep:
+        if self._open is None:
+            raise RuntimeError("start_step() must come first")
+        return self._open
+
+    def _resolve(self, step: _OpenStep) -> StepTiming:
+        between = self._timeline.seconds_between
+        data = sum(between(a, b) for a, b in step.data)
+        h2d = sum(between(a, b) for a, b in step.copies)
+        t = self._reference_t + between(self._reference, step.end)
+        return StepTiming(t, data, h2d, between(step.start, step.end))
 
 
 # -- building blocks ------------------------------------------------------------------------------
@@ -302,9 +357,24 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 # -- the loop -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MeasuredWindow:
+    """What the steady-state window measured on one rank, read before anything runs after it."""
+
+    samples: int
+    steps: int
+    seconds: float
+    first_step_s: float
+    peak_memory_bytes: int
+
+
 @dataclass
 class TrainingLoop:
-    """Runs warmup plus measured steps of one rank and streams a record per step through ``emit``."""
+    """Runs warmup plus measured steps of one rank and streams a record per step through ``emit``.
+
+    ``set_phase`` tells the launcher what the rank is doing (waiting for data, in a step), so a burst
+    that hangs can be reported as "stuck in the loader" rather than as a generic timeout.
+    """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -314,9 +384,10 @@ class TrainingLoop:
     device: torch.device
     rank: int
     emit: Emit
-    step_clock: HostStepClock
+    step_clock: StepClock
     clock: Clock = time.perf_counter
     should_stop: Callable[[], bool] = lambda: False
+    set_phase: Callable[[Phase], None] = lambda phase: None
     scaler: torch.amp.GradScaler = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
@@ -349,15 +420,19 @@ class TrainingLoop:
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as profiler:
-            for _ in range(steps):
-                self._step()
-            self.step_clock.flush()
+            self.extra_steps(steps)
         profiler.export_chrome_trace(trace_path)
         averages = sorted(profiler.key_averages(), reverse=True,
                           key=lambda e: e.self_device_time_total + e.self_cpu_time_total)
         operators = [OperatorTime(e.key, int(e.count), e.self_cpu_time_total / 1e3, e.self_device_time_total / 1e3)
                      for e in averages[:top]]
         return ProfileCapture(steps, trace_path, operators)
+
+    def extra_steps(self, steps: int) -> None:
+        """Train ``steps`` more steps that are not reported (DDP peers of a profiling rank run these)."""
+        for _ in range(steps):
+            self._step()
+        self.step_clock.flush()
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = _AUTOCAST_DTYPES.get(self.config.precision)
@@ -372,8 +447,10 @@ class TrainingLoop:
         samples, step_loss = 0, None
         accum = config.grad_accum_steps
         for micro in range(accum):
+            self.set_phase(Phase.DATA)
             with clock.waiting_for_data():
                 batch = next(self.batches)
+            self.set_phase(Phase.STEP)
             with clock.copying():
                 # Why non_blocking: from pinned memory the copy overlaps compute instead of stalling the host.
                 inputs, targets = split_batch(to_device(batch, self.device, config.non_blocking, config.channels_last))
@@ -401,8 +478,11 @@ class TrainingLoop:
         return samples
 
     def _read_losses(self) -> None:
+        """The loop's one deliberate host sync (the sync-debug mode allows this one and no other)."""
         if self._pending_losses:
-            self._losses.extend(torch.stack(self._pending_losses).float().tolist())
+            # Lifts the sync-debug mode: this sync is the one the config asked for.
+            with _cuda_sync_debug_mode(self.device, "default"):
+                self._losses.extend(torch.stack(self._pending_losses).float().tolist())
             self._pending_losses.clear()
 
     def _emit_completed(self, timings: list[StepTiming], warmup: bool, samples: int) -> None:
@@ -442,53 +522,88 @@ class TrainingLoop:
         halvings = math.log2(self._initial_scale / scale)
         return max(0, round(halvings) + growths)
 
-    def run(self, warmup_steps: int, steps: int | None, seconds: float | None) -> tuple[int, float, float]:
-        """Warm up, then measure; returns ``(measured samples, measured seconds, first step seconds)``."""
+    def warm_up(self, warmup_steps: int) -> tuple[float, float]:
+        """Run the unmeasured steps; returns ``(first step seconds, last warm-up step seconds)``.
+
+        Both are host times taken after a sync, so on a GPU they include the work the host had only
+        queued: the first is what compiling and one-off setup cost, the second estimates a steady step.
+        """
         start = self.clock()
         samples = self._first_step()
-        first_step_s = self.clock() - start
+        self.step_clock.synchronize()
+        first_step_s = last_s = self.clock() - start
         self._emit_completed(self.step_clock.completed(), True, samples)
         for _ in range(max(0, warmup_steps - 1)):
+            begin = self.clock()
             samples = self._step()
+            self.step_clock.synchronize()
+            last_s = self.clock() - begin
             self._emit_completed(self.step_clock.completed(), True, samples)
         self._emit_completed(self.step_clock.flush(), True, samples)
-        if self.config.empty_cache and self.device.type == "cuda":
-            # Return warmup's cached blocks so the peak reflects steady state, not compilation.
-            torch.cuda.empty_cache()
+        if self.device.type == "cuda":
+            if self.config.empty_cache:
+                # Return warm-up's cached blocks to the driver (other processes can use them).
+                torch.cuda.empty_cache()
+            # The peak then covers the steady-state window only, never compilation or warm-up.
             torch.cuda.reset_peak_memory_stats(self.device)
-        measured_samples, measured_steps = 0, 0
+        return first_step_s, last_s
+
+    def measure(self, steps: int | None, seconds: float | None, first_step_s: float,
+                sync_debug: bool = False) -> MeasuredWindow:
+        """Run the measured window: ``steps`` steps, or until ``seconds`` have passed on this rank's clock.
+
+        With ``sync_debug`` on a GPU, any host-device sync inside a measured step other than the loss
+        read the ``sync_every`` knob asks for raises, naming the line that synced.
+        """
+        measured_samples, measured_steps, samples = 0, 0, 0
+        self.step_clock.restart()
         window_start = self.clock()
-        while not self.should_stop():
-            if steps is not None and measured_steps >= steps:
-                break
-            if seconds is not None and self.clock() - window_start >= seconds:
-                break
-            samples = self._step()
-            measured_samples += samples
-            measured_steps += 1
-            self._emit_completed(self.step_clock.completed(), False, samples)
+        with _cuda_sync_debug_mode(self.device, "error" if sync_debug else None):
+            while not self.should_stop():
+                if steps is not None and measured_steps >= steps:
+                    break
+                if seconds is not None and self.clock() - window_start >= seconds:
+                    break
+                samples = self._step()
+                measured_samples += samples
+                measured_steps += 1
+                self._emit_completed(self.step_clock.completed(), False, samples)
         self._read_losses()
         timings = self.step_clock.flush()
         window_s = self.clock() - window_start
+        peak = peak_memory_bytes(self.device)
         self._emit_completed(timings, False, samples)
         self.emit(RankLosses(self.rank, list(self._losses)))
-        return measured_samples, window_s, first_step_s
+        return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak)
+
+
+@contextlib.contextmanager
+def _cuda_sync_debug_mode(device: torch.device, mode: str | None) -> Iterator[None]:
+    """torch's CUDA sync-debug mode set to ``mode`` for the duration (None, or on a CPU: unchanged)."""
+    if mode is None or device.type != "cuda":
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def rank_summary(
-    rank: int, device: torch.device, measured: tuple[int, float, float], setup_s: float, device_name: str,
+    rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
     scaler_skipped_steps: int | None = None, flops_per_sample: float | None = None,
     profile: ProfileCapture | None = None,
 ) -> RankSummary:
-    samples, window_s, first_step_s = measured
     return RankSummary(
         rank=rank,
-        measured_samples=samples,
-        measured_s=window_s,
-        peak_memory_bytes=peak_memory_bytes(device),
+        measured_samples=window.samples,
+        measured_s=window.seconds,
+        peak_memory_bytes=window.peak_memory_bytes,
         memory_kind="cuda_allocator" if device.type == "cuda" else "rss",
         setup_s=setup_s,
-        first_step_s=first_step_s,
+        first_step_s=window.first_step_s,
         device=device_name,
         scaler_skipped_steps=scaler_skipped_steps,
         flops_per_sample=flops_per_sample,

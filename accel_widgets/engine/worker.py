@@ -8,10 +8,15 @@ burst is simply a burst of one rank, so DDP adds a process group and nothing els
 from __future__ import annotations
 
 import contextlib
+import datetime
+import math
 import os
 import platform
+import select
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -19,19 +24,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
+import psutil
 import torch
 import torch.distributed as dist
 
 from ..config import Config
 from ..device import probe_device
+from ..results import StepRecord
 from ..workload import Workload
 from .datacache import cache_dataset
-from .events import Emit, RankDone, RankFailed
+from .events import Emit, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
 from .flags import torch_flags, torch_threads
 from .training import (
-    CudaStepClock,
+    CudaTimeline,
     EpochIterator,
-    HostStepClock,
+    HostTimeline,
+    StepClock,
     TrainingLoop,
     build_loader,
     build_optimizer,
@@ -40,12 +48,16 @@ from .training import (
     rank_summary,
 )
 
+STEP_BATCH_S = 0.025  # step records leave at most this late: live plots stay live, fast steps stay cheap
+LOOPBACK = "127.0.0.1"
+
 
 @dataclass(frozen=True)
 class BurstSpec:
     """Everything a rank needs besides the workload; built by the launcher, plain and picklable."""
 
     config: Config
+    environment: dict[str, str]  # the caller's, at launch: the forkserver's copy is as old as the server
     steps: int | None
     seconds: float | None
     warmup_steps: int
@@ -54,31 +66,139 @@ class BurstSpec:
     threads_per_rank: int
     device_kind: str
     temp_dir: str
-    master_port: int | None = None
+    owner_pid: int = 0
+    owner_started: float = 0.0  # the owner's create time: a recycled pid is not the owner
+    inductor_cache_dir: str = ""
+    collective_timeout_s: float = 300.0
     profile_steps: int = 0
     profile_dir: str = ""
+    sync_debug: bool = False
 
 
-def worker_main(rank: int, payload: bytes, events: Any) -> None:
+def worker_main(rank: int, payload: bytes, events: Any, phases: Any) -> None:
     """Rank process entry point (started by ``torch.multiprocessing.start_processes``).
 
     The workload arrives cloudpickled so that classes defined in a notebook's ``__main__`` work.
-    Exceptions are sent as an event carrying this rank's own traceback, then re-raised so torch's
-    process context sees the failure too.
+    Anything the workload raises -- ``sys.exit`` and ``KeyboardInterrupt`` included -- is sent as an
+    event carrying this rank's own traceback, then re-raised so torch's process context sees it too.
     """
+    # Ctrl-C in a terminal or a Jupyter interrupt reaches the whole process group; the caller alone
+    # decides to stop a burst, so a KeyboardInterrupt seen here can only come from user code.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec: BurstSpec | None = None
+    emit = _BatchedEmit(events.put)
     try:
         workload, spec = cloudpickle.loads(payload)
+        _die_with_owner(spec.owner_pid, spec.owner_started)
+        _use_environment(spec.environment)
         _use_private_temp_dir(spec.temp_dir)
-        _use_inductor_cache(spec.cache_dir)
-        run_rank(rank, workload, spec, events.put)
-    except Exception as exc:
+        _use_inductor_cache(spec.inductor_cache_dir)
+        run_rank(rank, workload, spec, emit, set_phase=lambda phase: phases.__setitem__(rank, int(phase)))
+    except BaseException as exc:
         origin = spec.clock_origin if spec is not None else 0.0
-        events.put(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
+        emit(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
         raise
     finally:
+        emit.flush()
         events.close()
         events.join_thread()
+
+
+class _BatchedEmit:
+    """Sends step records a few at a time, at most ``STEP_BATCH_S`` after they happened; anything else at once.
+
+    Each queue message wakes the queue's feeder thread here and the caller's pump there; on a 2-core
+    machine both steal time from the rank's intra-op threads, so fast steps are sent in batches. A
+    flusher thread bounds the delay even when the rank then blocks (in a collective, in the loader):
+    the records of the steps before a hang must still reach the caller. Every put happens under one
+    lock, so a rank's messages keep their order.
+    """
+
+    def __init__(self, put: Callable[[WorkerEvent], None]) -> None:
+        self._put = put
+        self._buffer: list[StepRecord] = []
+        self._lock = threading.Lock()
+        self._pending = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def __call__(self, event: WorkerEvent) -> None:
+        if isinstance(event, StepRecord):
+            with self._lock:
+                self._buffer.append(event)
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_forever, name="accel-widgets-events",
+                                                 daemon=True)
+                self._flusher.start()
+            self._pending.set()
+            return
+        with self._lock:
+            self._send_buffer()
+            self._put(event)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._send_buffer()
+
+    def _flush_forever(self) -> None:
+        while True:
+            self._pending.wait()
+            time.sleep(STEP_BATCH_S)
+            self._pending.clear()
+            self.flush()
+
+    def _send_buffer(self) -> None:
+        if self._buffer:
+            records, self._buffer = tuple(self._buffer), []
+            self._put(records[0] if len(records) == 1 else StepBatch(records))
+
+
+def _die_with_owner(owner_pid: int, owner_started: float) -> None:
+    """End this rank and its DataLoader workers as soon as the process that launched the burst is gone.
+
+    Ranks are children of the forkserver, not of the caller, so nothing else would stop them when a
+    kernel is killed (SIGKILL, the OOM killer, a restart after its grace period): they would keep
+    training and holding the GPU. A thread blocks on a pidfd of the owner (no polling) and kills the
+    rank's family the moment it exits.
+    """
+    if not owner_pid:
+        return
+    try:
+        owner = psutil.Process(owner_pid)
+        alive = abs(owner.create_time() - owner_started) < 0.01 and owner.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        alive = False
+    if not alive:
+        _kill_own_family()
+    threading.Thread(target=_watch_owner, args=(owner_pid,), name="accel-widgets-owner-watch", daemon=True).start()
+
+
+def _watch_owner(owner_pid: int) -> None:
+    try:
+        fd = os.pidfd_open(owner_pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3, or not Linux): poll instead
+        while psutil.pid_exists(owner_pid):
+            time.sleep(0.25)
+    else:
+        select.select([fd], [], [])  # readable once the owner has exited
+    _kill_own_family()
+
+
+def _kill_own_family() -> None:
+    """SIGKILL this rank's descendants (DataLoader workers), then this rank itself."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _use_environment(environment: dict[str, str]) -> None:
+    """Take the caller's environment as it is now (e.g. ``CUDA_VISIBLE_DEVICES`` set after import).
+
+    Nothing has initialised CUDA or read these variables in this rank yet, so they all take effect.
+    """
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def _use_private_temp_dir(path: str) -> None:
@@ -87,14 +207,24 @@ def _use_private_temp_dir(path: str) -> None:
     tempfile.tempdir = path
 
 
+def _use_inductor_cache(path: str) -> None:
+    """Compiled kernels go to the launcher's choice of cache, kept across bursts (a re-run compiles warm).
+
+    Set, not ``setdefault``: the forkserver's preload of torch already wrote torch's shared default
+    into the environment this rank inherited.
+    """
+    if path:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
 
 
 def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
-             should_stop: Callable[[], bool] = lambda: False) -> None:
+             should_stop: Callable[[], bool] = lambda: False,
+             set_phase: Callable[[Phase], None] = lambda phase: None) -> None:
     """Build everything for one rank inside the config's global flags, train, and report."""
     setup_start = time.perf_counter()
     config = spec.config
     device = _device_for(spec.device_kind, rank)
+    set_phase(Phase.SETUP)
     with (
         torch_threads(spec.threads_per_rank),
         torch_flags(config),
@@ -112,19 +242,44 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         loader = build_loader(dataset, workload, config, device, rank, config.ranks)
         model, raw = prepare_model(workload.build_model(), config, device, config.ranks)
         optimizer = build_optimizer(workload, list(raw.parameters()), config)
-        step_clock = (CudaStepClock(time.perf_counter, spec.clock_origin, device) if device.type == "cuda"
-                      else HostStepClock(time.perf_counter, spec.clock_origin))
+        timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
         loop = TrainingLoop(model, optimizer, prepare_loss(workload, config), EpochIterator(loader), config,
-                            device, rank, emit, step_clock, should_stop=should_stop)
+                            device, rank, emit, StepClock(timeline, time.perf_counter, spec.clock_origin),
+                            should_stop=should_stop, set_phase=set_phase)
         setup_s = time.perf_counter() - setup_start
-        measured = loop.run(spec.warmup_steps, spec.steps, spec.seconds)
-        capture = None
-        if spec.profile_steps and rank == 0:
-            trace = os.path.join(spec.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
-            capture = loop.profile(spec.profile_steps, trace)
-        summary = rank_summary(rank, device, measured, setup_s, _device_name(device), loop.scaler_skipped_steps(),
+        first_step_s, steady_s = loop.warm_up(spec.warmup_steps)
+        steps, seconds = _window_bounds(spec, steady_s)
+        window = loop.measure(steps, seconds, first_step_s, spec.sync_debug)
+        set_phase(Phase.FINISHING)
+        capture = _profile(loop, spec, rank)
+        summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
                                loop.flops_per_sample(raw), capture)
     emit(RankDone(summary, _environment(device, spec, model), sorted(set(caught))))
+
+
+def _window_bounds(spec: BurstSpec, steady_step_s: float) -> tuple[int | None, float | None]:
+    """The measured window's length: as asked, except that DDP ranks must all take the same steps.
+
+    Ranks deciding "time is up" on their own clocks disagree by a step, and the extra step's
+    all-reduce then waits forever for a partner. So rank 0 turns ``seconds`` into a step count from
+    its last warm-up step and every rank takes that count.
+    """
+    if spec.seconds is None or not dist.is_initialized():
+        return spec.steps, spec.seconds
+    decided = [max(1, math.ceil(spec.seconds / max(steady_step_s, 1e-6)))]
+    dist.broadcast_object_list(decided, src=0)
+    return int(decided[0]), None
+
+
+def _profile(loop: TrainingLoop, spec: BurstSpec, rank: int) -> Any:
+    """Rank 0 records the profiled steps; DDP peers take the same steps so its collectives have partners."""
+    if not spec.profile_steps:
+        return None
+    if rank != 0:
+        loop.extra_steps(spec.profile_steps)
+        return None
+    trace = os.path.join(spec.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
+    return loop.profile(spec.profile_steps, trace)
 
 
 def _device_for(kind: str, rank: int) -> torch.device:
@@ -134,20 +289,35 @@ def _device_for(kind: str, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _use_inductor_cache(cache_dir: str) -> None:
-    """Keep compiled kernels across bursts (a re-run pays a warm compile, as in a user's own re-runs)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache_dir, "inductor"))
+def _loopback_interface() -> str | None:
+    """The name of the interface that carries 127.0.0.1 (``lo`` on Linux)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == LOOPBACK for a in addresses):
+            return name
+    return None
 
 
 @contextlib.contextmanager
 def _process_group(spec: BurstSpec, rank: int, device: torch.device) -> Iterator[None]:
-    """Join the burst's process group for DDP (NCCL on GPUs, gloo on CPU); nothing for one rank."""
+    """Join the burst's process group for DDP (NCCL on GPUs, gloo on CPU); nothing for one rank.
+
+    Nothing of it is reachable from the network: the rendezvous is a file in the burst's private temp
+    dir (a TCP store would listen on every interface, unauthenticated), and gloo's and NCCL's own
+    sockets are pinned to the loopback interface. The group's timeout sits well below the burst's, so
+    a collective without a partner fails with a message instead of hanging until the burst timeout.
+    """
     if spec.config.parallel != "ddp":
         yield
         return
+    interface = _loopback_interface()
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.master_port}", rank=rank,
-                            world_size=spec.config.ranks, device_id=device if device.type == "cuda" else None)
+    store = dist.FileStore(os.path.join(spec.temp_dir, "rendezvous"), spec.config.ranks)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=spec.config.ranks,
+                            timeout=datetime.timedelta(seconds=spec.collective_timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     try:
         yield
         dist.barrier()  # leave together: a rank destroying its group while a peer still uses it can abort

@@ -1,113 +1,130 @@
 """Knob controls generated from the registry: one input, help toggle and note line per knob, by group.
 
 Nothing here knows a knob by name: kinds, ranges, choices, help text and availability all come from
-:data:`~accel_widgets.knobs.KNOBS`, :func:`~accel_widgets.validation.knob_availability` and
-:func:`~accel_widgets.validation.check_config` (through :mod:`.state`), so a new registry entry shows
-up in the panel with no code here.
+:data:`~accel_widgets.knobs.KNOBS` and the state's :class:`~.state.Draft` (which asks
+:func:`~accel_widgets.validation.check_config`), so a new registry entry shows up in the panel with no code
+here. The inputs hold the draft's values: an edit goes to the draft, and :meth:`KnobControls.render` copies
+the draft (values and notes) back, so a config set from code shows up in the controls too.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as w
 
-from ..config import Config
 from ..device import DeviceInfo
 from ..knobs import GROUP_TITLES, GROUPS, KNOBS, Group, Knob
-from ..validation import knob_availability
-from . import state
+from ..presentation import COLOURS
+from .state import Draft, Note, control_kind, value_note
 
 NAME_WIDTH = "138px"
 INPUT_WIDTH = "125px"
 COLUMN_WIDTH = "300px"
 NOTE_STYLE = "font-size: 0.8em; line-height: 1.2; white-space: normal;"
-_NOTE_COLOURS = {"unavailable": "#777", "warning": "#b35900", "error": "#c62828"}
+_NOTE_MARKS = {"unavailable": ("", COLOURS["muted"]), "warning": ("⚠ ", COLOURS["warning"]),
+               "error": ("✗ ", COLOURS["error"])}
+
+
+def choice_notes(knob: Knob, device: DeviceInfo) -> dict[Any, Note]:
+    """Notes for each choice of a choice knob, to mark impossible or harmful values in its drop-down."""
+    notes = {}
+    for value in knob.choices or ():
+        note = value_note(knob.name, value, device)
+        if note is not None:
+            notes[value] = note
+    return notes
+
+
+def choice_label(value: Any, note: Note | None) -> str:
+    """Drop-down text: the value, marked ✗ when it cannot run here and ⚠ when it runs but hurts."""
+    if note is None:
+        return str(value)
+    return f"{value} {'✗' if note.severity == 'error' else '⚠'}"
+
+
+def help_text(knob: Knob) -> dict[str, str]:
+    """The registry's own explanation, in the order a user reads it."""
+    return {"what": knob.what, "why": knob.why, "when": knob.when, "values": knob.valid_values_text()}
+
+
+def balanced_columns(heights: Sequence[float], columns: int) -> list[list[int]]:
+    """Split items, in order, into at most ``columns`` contiguous runs with the smallest tallest run.
+
+    The registry's group order is the tuning order, so groups stay in order; only the breaks move.
+    """
+    count = len(heights)
+    columns = max(1, min(columns, count))
+    best: tuple[float, list[list[int]]] | None = None
+
+    def split(start: int, left: int, done: list[list[int]]) -> None:
+        nonlocal best
+        if left == 1:
+            parts = [*done, list(range(start, count))]
+            tallest = max(sum(heights[i] for i in part) for part in parts)
+            if best is None or tallest < best[0]:
+                best = (tallest, parts)
+            return
+        for end in range(start + 1, count - left + 2):
+            split(end, left - 1, [*done, list(range(start, end))])
+
+    split(0, columns, [])
+    assert best is not None
+    return best[1]
 
 
 class KnobControl:
     """One knob: the input, an info toggle showing what/why/when, and a line for its note.
 
-    ``note`` shows why the knob is disabled here, or what this machine says about the chosen value
+    The note shows why the knob is disabled here, or what this machine says about the chosen value
     (⚠ runs but hurts, ✗ cannot run), so a warning sits next to the control that caused it.
     """
 
-    def __init__(self, knob: Knob, device: DeviceInfo, on_change: Callable[[str], None]) -> None:
+    def __init__(self, knob: Knob, draft: Draft, on_edit: Callable[[str, Any], None]) -> None:
         self.knob = knob
-        self.device = device
-        self.kind = state.control_kind(knob)
-        self.available, self.reason = knob_availability(knob.name, device)
-        self.input = self._make_input()
+        self.input = self._make_input(knob, draft)
         self.input.tooltip = knob.what
-        self.input.disabled = not self.available
-        label = w.HTML(html.escape(knob.name), tooltip=knob.what,
-                       layout=w.Layout(width=NAME_WIDTH, overflow="hidden"))
+        self.input.disabled = not draft.available(knob.name)
+        label = w.HTML(html.escape(knob.name), tooltip=knob.what, layout=w.Layout(width=NAME_WIDTH, overflow="hidden"))
         self.info = w.ToggleButton(icon="info", tooltip=f"What {knob.name} does, why and when it helps",
                                    layout=w.Layout(width="32px", padding="0"))
         self.help = w.HTML(self._help_html(), layout=w.Layout(display="none", margin="0 0 6px 0"))
         self.note = w.HTML(layout=w.Layout(margin="-4px 0 2px 0"))
         self.info.observe(self._toggle_help, names="value")
-        self.input.observe(lambda _: on_change(knob.name), names="value")
+        self.input.observe(lambda change: on_edit(knob.name, change["new"]), names="value")
         self.box = w.VBox([w.HBox([label, self.input, self.info]), self.note, self.help],
                           layout=w.Layout(width=COLUMN_WIDTH))
-        self.refresh_note()
 
-    # -- value ------------------------------------------------------------------------------------
-    @property
-    def value(self) -> Any:
-        """The knob's value; raises KnobValueError when typed text is not a valid value."""
-        if self.kind == "optional":
-            return self.knob.parse(self.input.value)
-        return self.input.value
-
-    @value.setter
-    def value(self, value: Any) -> None:
-        if self.kind == "optional":
-            self.input.value = "" if value is None else str(value)
-        else:
-            self.input.value = value
-
-    # -- notes ------------------------------------------------------------------------------------
-    def refresh_note(self) -> None:
-        """Re-judge the current value on this machine and show the result under the control."""
-        if not self.available:
-            self._show_note("unavailable", self.reason)
-            return
-        try:
-            note = state.value_note(self.knob.name, self.value, self.device)
-        except ValueError as exc:
-            note = state.Note("error", str(exc))
+    def render(self, draft: Draft) -> None:
+        """Show the draft's value and note for this knob."""
+        self.input.value = draft.raw[self.knob.name]
+        note = draft.notes[self.knob.name]
         if note is None:
-            self._show_note(None, "")
-        else:
-            self._show_note(note.severity, ("✗ " if note.severity == "error" else "⚠ ") + note.message)
+            self.note.value, self.note.layout.display = "", "none"
+            return
+        mark, colour = _NOTE_MARKS[note.severity]
+        self.note.value = f'<div style="{NOTE_STYLE} color: {colour};">{html.escape(mark + note.message)}</div>'
+        self.note.layout.display = None
 
-    def _show_note(self, severity: str | None, text: str) -> None:
-        self.note.value = "" if severity is None else (
-            f'<div style="{NOTE_STYLE} color: {_NOTE_COLOURS[severity]};">{html.escape(text)}</div>')
-        self.note.layout.display = "none" if severity is None else None
-
-    # -- construction -----------------------------------------------------------------------------
-    def _make_input(self) -> w.ValueWidget:
-        knob, layout = self.knob, w.Layout(width=INPUT_WIDTH)
-        if self.kind == "bool":
-            return w.Checkbox(value=knob.default, indent=False, layout=w.Layout(width=INPUT_WIDTH))
-        if self.kind == "choice":
-            notes = state.choice_notes(knob, self.device)
-            options = [(state.choice_label(c, notes.get(c)), c) for c in knob.choices or ()]
-            return w.Dropdown(options=options, value=knob.default, layout=layout)
-        if self.kind == "int":
-            return w.BoundedIntText(value=knob.default, min=int(knob.minimum or 0),
+    @staticmethod
+    def _make_input(knob: Knob, draft: Draft) -> w.ValueWidget:
+        kind, layout, value = control_kind(knob), w.Layout(width=INPUT_WIDTH), draft.raw[knob.name]
+        if kind == "bool":
+            return w.Checkbox(value=value, indent=False, layout=layout)
+        if kind == "choice":
+            notes = choice_notes(knob, draft.device)
+            options = [(choice_label(c, notes.get(c)), c) for c in knob.choices or ()]
+            return w.Dropdown(options=options, value=value, layout=layout)
+        if kind == "int":
+            return w.BoundedIntText(value=value, min=int(knob.minimum or 0),
                                     max=int(knob.maximum if knob.maximum is not None else 2**31 - 1), layout=layout)
         placeholder = "None (default)" if knob.default is None else str(knob.default)
-        text = "" if knob.default is None else str(knob.default)
-        return w.Text(value=text, placeholder=placeholder, continuous_update=False, layout=layout)
+        return w.Text(value=value, placeholder=placeholder, continuous_update=False, layout=layout)
 
     def _help_html(self) -> str:
-        texts = state.help_text(self.knob).items()
-        rows = "".join(f"<div><b>{key}</b> {html.escape(text)}</div>" for key, text in texts)
+        rows = "".join(f"<div><b>{key}</b> {html.escape(text)}</div>" for key, text in help_text(self.knob).items())
         return f'<div style="{NOTE_STYLE} background: #f4f6f8; padding: 4px 6px; border-radius: 3px;">{rows}</div>'
 
     def _toggle_help(self, change: dict[str, Any]) -> None:
@@ -117,34 +134,25 @@ class KnobControl:
 class KnobControls:
     """All knob controls, grouped as the registry groups them, in balanced columns.
 
-    ``on_change(name)`` is called after any control changes, so the panel can re-validate the config.
+    ``on_edit(name, raw value)`` is called when the user changes a control.
     """
 
-    def __init__(self, device: DeviceInfo, on_change: Callable[[str], None], columns: int = 3) -> None:
-        self.device = device
-        self._on_change = on_change
-        self.controls = {name: KnobControl(knob, device, self._changed) for name, knob in KNOBS.items()}
-        cards = [self._group_card(group) for group in GROUPS if KNOBS.in_group(group)]
-        heights = [1.2 + sum(1.0 + 0.5 * (not self.controls[k.name].available) for k in KNOBS.in_group(group))
-                   for group in GROUPS if KNOBS.in_group(group)]
+    def __init__(self, draft: Draft, on_edit: Callable[[str, Any], None], columns: int = 3) -> None:
+        self.controls = {name: KnobControl(knob, draft, on_edit) for name, knob in KNOBS.items()}
+        groups = [group for group in GROUPS if KNOBS.in_group(group)]
+        heights = [1.2 + sum(1.0 + 0.5 * (not draft.available(k.name)) for k in KNOBS.in_group(group))
+                   for group in groups]
+        cards = [self._group_card(group) for group in groups]
         self.widget = w.HBox(
-            [w.VBox([cards[i] for i in column]) for column in state.balanced_columns(heights, columns)],
-            layout=w.Layout(align_items="flex-start", justify_content="space-between"),
+            [w.VBox([cards[i] for i in column]) for column in balanced_columns(heights, columns)],
+            layout=w.Layout(align_items="flex-start", justify_content="space-between", flex_flow="row wrap"),
         )
+        self.render(draft)
+
+    def render(self, draft: Draft) -> None:
+        for control in self.controls.values():
+            control.render(draft)
 
     def _group_card(self, group: Group) -> w.VBox:
         title = w.HTML(f"<b>{html.escape(GROUP_TITLES[group])}</b>", layout=w.Layout(margin="6px 0 2px 0"))
         return w.VBox([title, *(self.controls[k.name].box for k in KNOBS.in_group(group))])
-
-    def _changed(self, name: str) -> None:
-        self.controls[name].refresh_note()
-        self._on_change(name)
-
-    def config(self) -> Config:
-        """The Config the controls describe; raises KnobValueError for an invalid typed value."""
-        return Config(**{name: control.value for name, control in self.controls.items()})
-
-    def set_config(self, config: Config) -> None:
-        """Show ``config`` in the controls (Reset, or a notebook setting values programmatically)."""
-        for name, control in self.controls.items():
-            control.value = getattr(config, name)

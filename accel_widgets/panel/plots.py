@@ -1,34 +1,40 @@
-"""The live figure: device utilisation over time (left) and step time per step (right), one colour per run.
+"""The live figure: the report's timeline (:func:`~accel_widgets.presentation.timeline_figure`) as a plotly
+``FigureWidget`` that grows while a burst runs.
 
-One plotly ``FigureWidget`` built complete (both subplots, axes, titles) before anything displays it,
-then only extended: traces are added when a run's first rank or device reports and grown in batches
-inside ``batch_update`` (one comm message per flush, not per event). Every trace carries
-``meta={"run", "kind", ...}`` so tests, the browser and the runs table find a run's traces without
-relying on names or order.
+Built complete (both subplots, axes, titles) before anything displays it, then only extended: a run gets its
+legend entry when it starts, a trace when its first rank or device reports (built by the same functions
+as the report's), and its points in batches inside ``batch_update`` (one comm message per flush, not per
+event). Every trace carries ``meta={"run", "kind", ...}`` so the browser and tests find a run's traces
+without relying on names or order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.colors import qualitative
-from plotly.subplots import make_subplots
 
 from ..device import DeviceInfo
-from .state import Batch
+from ..presentation import (
+    add_run_legend,
+    add_step_trace,
+    add_utilisation_trace,
+    device_groups,
+    step_groups,
+    step_points,
+    timeline_figure,
+    utilisation_points,
+    utilisation_title,
+)
+from .state import Run
 
-HEIGHT = 380
 WIDTH = 1180  # fixed: the widget renders before it is attached, so autosize would fall back to 700 px
-_DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
-_UTIL_TITLES = {"nvml": "GPU utilisation % (NVML)", "psutil": "workers' CPU % of machine (psutil)"}
 MAX_TRACE_POINTS = 1500
-_LOG_TICKS = [m * 10.0**e for e in range(-2, 7) for m in (1, 2, 5)]
-Key = tuple[int, str, Any]
+Key = tuple[int, str, Any]  # (run, "steps" or "util", (rank, warm-up) or device)
 
 
-def _bounded(values: tuple[float, ...]) -> tuple[float, ...]:
+def _bounded(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """Thin a trace by a whole stride once it passes MAX_TRACE_POINTS.
 
     Every flush resends a changed trace whole (FigureWidget has no extendTraces), so a 1 ms step over a
@@ -39,82 +45,67 @@ def _bounded(values: tuple[float, ...]) -> tuple[float, ...]:
     return values[::stride] if stride > 1 else values
 
 
-def run_colour(run: int) -> str:
-    palette = qualitative.Plotly
-    return palette[run % len(palette)]
-
-
 class LivePlots:
-    """Owns the FigureWidget and the map from (run, kind, rank or device) to its trace."""
+    """Owns the FigureWidget and draws the state's runs into it: whatever is new since the last draw."""
 
     def __init__(self, device: DeviceInfo) -> None:
-        figure = make_subplots(
-            rows=1, cols=2, horizontal_spacing=0.08,
-            subplot_titles=("Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)"),
-        )
-        figure.update_layout(
-            height=HEIGHT, width=WIDTH, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": 45},
-            legend={"title": {"text": "runs"}, "x": 1.02, "y": 1}, hovermode="closest",
-            uirevision="keep",  # keep the user's zoom while data streams in
-        )
-        figure.update_xaxes(title_text="time since launch (s)", row=1, col=1)
-        figure.update_yaxes(title_text=_UTIL_TITLES["nvml" if device.has_cuda else "psutil"], range=[0, 105],
-                            row=1, col=1)
-        figure.update_xaxes(title_text="step", row=1, col=2)
-        # Log scale: a compile step can be 1000x a steady one. Plain 1-2-5 labels, not plotly's digit-only ones.
-        figure.update_yaxes(title_text="step time (ms, log)", type="log", tickvals=_LOG_TICKS,
-                            ticktext=[f"{v:g}" for v in _LOG_TICKS], row=1, col=2)
+        figure = timeline_figure(utilisation_title({"nvml" if device.has_cuda else "psutil"}))
+        figure.update_layout(width=WIDTH)
         self.figure = go.FigureWidget(figure)
         self._traces: dict[Key, Any] = {}
-        self._names: dict[int, str] = {}
-        self._ranks: dict[int, int] = {}
-        self._hidden: set[int] = set()
-        self._util_source: str | None = None
+        self._drawn: dict[int, tuple[int, int]] = {}  # run -> (steps, samples) already in the figure
+        self._source: str | None = None
 
-    # -- streaming --------------------------------------------------------------------------------
-    def start_run(self, run: int, name: str, ranks: int = 1) -> None:
-        """Register a run before its first events: one legend entry that toggles all its traces.
+    def draw(self, runs: Sequence[Run], hidden: Collection[int]) -> None:
+        """Add the runs not drawn yet and the events they received since the last draw.
 
-        The entry is a data-less trace of its own, so the legend reads the same whichever of the run's
-        traces (telemetry or steps) happens to arrive first.
+        A rank or device seen for the first time gets a trace built with its points (by the report's
+        functions); the points of traces that exist are appended in one batched update.
         """
-        self._names[run] = name
-        self._ranks[run] = ranks
-        self.figure.add_trace(go.Scatter(
-            x=[None], y=[None], mode="lines+markers", name=name, legendgroup=f"run{run}",
-            line={"color": run_colour(run)}, marker={"size": 4, "color": run_colour(run)},
-            meta={"run": run, "kind": "legend", "sub": None}, visible=run not in self._hidden,
-        ), row=1, col=2)
-        self._traces[(run, "legend", None)] = self.figure.data[-1]
-
-    def extend(self, run: int, batch: Batch) -> None:
-        """Append a flush worth of events to the run's traces: new traces first, then one batched update."""
-        points: dict[Key, tuple[list[float], list[float]]] = {}
-        for step in batch.steps:
-            key = (run, "warmup" if step.warmup else "step", step.rank)
-            xs, ys = points.setdefault(key, ([], []))
-            xs.append(step.step)
-            ys.append(step.total_s * 1e3)
-        memory: dict[Key, list[float]] = {}
-        for sample in batch.samples:
-            key = (run, "util", sample.device)
-            xs, ys = points.setdefault(key, ([], []))
-            xs.append(sample.t)
-            ys.append(sample.util_pct)
-            memory.setdefault(key, []).append(sample.mem_used_bytes / 2**20)
-        added = [key for key in points if key not in self._traces]
-        for key in added:
-            self._add_trace(key)
+        added = False
+        extend: list[tuple[Any, list[Any], list[float], list[float] | None]] = []
+        sources: set[str] = set()
+        for run in runs:
+            visible = run.index not in hidden
+            if run.index not in self._drawn:
+                add_run_legend(self.figure, run.index, run.name, visible=visible)
+                self._drawn[run.index] = (0, 0)
+                added = True
+            steps_done, samples_done = self._drawn[run.index]
+            steps, samples = run.steps[steps_done:], run.samples[samples_done:]
+            self._drawn[run.index] = (len(run.steps), len(run.samples))
+            sources.update(s.source for s in samples)
+            for (rank, warmup), group in step_groups(steps).items():
+                key = (run.index, "steps", (rank, warmup))
+                if key in self._traces:
+                    extend.append((self._traces[key], *step_points(group), None))
+                else:
+                    self._traces[key] = add_step_trace(self.figure, run.index, run.name, rank=rank, ranks=run.ranks,
+                                                       warmup=warmup, steps=group, visible=visible)
+                    added = True
+            for device, group in device_groups(samples).items():
+                key = (run.index, "util", device)
+                if key in self._traces:
+                    extend.append((self._traces[key], *utilisation_points(group)))
+                else:
+                    devices = sum(1 for r, kind, _ in self._traces if r == run.index and kind == "util")
+                    self._traces[key] = add_utilisation_trace(self.figure, run.index, run.name, device=device,
+                                                              index=devices, samples=group, visible=visible)
+                    added = True
         if added:
             self.sync_state()  # a view created from here on (a page reload) must already hold the new traces
         with self.figure.batch_update():
-            for key, (xs, ys) in points.items():
-                trace = self._traces[key]
-                trace.x = _bounded((*(trace.x or ()), *xs))
-                trace.y = _bounded((*(trace.y or ()), *ys))
-                if key in memory:  # memory rides along as hover data: a third axis made the plot unreadable
-                    trace.customdata = _bounded((*(trace.customdata or ()), *memory[key]))
-        self._retitle(batch)
+            for trace, x, y, memory in extend:
+                trace.x, trace.y = _bounded((*trace.x, *x)), _bounded((*trace.y, *y))
+                if memory is not None:
+                    trace.customdata = _bounded((*trace.customdata, *memory))
+        self._retitle(sources)
+
+    def show(self, hidden: Collection[int]) -> None:
+        """Show only the runs that are not hidden (the runs table's ticks)."""
+        with self.figure.batch_update():
+            for trace in self.figure.data:
+                trace.visible = trace.meta["run"] not in hidden
 
     def sync_state(self) -> None:
         """Copy the figure into its widget state, so a view created later (a page reload) is current.
@@ -126,54 +117,8 @@ class LivePlots:
         """
         self.figure._repr_mimebundle_()
 
-    # -- selection --------------------------------------------------------------------------------
-    def show_runs(self, runs: Iterable[int]) -> None:
-        """Show only these runs' traces (the runs table's selection)."""
-        shown = set(runs)
-        self._hidden = set(self._names) - shown
-        with self.figure.batch_update():
-            for (run, _, _), trace in self._traces.items():
-                trace.visible = run not in self._hidden
-
-    def traces(self, run: int, kind: str) -> list[Any]:
-        """The run's traces of one kind ("legend", "util", "step", "warmup"), for tests and notebooks."""
-        return [t for (r, k, _), t in self._traces.items() if r == run and k == kind]
-
-    # -- construction -----------------------------------------------------------------------------
-    def _add_trace(self, key: Key) -> None:
-        run, kind, sub = key
-        name = self._names.get(run, f"#{run}")
-        colour = run_colour(run)
-        common: dict[str, Any] = {
-            "x": [], "y": [], "legendgroup": f"run{run}", "meta": {"run": run, "kind": kind, "sub": sub},
-            "visible": run not in self._hidden, "showlegend": False, "name": name,
-        }
-        if kind in ("step", "warmup"):
-            rank_name = f"{name} rank {sub}" if self._ranks.get(run, 1) > 1 else name
-            if kind == "warmup":
-                trace = go.Scatter(mode="markers", opacity=0.7, marker={"symbol": "circle-open", "size": 9,
-                                                                         "color": colour, "line": {"width": 2}},
-                                   hovertemplate=f"{rank_name} warm-up step %{{x}}: %{{y:.1f}} ms<extra></extra>",
-                                   **common)
-            else:
-                trace = go.Scatter(mode="lines+markers", line={"color": colour, "dash": _DASHES[sub % len(_DASHES)]},
-                                   marker={"size": 4, "color": colour},
-                                   hovertemplate=f"{rank_name} step %{{x}}: %{{y:.1f}} ms<extra></extra>", **common)
-            self.figure.add_trace(trace, row=1, col=2)
-            self._traces[key] = self.figure.data[-1]
-            return
-        devices = len(self.traces(run, "util"))  # one line per GPU of a multi-GPU run, told apart by dash
-        trace = go.Scatter(mode="lines", line={"color": colour, "width": 2, "dash": _DASHES[devices % len(_DASHES)]},
-                           customdata=[],
-                           hovertemplate=f"{name} {sub}: %{{y:.0f}}% busy, %{{customdata:,.0f}} MiB at %{{x:.1f}} s"
-                           "<extra></extra>", **common)
-        self.figure.add_trace(trace, row=1, col=1)
-        self._traces[key] = self.figure.data[-1]
-
-    def _retitle(self, batch: Batch) -> None:
+    def _retitle(self, sources: set[str]) -> None:
         """Name what the utilisation axis measures from the samples themselves (NVML may be unavailable)."""
-        sources = {s.source for s in batch.samples}
-        if len(sources) == 1 and self._util_source not in sources:
-            (source,) = sources
-            self._util_source = source
-            self.figure.layout.yaxis.title.text = _UTIL_TITLES[source]
+        if len(sources) == 1 and self._source not in sources:
+            (self._source,) = sources
+            self.figure.layout.yaxis.title.text = utilisation_title(sources)

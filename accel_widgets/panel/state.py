@@ -1,35 +1,40 @@
-"""The panel's logic without widgets: what each control offers, whether a config can run, burst plans,
-live-event batching and progress.
+"""What the panel shows, as plain data: the runs, which of them the plots show, the config being edited,
+the status line, the progress of the running action and the last reading.
 
-Kept free of ipywidgets and plotly so every rule here is tested directly and the widget modules stay a
-thin skin: they only copy these answers onto widgets.
+The controller (:mod:`.controller`) changes it from the action thread, the view (:mod:`.view`) renders it,
+and tests drive it without a widget. Every change tells the listeners which part changed, so the view
+redraws only that part. Changes and the listeners' redraws run under one re-entrant lock: a redraw always
+reads the state it was told about, even when the action thread and the kernel's thread change it at once
+(without that, a button redrawn from a stale "running" could stay disabled for good).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..config import Config
 from ..device import DeviceInfo
-from ..knobs import Knob
-from ..ladder import classic_ladder
-from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
-from ..validation import ConfigError, check_config
-from ..workload import Workload
+from ..diagnosis import Finding
+from ..knobs import KNOBS, Knob
+from ..presentation import LOADED_MARK, RunRow, run_name, run_rows
+from ..results import BurstResult, ProfileCapture, StepRecord, TelemetrySample
+from ..validation import ConfigError, check_config, knob_availability
 
+if TYPE_CHECKING:
+    from ..tuner import TuneResult
+
+Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile"]
+Listener = Callable[[Part], None]
 ControlKind = Literal["bool", "choice", "int", "optional"]
-Event = StepRecord | TelemetrySample
-
-FLUSH_INTERVAL_S = 0.25  # ~4 Hz: smooth enough to watch, rare enough not to flood the comm channel
 
 
-# -- controls --------------------------------------------------------------------------------------
+# -- the config being edited -----------------------------------------------------------------------
 def control_kind(knob: Knob) -> ControlKind:
-    """Which input a knob needs: a checkbox, a drop-down, a bounded integer box, or free text for "or None"."""
+    """How the draft holds a knob's value, and so which input it needs: a checkbox, a drop-down, a bounded
+    integer box, or free text for the knobs that take "or None" (typed text is parsed when the config is built)."""
     if knob.choices is not None:
         return "choice"
     if knob.kind is bool:
@@ -41,9 +46,9 @@ def control_kind(knob: Knob) -> ControlKind:
 
 @dataclass(frozen=True)
 class Note:
-    """What this machine says about one knob value on its own: it cannot run, or it runs but hurts."""
+    """What this machine says about one knob: it cannot act here, its value cannot run, or it runs but hurts."""
 
-    severity: Literal["error", "warning"]
+    severity: Literal["unavailable", "error", "warning"]
     message: str
 
 
@@ -66,32 +71,9 @@ def value_note(name: str, value: Any, device: DeviceInfo) -> Note | None:
     return Note("warning", " ".join(added)) if added else None
 
 
-def choice_notes(knob: Knob, device: DeviceInfo) -> dict[Any, Note]:
-    """Notes for each choice of a choice knob, to mark impossible or harmful values in its drop-down."""
-    notes = {}
-    for value in knob.choices or ():
-        note = value_note(knob.name, value, device)
-        if note is not None:
-            notes[value] = note
-    return notes
-
-
-def choice_label(value: Any, note: Note | None) -> str:
-    """Drop-down text: the value, marked ✗ when it cannot run here and ⚠ when it runs but hurts."""
-    if note is None:
-        return str(value)
-    return f"{value} {'✗' if note.severity == 'error' else '⚠'}"
-
-
-def help_text(knob: Knob) -> dict[str, str]:
-    """The registry's own explanation, in the order a user reads it."""
-    return {"what": knob.what, "why": knob.why, "when": knob.when, "values": knob.valid_values_text()}
-
-
-# -- validation ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Validation:
-    """Whether the current settings can run here: an error blocks Run, warnings only inform."""
+    """Whether the edited config can run here: an error blocks Run, warnings only inform."""
 
     error: str | None = None
     warnings: tuple[str, ...] = ()
@@ -101,173 +83,243 @@ class Validation:
         return self.error is None
 
 
-def validate(build: Callable[[], Config], device: DeviceInfo) -> tuple[Config | None, Validation]:
-    """Build the config from the controls and check it; a bad value or rule becomes the error text."""
-    try:
-        config = build()
-    except ValueError as exc:  # KnobValueError from a typed value
-        return None, Validation(error=str(exc))
-    try:
-        return config, Validation(warnings=tuple(check_config(config, device)))
-    except ConfigError as exc:
-        return config, Validation(error=str(exc))
+class Draft:
+    """The config being edited: every knob's value as its control holds it (text for the "optional" knobs,
+    so a half-typed value is kept rather than lost) and what this machine says about it."""
+
+    def __init__(self, device: DeviceInfo) -> None:
+        self.device = device
+        self.raw: dict[str, Any] = {name: _raw(knob, knob.default) for name, knob in KNOBS.items()}
+        self._availability = {name: knob_availability(name, device) for name in KNOBS}
+        self.notes: dict[str, Note | None] = {name: self._judge(name) for name in KNOBS}
+        self.validation = self._validate()
+
+    def available(self, name: str) -> bool:
+        return self._availability[name][0]
+
+    def config(self) -> Config:
+        """The Config the draft describes; raises KnobValueError for an invalid typed value."""
+        return Config(**{name: self._value(name) for name in KNOBS})
+
+    def set(self, name: str, raw: Any) -> bool:
+        """Take one control's value; False when it was the value already (nothing to redraw)."""
+        if self.raw[name] == raw:
+            return False
+        self.raw[name] = raw
+        self.notes[name] = self._judge(name)
+        self.validation = self._validate()
+        return True
+
+    def set_config(self, config: Config) -> bool:
+        changed = [self.set(name, _raw(knob, getattr(config, name))) for name, knob in KNOBS.items()]
+        return any(changed)
+
+    def _value(self, name: str) -> Any:
+        knob = KNOBS[name]
+        return knob.parse(self.raw[name]) if control_kind(knob) == "optional" else self.raw[name]
+
+    def _judge(self, name: str) -> Note | None:
+        available, reason = self._availability[name]
+        if not available:
+            return Note("unavailable", reason)
+        try:
+            return value_note(name, self._value(name), self.device)
+        except ValueError as exc:  # KnobValueError from typed text
+            return Note("error", str(exc))
+
+    def _validate(self) -> Validation:
+        try:
+            config = self.config()
+        except ValueError as exc:  # KnobValueError from a typed value
+            return Validation(error=str(exc))
+        try:
+            return Validation(warnings=tuple(check_config(config, self.device)))
+        except ConfigError as exc:
+            return Validation(error=str(exc))
 
 
-# -- layout ----------------------------------------------------------------------------------------
-def balanced_columns(heights: Sequence[float], columns: int) -> list[list[int]]:
-    """Split items, in order, into at most ``columns`` contiguous runs with the smallest tallest run.
-
-    The registry's group order is the tuning order, so groups stay in order; only the breaks move.
-    """
-    count = len(heights)
-    columns = max(1, min(columns, count))
-    best: tuple[float, list[list[int]]] | None = None
-
-    def split(start: int, left: int, done: list[list[int]]) -> None:
-        nonlocal best
-        if left == 1:
-            parts = [*done, list(range(start, count))]
-            tallest = max(sum(heights[i] for i in part) for part in parts)
-            if best is None or tallest < best[0]:
-                best = (tallest, parts)
-            return
-        for end in range(start + 1, count - left + 2):
-            split(end, left - 1, [*done, list(range(start, end))])
-
-    split(0, columns, [])
-    assert best is not None
-    return best[1]
+def _raw(knob: Knob, value: Any) -> Any:
+    if control_kind(knob) == "optional":
+        return "" if value is None else str(value)
+    return value
 
 
-# -- plans -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PlanItem:
-    """One burst an action will run: the label it is recorded under and its config."""
-
-    label: str
-    config: Config
-
-
-def ladder_plan(workload: Workload, device: DeviceInfo) -> list[PlanItem]:
-    """The classic cumulative ladder for this workload and device, as bursts to run in order."""
-    return [PlanItem(rung.name, rung.config) for rung in classic_ladder(workload, device)]
-
-
-def length_kwargs(unit: str, value: float) -> dict[str, int | float | None]:
-    """Burst length as the engine's keywords: a number of measured steps, or seconds of measuring."""
-    if unit == "steps":
-        return {"steps": max(1, round(value)), "seconds": None}
-    if unit == "seconds":
-        return {"steps": None, "seconds": max(0.1, float(value))}
-    raise ValueError(f"burst length unit must be 'steps' or 'seconds', got {unit!r}")
-
-
-def failed_result(workload: Workload, item: PlanItem, exc: BaseException) -> BurstResult:
-    """A result for a burst that raised without one (bad config, unpicklable workload), so it gets a row."""
-    kind = "config" if isinstance(exc, ConfigError) else "exception"
-    message = f"{type(exc).__name__}: {exc}"
-    return BurstResult(workload=workload.name, config=item.config, status="failed", label=item.label,
-                       error=ErrorInfo(kind, message))
-
-
-def run_name(run: int, label: str, limit: int = 40) -> str:
-    """Legend and table name of a run: its index (runs can share a label) and a shortened label."""
-    short = label if len(label) <= limit else label[: limit - 1] + "…"
-    return f"#{run} {short}"
-
-
-def row_title(row: dict[str, Any]) -> str:
-    """The row's changes from the baseline, after its own label when that says more (a ladder rung)."""
-    label, changes = str(row.get("label") or ""), str(row.get("changes") or "")
-    if not label or label == changes:
-        return changes
-    return f"{label} (baseline)" if changes == "baseline" else f"{label}: {changes}"
-
-
-# -- live events -----------------------------------------------------------------------------------
+# -- runs ------------------------------------------------------------------------------------------
 @dataclass
-class Batch:
-    """Events received since the previous flush."""
+class Run:
+    """One run of the panel: its name, the events plotted so far, its result once it has finished, and the
+    hover note of a run loaded from the run history."""
 
+    index: int
+    name: str
+    ranks: int
     steps: list[StepRecord] = field(default_factory=list)
     samples: list[TelemetrySample] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.steps or self.samples)
-
-
-class EventBatcher:
-    """Collects a burst's live events and says when the next flush to the front end is due.
-
-    The engine calls ``on_event`` for every step and every 10 Hz telemetry sample; pushing each one to
-    the browser would send a comm message per event. Batching to ``interval_s`` keeps the plots live
-    with a handful of messages a second. Thread-safe, though the engine calls it from one thread.
-    """
-
-    def __init__(self, interval_s: float = FLUSH_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._interval = interval_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._pending = Batch()
-        self._last_flush = clock()
-
-    def add(self, event: Event) -> bool:
-        """Queue ``event``; True when a flush is due (the caller then calls :meth:`take`)."""
-        with self._lock:
-            if isinstance(event, StepRecord):
-                self._pending.steps.append(event)
-            elif isinstance(event, TelemetrySample):
-                self._pending.samples.append(event)
-            return self._clock() - self._last_flush >= self._interval
-
-    def take(self) -> Batch:
-        """Everything queued since the last take, and restart the flush interval."""
-        with self._lock:
-            batch, self._pending = self._pending, Batch()
-            self._last_flush = self._clock()
-            return batch
+    result: BurstResult | None = None
+    loaded: str | None = None
 
 
-class ProgressTracker:
-    """How far one burst is, from the step events alone (rank 0 speaks for the group)."""
+@dataclass(frozen=True)
+class Reading:
+    """The plain-language reading of one run."""
 
-    def __init__(self, steps: int | None, seconds: float | None) -> None:
-        self.steps, self.seconds = steps, seconds
-        self.warmup_seen = 0
-        self.measured_seen = 0
-        self._first_t: float | None = None
-        self._last_t: float | None = None
+    run: int
+    name: str
+    findings: list[Finding]
 
-    def observe(self, steps: Sequence[StepRecord]) -> None:
-        for record in steps:
-            if record.rank != 0:
-                continue
-            if record.warmup:
-                self.warmup_seen += 1
-                continue
-            self.measured_seen += 1
-            start = record.t - record.total_s
-            self._first_t = start if self._first_t is None else min(self._first_t, start)
-            self._last_t = record.t if self._last_t is None else max(self._last_t, record.t)
+
+@dataclass(frozen=True)
+class ProfileShown:
+    """A profiled burst's capture, or why there is none."""
+
+    capture: ProfileCapture | None
+    why_none: str = ""
+
+
+class PanelState:
+    """Everything the panel shows; see the module docstring for who changes it and who reads it."""
+
+    def __init__(self, device: DeviceInfo) -> None:
+        self.device = device
+        self.draft = Draft(device)
+        self.runs: list[Run] = []
+        self.rows: list[RunRow] = []
+        self.hidden: set[int] = set()
+        self.status = ""
+        self.busy = False
+        self.history_on = False
+        self.history_problem = ""
+        self.progress = 0.0
+        self.action: str | None = None
+        self.reading: Reading | None = None
+        self.profile: ProfileShown | None = None
+        self.tune_result: TuneResult | None = None
+        self.lock = threading.RLock()
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> None:
+        """Call ``listener(part)`` after every change, under the state's lock."""
+        self._listeners.append(listener)
+
+    # -- derived ----------------------------------------------------------------------------------
+    @property
+    def results(self) -> list[BurstResult]:
+        """Every finished run's result, in run order (a running burst is always the last run)."""
+        return [run.result for run in self.runs if run.result is not None]
 
     @property
-    def measured_s(self) -> float:
-        if self._first_t is None or self._last_t is None:
-            return 0.0
-        return self._last_t - self._first_t
+    def loaded(self) -> dict[int, str]:
+        """Run index -> hover note, for the runs loaded from the run history."""
+        return {run.index: run.loaded for run in self.runs if run.loaded is not None}
 
-    @property
-    def fraction(self) -> float:
-        """Share of the measured part done: warm-up and compile steps are not counted as progress."""
-        if self.steps:
-            return min(1.0, self.measured_seen / self.steps)
-        if self.seconds:
-            return min(1.0, self.measured_s / self.seconds)
-        return 0.0
+    def runnable_config(self) -> Config:
+        """The edited config, when it can run here; the error says why not."""
+        with self.lock:
+            if not self.draft.validation.ok:
+                raise ValueError(f"the current settings cannot run here: {self.draft.validation.error}")
+            return self.draft.config()
 
-    def describe(self) -> str:
-        if self.measured_seen == 0:
-            return f"warm-up step {self.warmup_seen} done" if self.warmup_seen else "starting the workers"
-        if self.steps:
-            return f"step {self.measured_seen}/{self.steps}"
-        return f"{self.measured_s:.1f} s of {self.seconds:g} s ({self.measured_seen} steps)"
+    # -- the config being edited ------------------------------------------------------------------
+    def edit(self, name: str, raw: Any) -> None:
+        with self.lock:
+            if self.draft.set(name, raw):
+                self._changed("draft")
+
+    def set_config(self, config: Config) -> None:
+        with self.lock:
+            if self.draft.set_config(config):
+                self._changed("draft")
+
+    # -- runs -------------------------------------------------------------------------------------
+    def begin_run(self, label: str, ranks: int) -> int:
+        """A new run, shown before its first event; returns its index."""
+        with self.lock:
+            index = len(self.runs)
+            self.runs.append(Run(index, run_name(index, label), ranks))
+            self._changed("runs")
+            return index
+
+    def add_events(self, run: int, steps: Sequence[StepRecord], samples: Sequence[TelemetrySample]) -> None:
+        with self.lock:
+            self.runs[run].steps.extend(steps)
+            self.runs[run].samples.extend(samples)
+            self._changed("points")
+
+    def finish_run(self, run: int, result: BurstResult) -> None:
+        """Record the run's result: the table's rows are judged again (a new baseline can change earlier rows),
+        and the run's reading is the one its row implies."""
+        with self.lock:
+            self.runs[run].result = result
+            self._rejudge()
+            row = self.rows[run]
+            self.reading = Reading(run, self.runs[run].name, row.findings())
+            self._changed("runs")
+            self._changed("reading")
+
+    def add_loaded(self, stored: Sequence[tuple[str, BurstResult, str]]) -> None:
+        """Runs loaded from the run history, as (label, result, hover note), with every event they recorded."""
+        with self.lock:
+            for label, result, note in stored:
+                index = len(self.runs)
+                self.runs.append(Run(index, run_name(index, LOADED_MARK + label), max(1, result.world_size),
+                                     list(result.steps), list(result.telemetry), result, note))
+            self._rejudge()
+            self._changed("runs")
+
+    def set_shown(self, run: int, shown: bool) -> None:
+        with self.lock:
+            hidden = self.hidden - {run} if shown else self.hidden | {run}
+            if hidden != self.hidden:
+                self.hidden = hidden
+                self._changed("shown")
+
+    # -- the running action -----------------------------------------------------------------------
+    def begin_action(self, what: str) -> None:
+        with self.lock:
+            if self.action is not None:
+                raise RuntimeError("an action is already running: Stop it or wait() for it first")
+            self.action = what
+            self.progress = 0.0
+            self._changed("action")
+            self._changed("progress")
+
+    def end_action(self) -> None:
+        with self.lock:
+            self.action = None
+            self._changed("action")
+
+    def set_status(self, text: str, busy: bool = False) -> None:
+        """The status line, plain text (the view escapes it)."""
+        with self.lock:
+            self.status, self.busy = text, busy
+            self._changed("status")
+
+    def set_history(self, on: bool, problem: str = "") -> None:
+        """Whether runs are recorded, and why not when the history failed: that stays under the status line,
+        so a lost history is never silent."""
+        with self.lock:
+            self.history_on, self.history_problem = on, problem
+            self._changed("status")
+            self._changed("action")  # whether Load earlier runs can start
+
+    def set_progress(self, fraction: float) -> None:
+        with self.lock:
+            self.progress = fraction
+            self._changed("progress")
+
+    def show_profile(self, shown: ProfileShown | None) -> None:
+        with self.lock:
+            self.profile = shown
+            self._changed("profile")
+
+    def set_tune_result(self, outcome: TuneResult) -> None:
+        with self.lock:
+            self.tune_result = outcome
+
+    # -- internals --------------------------------------------------------------------------------
+    def _rejudge(self) -> None:
+        self.rows = run_rows(self.results, loaded=self.loaded, judged=self.rows)
+
+    def _changed(self, part: Part) -> None:
+        for listener in self._listeners:
+            listener(part)

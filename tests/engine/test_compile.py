@@ -1,8 +1,12 @@
 """torch.compile bursts on the CPU: compile time reported apart from steady state; failures are clear."""
 
+import stat
+from pathlib import Path
+
 import pytest
 
 from accel_widgets import Config, WorkerError, run_burst
+from tests.devices import cpu_device
 from tests.workloads import net_with_broken_compiler, tiny_workload
 
 pytestmark = pytest.mark.slow
@@ -18,6 +22,14 @@ def test_compiled_burst_reports_compile_time_separately():
     assert losses[-1] < losses[0]
 
 
+def test_compiled_kernels_land_in_the_private_cache(private_cache_dir):
+    """The rank really uses the private cache (torch's preload had fixed a shared default before)."""
+    assert run_burst(tiny_workload(), Config(compile_mode="default"), steps=2).ok
+    cache = Path(private_cache_dir) / "inductor"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert any(path.is_file() for path in cache.rglob("*"))
+
+
 def test_a_compiler_failure_is_a_clear_error_naming_the_knob():
     workload = tiny_workload()
     workload.model = net_with_broken_compiler
@@ -27,6 +39,7 @@ def test_a_compiler_failure_is_a_clear_error_naming_the_knob():
 
 
 def test_compile_composes_with_ddp():
-    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2, compile_mode="default"), steps=4)
+    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2, compile_mode="default"), steps=4,
+                       device=cpu_device())
     assert result.ok
     assert result.environment["model_wrappers"][:2] == ["OptimizedModule", "DistributedDataParallel"]

@@ -51,11 +51,15 @@ class FakeNvml:
         init_error: Exception | None = None,
         no_power: frozenset[int] = frozenset(),
         lost: frozenset[int] = frozenset(),
+        no_util: frozenset[int] = frozenset(),
+        uuids: tuple[str, ...] = (),
     ) -> None:
         self.device_count = device_count
         self.init_error = init_error
         self.no_power = no_power
         self.lost = lost
+        self.no_util = no_util
+        self.uuids = uuids  # uuids[i] names handle i
         self.shutdown_calls = 0
 
     def nvmlInit(self) -> None:
@@ -70,7 +74,14 @@ class FakeNvml:
             raise FakeNVMLError("Invalid Argument")
         return index
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        if uuid not in self.uuids:
+            raise FakeNVMLError("Not Found")
+        return self.uuids.index(uuid)
+
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        if handle in self.no_util:
+            raise FakeNotSupported("Not Supported")  # a MIG device
         return SimpleNamespace(gpu=40 + handle, memory=7)
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
@@ -130,7 +141,8 @@ def _mean_util(samples: list[TelemetrySample]) -> float:
 # -- NVML backend (fake module) -------------------------------------------------------------------
 def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
     nvml, clock, seen = FakeNvml(no_power=frozenset({1})), FakeClock(), []
-    sampler = TelemetrySampler(clock_origin=500.0, gpu_indices=(0, 1), nvml=nvml, clock=clock, on_sample=seen.append)
+    sampler = TelemetrySampler(clock_origin=500.0, gpus=((0, 0), (1, 1)), nvml=nvml, clock=clock,
+                               on_sample=seen.append)
     assert sampler.source == "nvml"
     with sampler:
         time.sleep(0.5)
@@ -158,9 +170,36 @@ def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
     assert (gpu1[0].util_pct, gpu1[0].mem_used_bytes, gpu1[0].sm_clock_mhz) == (41.0, 2 * MiB, 1980.0)
 
 
+def test_samples_are_labelled_by_the_cuda_ordinal_the_rank_uses() -> None:
+    # CUDA_VISIBLE_DEVICES=2,0: rank 0 trains on NVML device 2 (found by UUID), rank 1 on NVML device 0.
+    nvml = FakeNvml(device_count=3, uuids=("GPU-aaaa", "GPU-bbbb", "GPU-cccc"))
+    with TelemetrySampler(clock_origin=0.0, gpus=((0, "GPU-cccc"), (1, 0)), nvml=nvml) as sampler:
+        time.sleep(0.25)
+    assert sampler.errors == []
+    readings = {s.device: (s.util_pct, s.mem_used_bytes) for s in sampler.samples}
+    assert readings == {"cuda:0": (42.0, 3 * MiB), "cuda:1": (40.0, MiB)}
+
+
+def test_a_mig_device_without_utilisation_still_reports_its_memory() -> None:
+    nvml = FakeNvml(device_count=2, no_util=frozenset({1}), uuids=("GPU-aaaa", "MIG-dddd"))
+    with TelemetrySampler(clock_origin=0.0, gpus=((0, "MIG-dddd"),), nvml=nvml) as sampler:
+        time.sleep(0.25)
+    assert sampler.errors == []
+    assert len(sampler.samples) >= 2
+    assert {(s.device, s.util_pct, s.mem_used_bytes) for s in sampler.samples} == {("cuda:0", None, 2 * MiB)}
+
+
+def test_an_unknown_uuid_falls_back_to_psutil() -> None:
+    nvml = FakeNvml(uuids=("GPU-aaaa",))
+    sampler = TelemetrySampler(clock_origin=0.0, gpus=((0, "GPU-ffff"),), nvml=nvml)
+    assert sampler.source == "psutil" and "Not Found" in sampler.errors[0]
+    sampler.stop()
+    assert nvml.shutdown_calls == 1
+
+
 def test_stop_is_idempotent_and_works_without_start() -> None:
     nvml = FakeNvml()
-    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,), nvml=nvml)
+    sampler = TelemetrySampler(clock_origin=0.0, gpus=((0, 0),), nvml=nvml)
     assert sampler.stop() == []
     assert sampler.stop() == []
     assert nvml.shutdown_calls == 1
@@ -169,7 +208,7 @@ def test_stop_is_idempotent_and_works_without_start() -> None:
 
 
 def test_start_twice_is_refused() -> None:
-    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,), nvml=FakeNvml())
+    sampler = TelemetrySampler(clock_origin=0.0, gpus=((0, 0),), nvml=FakeNvml())
     sampler.start()
     try:
         with pytest.raises(RuntimeError):
@@ -180,7 +219,7 @@ def test_start_twice_is_refused() -> None:
 
 def test_nvml_init_failure_falls_back_to_psutil() -> None:
     nvml = FakeNvml(init_error=FakeNVMLError("NVML Shared Library Not Found"))
-    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,), nvml=nvml)
+    sampler = TelemetrySampler(clock_origin=0.0, gpus=((0, 0),), nvml=nvml)
     assert sampler.source == "psutil"
     assert "NVML Shared Library Not Found" in sampler.errors[0]
     sampler.stop()
@@ -189,7 +228,7 @@ def test_nvml_init_failure_falls_back_to_psutil() -> None:
 
 def test_bad_gpu_index_closes_nvml_and_falls_back() -> None:
     nvml = FakeNvml(device_count=1)
-    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0, 3), nvml=nvml)
+    sampler = TelemetrySampler(clock_origin=0.0, gpus=((0, 0), (1, 3)), nvml=nvml)
     assert sampler.source == "psutil"
     assert nvml.shutdown_calls == 1
     assert "Invalid Argument" in sampler.errors[0]
@@ -197,7 +236,7 @@ def test_bad_gpu_index_closes_nvml_and_falls_back() -> None:
     assert nvml.shutdown_calls == 1
 
 
-def test_no_gpu_indices_never_touches_nvml() -> None:
+def test_no_gpus_never_touches_nvml() -> None:
     nvml = FakeNvml(init_error=AssertionError("nvmlInit must not be called"))
     sampler = TelemetrySampler(clock_origin=0.0, nvml=nvml)
     assert (sampler.source, sampler.errors) == ("psutil", [])
@@ -209,7 +248,7 @@ def test_faults_inside_ticks_are_recorded_once_and_sampling_goes_on() -> None:
         raise ValueError("widget closed")
 
     sampler = TelemetrySampler(
-        clock_origin=0.0, gpu_indices=(0, 1), nvml=FakeNvml(lost=frozenset({1})), on_sample=broken_display
+        clock_origin=0.0, gpus=((0, 0), (1, 1)), nvml=FakeNvml(lost=frozenset({1})), on_sample=broken_display
     )
     with sampler:
         time.sleep(0.35)
@@ -296,7 +335,7 @@ def test_real_pynvml_without_a_driver_falls_back_to_psutil() -> None:
     pynvml = pytest.importorskip("pynvml")
     if _nvml_present(pynvml):
         pytest.skip("an NVIDIA driver is present here")
-    sampler = TelemetrySampler(clock_origin=0.0, gpu_indices=(0,))
+    sampler = TelemetrySampler(clock_origin=0.0, gpus=((0, 0),))
     assert sampler.source == "psutil"
     assert "NVML unavailable" in sampler.errors[0]
     sampler.stop()
@@ -306,7 +345,7 @@ def test_real_pynvml_reads_gpu_zero() -> None:
     pynvml = pytest.importorskip("pynvml")
     if not _nvml_present(pynvml):
         pytest.skip("no NVIDIA driver here")
-    with TelemetrySampler(clock_origin=time.perf_counter(), gpu_indices=(0,)) as sampler:
+    with TelemetrySampler(clock_origin=time.perf_counter(), gpus=((0, 0),)) as sampler:
         time.sleep(0.3)
     assert (sampler.source, sampler.errors) == ("nvml", [])
     assert len(sampler.samples) >= 2

@@ -12,18 +12,21 @@ from accel_widgets.engine import training
 from accel_widgets.engine.flags import torch_flags, torch_threads
 from accel_widgets.engine.training import (
     BatchFormatError,
-    CudaStepClock,
-    HostStepClock,
+    CudaTimeline,
+    HostTimeline,
+    StepClock,
     batch_length,
     build_optimizer,
     split_batch,
     to_device,
 )
+from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, tiny_workload
 
 
 def burst(workload, config=None, **kwargs):
     kwargs.setdefault("steps", 6)
+    kwargs.setdefault("device", cpu_device())  # these are CPU tests, and in-process CUDA would stay in pytest
     return run_burst(workload, config or Config(), isolation="inprocess", **kwargs)
 
 
@@ -35,9 +38,9 @@ class FakeClock:
         return self.now
 
 
-def test_host_step_clock_splits_the_step_exactly():
+def test_host_steps_tile_the_window_and_their_parts_add_up():
     clock = FakeClock()
-    timer = HostStepClock(clock, origin=90.0)
+    timer = StepClock(HostTimeline(clock), clock, origin=90.0)
     timer.start_step()
     with timer.waiting_for_data():
         clock.now += 0.25
@@ -45,11 +48,75 @@ def test_host_step_clock_splits_the_step_exactly():
         clock.now += 0.05
     clock.now += 0.70
     timer.end_step()
-    (timing,) = timer.completed()
-    assert (timing.data_s, timing.h2d_s, timing.total_s) == pytest.approx((0.25, 0.05, 1.0))
-    assert timing.compute_s == pytest.approx(0.70)
-    assert timing.t == pytest.approx(11.0)
+    clock.now += 0.10  # between steps (emitting events): belongs to the next step, not to no step
+    timer.start_step()
+    clock.now += 0.40
+    timer.end_step()
+    first, second = timer.completed()
+    assert (first.data_s, first.h2d_s, first.total_s) == pytest.approx((0.25, 0.05, 1.0))
+    assert first.compute_s == pytest.approx(0.70)
+    assert first.t == pytest.approx(11.0)
+    assert second.total_s == pytest.approx(0.50)
+    assert first.total_s + second.total_s == pytest.approx(clock.now - 100.0)
     assert timer.completed() == []
+
+
+class FakeStream:
+    """One CUDA stream on a fake GPU: work queued by the host runs in order, after the host queued it.
+
+    A marker is reached when the stream has run everything queued before it, so markers behave like
+    recorded CUDA events, with the same arithmetic the real timeline does on event timestamps.
+    """
+
+    def __init__(self, host: FakeClock) -> None:
+        self.host, self.busy_until, self.synced = host, 0.0, 0
+
+    def launch(self, seconds: float) -> None:
+        self.busy_until = max(self.host.now, self.busy_until) + seconds
+
+    def mark(self) -> float:
+        return max(self.host.now, self.busy_until)
+
+    def reached(self, marker: float) -> bool:
+        return marker <= self.host.now
+
+    def seconds_between(self, start: float, end: float) -> float:
+        return end - start
+
+    def synchronize(self) -> None:
+        self.synced += 1
+        self.host.now = max(self.host.now, self.busy_until)
+
+
+def gpu_step(timer, stream, clock, host_data_wait, copy_s, compute_s):
+    timer.start_step()
+    with timer.waiting_for_data():
+        clock.now += host_data_wait
+    with timer.copying():
+        stream.launch(copy_s)
+    stream.launch(compute_s)
+    clock.now += 0.001  # the host only queues the kernels
+    timer.end_step()
+
+
+def test_gpu_data_wait_is_what_the_gpu_sees_and_parts_add_up_to_the_step():
+    clock = FakeClock()
+    stream = FakeStream(clock)
+    timer = StepClock(stream, clock, origin=99.0)
+    # GPU idle, the loader makes it wait 5 ms: a stall the GPU sees.
+    gpu_step(timer, stream, clock, host_data_wait=0.005, copy_s=0.002, compute_s=0.020)
+    # The host ran ahead: it waits 5 ms for data while the GPU still computes the previous step.
+    gpu_step(timer, stream, clock, host_data_wait=0.005, copy_s=0.002, compute_s=0.020)
+    assert timer.completed() == []  # the GPU has not reached either end marker: nothing waited for it
+    assert stream.synced == 2  # only at construction, never per step
+    first, second = timer.flush()
+    assert first.data_s == pytest.approx(0.005)
+    assert second.data_s == pytest.approx(0.0)  # hidden behind queued work: the GPU never waited
+    for step in (first, second):
+        assert step.data_s + step.h2d_s + step.compute_s == pytest.approx(step.total_s)
+        assert step.h2d_s == pytest.approx(0.002)
+    assert first.total_s + second.total_s == pytest.approx(second.t - (first.t - first.total_s))
+    assert second.compute_s == pytest.approx(0.020)
 
 
 class FakeEvent:
@@ -71,15 +138,15 @@ class FakeEvent:
         return other.at - self.at
 
 
-def test_cuda_step_clock_reads_events_only_once_the_gpu_passed_them(monkeypatch):
+def test_cuda_timeline_reads_events_only_once_the_gpu_passed_them(monkeypatch):
     synced = []
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
-    # reference, step start, copy begin, copy end, step end (ms on the GPU timeline)
-    FakeEvent.timeline = [0.0, 10.0, 10.0, 12.0, 30.0]
+    # reference, step start, data begin, data end, copy begin, copy end, step end (ms on the GPU timeline)
+    FakeEvent.timeline = [0.0, 10.0, 10.0, 14.0, 14.0, 16.0, 30.0]
     FakeEvent.done_until = 0.0
     clock = FakeClock()
-    timer = CudaStepClock(clock, origin=99.0, device=torch.device("cuda", 0))
+    timer = StepClock(CudaTimeline(torch.device("cuda", 0)), clock, origin=99.0)
     timer.start_step()
     with timer.waiting_for_data():
         clock.now += 0.004
@@ -89,9 +156,7 @@ def test_cuda_step_clock_reads_events_only_once_the_gpu_passed_them(monkeypatch)
     assert timer.completed() == []  # the GPU has not reached the end marker: no sync forced
     FakeEvent.done_until = 30.0
     (timing,) = timer.completed()
-    assert timing.total_s == pytest.approx(0.020)
-    assert timing.h2d_s == pytest.approx(0.002)
-    assert timing.data_s == pytest.approx(0.004)
+    assert (timing.total_s, timing.data_s, timing.h2d_s) == pytest.approx((0.020, 0.004, 0.002))
     assert timing.t == pytest.approx(1.0 + 0.030)
     assert len(synced) == 2  # only at construction, never per step
 

@@ -52,8 +52,9 @@ def synthetic_result(config: Config | None = None, *, steps: int = 10, step_s: f
             records.append(StepRecord(rank=rank, step=step, t=0.5 + step * step_s, data_s=data_s * total / step_s,
                                       h2d_s=h2d_s * total / step_s, compute_s=total * (1 - (data_s + h2d_s) / step_s),
                                       total_s=total, samples=32, loss=1.0, warmup=step < WARMUP))
-    telemetry = [sample(0.1 * i, util=util, foreign=foreign, source=source, mem_mib=peak_mib, total_mib=total_mib)
-                 for i in range(10)]
+    span = (WARMUP + steps) * step_s  # ten samples from the burst's start, most inside its measured window
+    telemetry = [sample(0.5 + span * i / 10, util=util, foreign=foreign, source=source, mem_mib=peak_mib,
+                        total_mib=total_mib) for i in range(10)]
     summaries = [RankSummary(rank, 32 * steps, steps * step_s, int(peak_mib * MIB), "rss", 0.1, step_s, "cpu")
                  for rank in range(ranks)] if status == "ok" else []
     return BurstResult(workload="fake", config=config, status=status, world_size=ranks, warmup_steps=WARMUP,

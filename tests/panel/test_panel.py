@@ -19,8 +19,10 @@ from accel_widgets.knobs import GROUP_TITLES
 from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.plots import MAX_TRACE_POINTS, LivePlots
-from accel_widgets.panel.state import Batch
+from accel_widgets.panel.state import PanelState
+from accel_widgets.presentation import run_colour
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample
+from tests.panel.reading import table_text, traces
 from tests.workloads import tiny_workload
 
 CUDA_ONLY = [name for name, knob in KNOBS.items() if knob.applies_to == ("cuda",)]
@@ -69,7 +71,7 @@ def test_fp16_on_a_cpu_without_fp16_units_carries_a_warning_but_can_run() -> Non
     panel = make_panel()
     precision = panel.controls.controls["precision"]
     assert ("fp16 ⚠", "fp16") in precision.input.options
-    precision.value = "fp16"
+    precision.input.value = "fp16"
     assert "⚠" in precision.note.value and "fp16" in precision.note.value
     assert "no fp16 units" in panel.validation.value
     assert not panel.run_button.disabled
@@ -79,12 +81,12 @@ def test_a_config_error_disables_run_and_says_why() -> None:
     panel = make_panel()
     parallel = panel.controls.controls["parallel"]
     assert ("dataparallel ✗", "dataparallel") in parallel.input.options
-    parallel.value = "dataparallel"
+    parallel.input.value = "dataparallel"
     assert panel.run_button.disabled
     assert "needs at least 2 GPUs" in panel.validation.value
     with pytest.raises(ValueError, match="cannot run here"):
         panel.run_burst()
-    parallel.value = "none"
+    parallel.input.value = "none"
     assert not panel.run_button.disabled and "✗" not in panel.validation.value
 
 
@@ -103,16 +105,19 @@ def test_reset_returns_every_control_to_the_baseline() -> None:
     panel = make_panel()
     panel.set_config(Config(num_workers=2, precision="bf16", batch_size=64, compile_mode="default"))
     assert panel.config.label() == "batch_size=64, num_workers=2, precision=bf16, compile_mode=default"
+    shown = {name: control.input.value for name, control in panel.controls.controls.items()}
+    assert shown["num_workers"] == 2 and shown["precision"] == "bf16" and shown["batch_size"] == "64"
     panel.reset_button.click()
     assert panel.config == Config()
+    assert panel.controls.controls["batch_size"].input.value == "" and panel.controls.controls["num_workers"].input.value == 0
 
 
 # -- runs -----------------------------------------------------------------------------------------------
 def test_run_burst_sends_the_controls_config_and_length_to_the_engine() -> None:
     engine = FakeEngine()
     panel = make_panel(engine)
-    panel.controls.controls["num_workers"].value = 2
-    panel.controls.controls["precision"].value = "bf16"
+    panel.controls.controls["num_workers"].input.value = 2
+    panel.controls.controls["precision"].input.value = "bf16"
     panel.length_value.value = 7
     run(panel)
     call = engine.calls[-1]
@@ -131,26 +136,26 @@ def test_table_rows_and_plot_traces_show_what_the_engine_emitted() -> None:
     engine = FakeEngine()
     panel = make_panel(engine, steps=6)
     run(panel)
-    panel.controls.controls["num_workers"].value = 1
+    panel.controls.controls["num_workers"].input.value = 1
     run(panel)
-    rows = panel.table.text()
+    rows = table_text(panel.table)
     assert [r[0] for r in rows] == ["#0", "#1"]
     assert rows[0][1] == "baseline" and rows[1][1] == "num_workers=1"
     assert rows[0][3] == "1.00×" and rows[1][-1] == "ok"
     for run_index, events in enumerate(engine.emitted):
         steps = [e for e in events if hasattr(e, "rank")]
         samples = [e for e in events if hasattr(e, "util_pct")]
-        (measured,) = panel.plots.traces(run_index, "step")
-        (warmup,) = panel.plots.traces(run_index, "warmup")
-        (util,) = panel.plots.traces(run_index, "util")
+        (measured,) = traces(panel.plots.figure, run_index, "step")
+        (warmup,) = traces(panel.plots.figure, run_index, "warmup")
+        (util,) = traces(panel.plots.figure, run_index, "util")
         assert list(measured.x) == [s.step for s in steps if not s.warmup]
         assert list(measured.y) == pytest.approx([s.total_s * 1e3 for s in steps if not s.warmup])
         assert list(warmup.x) == list(range(WARMUP)) and warmup.marker.symbol == "circle-open"
         assert list(util.x) == pytest.approx([s.t for s in samples])
         assert list(util.y) == pytest.approx([s.util_pct for s in samples])
         assert list(util.customdata) == pytest.approx([s.mem_used_bytes / 2**20 for s in samples])
-        assert measured.line.color == util.line.color == warmup.marker.color
-    assert panel.plots.traces(0, "step")[0].line.color != panel.plots.traces(1, "step")[0].line.color
+        assert measured.line.color == util.line.color == warmup.marker.color == run_colour(run_index)
+    assert run_colour(0) != run_colour(1)
     assert panel.plots.figure.layout.yaxis.title.text == "workers' CPU % of machine (psutil)"
     assert "Reading of #1" in panel.diagnosis.value
 
@@ -160,8 +165,12 @@ def test_unticking_a_run_hides_its_traces() -> None:
     run(panel)
     run(panel)
     panel.table.checkboxes[0].value = False
+    assert panel.state.hidden == {0}
     assert all(t.visible is False for t in panel.plots.figure.data if t.meta["run"] == 0)
     assert all(t.visible is True for t in panel.plots.figure.data if t.meta["run"] == 1)
+    run(panel)  # a new run keeps the old one hidden, in the plots and in the table
+    assert not panel.table.checkboxes[0].value and panel.table.checkboxes[2].value
+    assert all(t.visible is False for t in panel.plots.figure.data if t.meta["run"] == 0)
     panel.table.checkboxes[0].value = True
     assert all(t.visible is True for t in panel.plots.figure.data)
 
@@ -170,18 +179,22 @@ def test_ddp_gets_one_step_trace_per_rank() -> None:
     panel = make_panel()
     panel.set_config(Config(parallel="ddp", world_size=2))
     run(panel)
-    ranks = panel.plots.traces(0, "step")
-    assert sorted(t.meta["sub"] for t in ranks) == [0, 1]
+    ranks = traces(panel.plots.figure, 0, "step")
+    assert sorted(t.meta["rank"] for t in ranks) == [0, 1]
     assert {t.line.dash for t in ranks} == {"solid", "dot"}
+    assert sorted(t.name for t in ranks) == ["#0 parallel=ddp, world_size=2 rank 0", "#0 parallel=ddp, world_size=2 rank 1"]
 
 
 def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None:
-    plots = LivePlots(GPU1)
-    plots.start_run(0, "#0 ddp", ranks=2)
+    state, plots = PanelState(GPU1), LivePlots(GPU1)
+    run = state.begin_run("ddp", ranks=2)
     samples = [replace(sample(0.1 * i, source="nvml"), device=f"cuda:{i % 2}") for i in range(6)]
-    plots.extend(0, Batch(samples=samples))
-    lines = plots.traces(0, "util")
-    assert sorted(t.meta["sub"] for t in lines) == ["cuda:0", "cuda:1"]
+    state.add_events(run, [], samples[:2])
+    plots.draw(state.runs, state.hidden)
+    state.add_events(run, [], samples[2:])
+    plots.draw(state.runs, state.hidden)
+    lines = traces(plots.figure, 0, "util")
+    assert sorted(t.meta["device"] for t in lines) == ["cuda:0", "cuda:1"]
     assert len({t.line.dash for t in lines}) == 2 and all(len(t.x) == 3 for t in lines)
     assert plots.figure.layout.yaxis.title.text == "GPU utilisation % (NVML)"
 
@@ -189,11 +202,13 @@ def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None
 def test_live_updates_are_batched_to_a_few_per_second() -> None:
     engine = FakeEngine(pace_s=0.005)  # ~2 events every 5 ms: 400 events/s
     panel = make_panel(engine, steps=250)
+    redraws: list[str] = []
+    panel.state.subscribe(lambda part: redraws.append(part))
     started = time.monotonic()
     run(panel)
     elapsed = time.monotonic() - started
     events = len(engine.emitted[0])
-    pushes = len(panel.update_times)
+    pushes = redraws.count("points")  # each one redraws the figure
     assert pushes >= 2 * elapsed - 1, (pushes, elapsed)  # at least twice a second
     assert pushes <= 6 * elapsed + 2, (pushes, elapsed)  # ~4 Hz, never per event
     assert pushes < events / 20
@@ -202,8 +217,8 @@ def test_live_updates_are_batched_to_a_few_per_second() -> None:
 def test_long_bursts_keep_each_trace_bounded_and_aligned() -> None:
     panel = make_panel(FakeEngine(), steps=4000)
     run(panel)
-    (measured,) = panel.plots.traces(0, "step")
-    (util,) = panel.plots.traces(0, "util")
+    (measured,) = traces(panel.plots.figure, 0, "step")
+    (util,) = traces(panel.plots.figure, 0, "util")
     for trace in (measured, util):
         assert 0 < len(trace.x) <= MAX_TRACE_POINTS and len(trace.x) == len(trace.y)
         assert list(trace.x) == sorted(trace.x) and trace.x[-1] > 3000 * (1 if trace is measured else 0.05)
@@ -237,7 +252,7 @@ def test_stop_sets_the_event_and_the_status_says_stopped() -> None:
     assert time.monotonic() - clicked < 1.0
     assert engine.calls[0].kwargs["stop"].is_set()
     assert "stopped" in status(panel)
-    assert panel.runs[0].status == "stopped" and panel.table.text()[0][-1].startswith("stopped")
+    assert panel.runs[0].status == "stopped" and table_text(panel.table)[0][-1].startswith("stopped")
 
 
 def test_a_failing_engine_shows_the_error_and_the_panel_keeps_working() -> None:
@@ -245,7 +260,7 @@ def test_a_failing_engine_shows_the_error_and_the_panel_keeps_working() -> None:
     panel = make_panel(engine)
     run(panel)
     assert panel.runs[0].status == "failed"
-    assert panel.table.text()[0][-1] == "failed: ValueError: deliberate failure at call 3"
+    assert table_text(panel.table)[0][-1] == "failed: ValueError: deliberate failure at call 3"
     assert "deliberate failure" in status(panel) and "Burst failed" in panel.diagnosis.value
     run(panel)
     assert panel.runs[1].ok and "finished" in status(panel)
@@ -254,7 +269,7 @@ def test_a_failing_engine_shows_the_error_and_the_panel_keeps_working() -> None:
 def test_an_engine_raising_without_a_result_still_gets_a_failed_row() -> None:
     panel = make_panel(FakeEngine(fail="plain"))
     run(panel)
-    assert panel.table.text()[0][-1] == "failed: RuntimeError: the fake engine broke"
+    assert table_text(panel.table)[0][-1] == "failed: RuntimeError: the fake engine broke"
     run(panel)
     assert [r.status for r in panel.runs] == ["failed", "ok"]
 
@@ -266,7 +281,7 @@ def test_run_ladder_runs_the_classic_rungs_in_order() -> None:
     rungs = classic_ladder(tiny_workload(), CPU)
     assert [c.config for c in engine.calls] == [r.config for r in rungs]
     assert [c.kwargs["label"] for c in engine.calls] == [r.name for r in rungs]
-    assert [row[1].split(":")[0] for row in panel.table.text()] == ["baseline", *(r.name for r in rungs[1:])]
+    assert [row[1].split(":")[0] for row in table_text(panel.table)] == ["baseline", *(r.name for r in rungs[1:])]
     assert panel.progress.value == pytest.approx(1.0)
 
 
@@ -304,9 +319,9 @@ def test_a_real_short_burst_fills_the_panel() -> None:
     run(panel)
     (result,) = panel.runs
     assert result.ok, result.error
-    (measured,) = panel.plots.traces(0, "step")
+    (measured,) = traces(panel.plots.figure, 0, "step")
     assert len(measured.x) == 5
-    assert panel.table.text()[0][-1] == "ok" and "finished" in status(panel)
+    assert table_text(panel.table)[0][-1] == "ok" and "finished" in status(panel)
 
 
 def test_stopping_a_real_burst_takes_under_a_second() -> None:
@@ -315,9 +330,9 @@ def test_stopping_a_real_burst_takes_under_a_second() -> None:
     panel.length_value.value = 60
     panel.run_button.click()
     deadline = time.monotonic() + 60
-    while not panel.plots.traces(0, "step") and time.monotonic() < deadline:
+    while not traces(panel.plots.figure, 0, "step") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert panel.plots.traces(0, "step"), "no measured step arrived"
+    assert traces(panel.plots.figure, 0, "step"), "no measured step arrived"
     clicked = time.monotonic()
     panel.stop_button.click()
     assert panel.wait(timeout=10)

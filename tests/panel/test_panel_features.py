@@ -118,6 +118,18 @@ def test_a_faster_run_whose_loss_goes_nan_is_marked_with_the_reasons() -> None:
     assert "faster but changes training" in cell.value and "NaN" in cell.value  # the reasons on hover
 
 
+def test_a_diverged_run_reads_diverged_with_why_not_as_a_speed_up() -> None:
+    table = RunsTable(lambda _: None)
+    diverged = nan_losses(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.025))
+    diverged.error, diverged.status = diverged.divergence(), "diverged"  # as the engine marks it
+    table.update([synthetic_result(steps=10, step_s=0.05), diverged])
+    status = table.text()[1][-1]
+    assert status.startswith("diverged: loss is NaN from step 4 (8 of 12 steps not finite): training diverged.")
+    assert table.text()[1][2] == "1,280.0"  # the numbers stay visible (320 samples in 0.25 s)
+    cell = table.widget.children[len(table._header) * 3 - 1]
+    assert "#c62828" in cell.value and "font-weight: 600" in cell.value
+
+
 def test_the_panel_flags_a_run_that_changes_training() -> None:
     def engine(workload: Any, config: Config, **kwargs: Any) -> BurstResult:
         if config.precision == "bf16":

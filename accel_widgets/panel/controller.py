@@ -1,0 +1,408 @@
+"""The panel's actions (Run burst, Run ladder, Profile, Tune, Load earlier runs, Stop): thin handlers that run
+off the kernel's main thread and change only the :class:`~.state.PanelState`.
+
+Threading: every action runs on one background thread, so the kernel stays free to answer the browser (and
+the Stop button) while a burst trains in worker processes. The engine calls ``on_event`` on that thread;
+events are batched and handed to the state at ~4 Hz, so the figure is redrawn a few times a second rather
+than once per event. Only one action runs at a time. The run history is only touched from the action thread
+too (the workload fingerprint builds the model, which can take a while).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import Config
+from ..device import DeviceInfo
+from ..engine.launcher import BurstError
+from ..history import HistoryError, RunHistory, workload_fingerprint
+from ..ladder import classic_ladder
+from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
+from ..tuner import TuneResult, TuneStep
+from ..validation import ConfigError
+from ..workload import Workload
+from .state import PanelState, ProfileShown
+
+Engine = Callable[..., BurstResult]
+Tuner = Callable[..., TuneResult]
+HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
+Event = StepRecord | TelemetrySample
+
+FLUSH_INTERVAL_S = 0.25  # ~4 Hz: smooth enough to watch, rare enough not to flood the comm channel
+
+
+# -- plans -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanItem:
+    """One burst an action will run: the label it is recorded under and its config."""
+
+    label: str
+    config: Config
+
+
+def ladder_plan(workload: Workload, device: DeviceInfo) -> list[PlanItem]:
+    """The classic cumulative ladder (:func:`~accel_widgets.ladder.classic_ladder`) for this workload and
+    device, as bursts to run in order, each recorded under its rung's name."""
+    return [PlanItem(rung.name, rung.config) for rung in classic_ladder(workload, device)]
+
+
+def length_kwargs(unit: str, value: float) -> dict[str, int | float | None]:
+    """Burst length as the engine's keywords: a number of measured steps, or seconds of measuring."""
+    if unit == "steps":
+        return {"steps": max(1, round(value)), "seconds": None}
+    if unit == "seconds":
+        return {"steps": None, "seconds": max(0.1, float(value))}
+    raise ValueError(f"burst length unit must be 'steps' or 'seconds', got {unit!r}")
+
+
+def failed_result(workload: Workload, item: PlanItem, exc: BaseException) -> BurstResult:
+    """A result for a burst that raised without one (bad config, unpicklable workload), so it gets a row."""
+    kind = "config" if isinstance(exc, ConfigError) else "exception"
+    return BurstResult(workload=workload.name, config=item.config, status="failed", label=item.label,
+                       error=ErrorInfo(kind, f"{type(exc).__name__}: {exc}"))
+
+
+# -- live events -----------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Events received since the previous flush."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+    samples: list[TelemetrySample] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.steps or self.samples)
+
+
+class EventBatcher:
+    """Collects a burst's live events and says when the next flush to the state is due.
+
+    The engine calls ``on_event`` for every step and every 10 Hz telemetry sample; redrawing the figure
+    for each would send a comm message per event. Flushing every ``FLUSH_INTERVAL_S`` keeps the plots live
+    with a handful of messages a second. Thread-safe, though the engine calls it from one thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = Batch()
+        self._last_flush = time.monotonic()
+
+    def add(self, event: Event) -> bool:
+        """Queue ``event``; True when a flush is due (the caller then calls :meth:`take`)."""
+        with self._lock:
+            if isinstance(event, StepRecord):
+                self._pending.steps.append(event)
+            elif isinstance(event, TelemetrySample):
+                self._pending.samples.append(event)
+            return time.monotonic() - self._last_flush >= FLUSH_INTERVAL_S
+
+    def take(self) -> Batch:
+        """Everything queued since the last take, and restart the flush interval."""
+        with self._lock:
+            batch, self._pending = self._pending, Batch()
+            self._last_flush = time.monotonic()
+            return batch
+
+
+class ProgressTracker:
+    """How far one burst is, from the step events alone (rank 0 speaks for the group)."""
+
+    def __init__(self, steps: int | None, seconds: float | None) -> None:
+        self.steps, self.seconds = steps, seconds
+        self.warmup_seen = 0
+        self.measured_seen = 0
+        self._first_t: float | None = None
+        self._last_t: float | None = None
+
+    def observe(self, steps: Sequence[StepRecord]) -> None:
+        for record in steps:
+            if record.rank != 0:
+                continue
+            if record.warmup:
+                self.warmup_seen += 1
+                continue
+            self.measured_seen += 1
+            start = record.t - record.total_s
+            self._first_t = start if self._first_t is None else min(self._first_t, start)
+            self._last_t = record.t if self._last_t is None else max(self._last_t, record.t)
+
+    @property
+    def measured_s(self) -> float:
+        if self._first_t is None or self._last_t is None:
+            return 0.0
+        return self._last_t - self._first_t
+
+    @property
+    def fraction(self) -> float:
+        """Share of the measured part done: warm-up and compile steps are not counted as progress."""
+        if self.steps:
+            return min(1.0, self.measured_seen / self.steps)
+        if self.seconds:
+            return min(1.0, self.measured_s / self.seconds)
+        return 0.0
+
+    def describe(self) -> str:
+        if self.measured_seen == 0:
+            return f"warm-up step {self.warmup_seen} done" if self.warmup_seen else "starting the workers"
+        if self.steps:
+            return f"step {self.measured_seen}/{self.steps}"
+        return f"{self.measured_s:.1f} s of {self.seconds:g} s ({self.measured_seen} steps)"
+
+
+# -- the controller --------------------------------------------------------------------------------
+def open_history(history: HistoryArg) -> tuple[RunHistory | None, str]:
+    """The run history to record to, or ``None`` and why it cannot be used ("" when it was turned off)."""
+    if history is False:
+        return None, ""
+    if isinstance(history, RunHistory):
+        return history, ""
+    try:
+        return RunHistory(None if history is None else Path(history)), ""
+    except HistoryError as exc:
+        return None, str(exc)
+
+
+class PanelController:
+    """Starts the panel's actions on the action thread and turns what happens into state changes.
+
+    ``engine`` is called like :func:`~accel_widgets.engine.launcher.run_burst` (for example
+    ``functools.partial(run_burst, isolation="inprocess")`` for a workload that cannot be pickled);
+    ``tuner`` like :func:`~accel_widgets.tuner.tune`. Every finished burst is recorded in ``history``.
+    """
+
+    def __init__(self, workload: Workload, state: PanelState, *, engine: Engine, tuner: Tuner, history: HistoryArg,
+                 profile_steps: int, profile_dir: str) -> None:
+        self.workload = workload
+        self.state = state
+        self.profile_steps = profile_steps
+        self.profile_dir = profile_dir
+        self._engine = engine
+        self._tuner = tuner
+        self.history, problem = open_history(history)
+        self._history_off_why = problem or "the panel was opened with history=False"
+        self._fingerprint: str | None = None
+        self._shown_ids: set[int] = set()  # history ids already in the table (recorded here or loaded)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._stop_requested_at: float | None = None
+        state.set_history(self.history is not None, problem)
+        state.set_status("Ready." if self.history is not None else "Ready (no run history).")
+
+    # -- actions ----------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.state.action is not None
+
+    def run_burst(self, length: dict[str, Any]) -> None:
+        plan = [PlanItem("", self.state.runnable_config())]
+        self._start("Burst", lambda: self._run_plan("Burst", plan, length))
+
+    def run_ladder(self, length: dict[str, Any]) -> None:
+        plan = ladder_plan(self.workload, self.state.device)
+        self._start("Ladder", lambda: self._run_plan("Ladder", plan, length))
+
+    def profile(self, length: dict[str, Any]) -> None:
+        config = self.state.runnable_config()
+        self._start("Profile", lambda: self._run_profile(config, length))
+
+    def tune(self, budget_s: float, steps: int) -> None:
+        base = self.state.runnable_config()
+        self._start("Tune", lambda: self._run_tune(base, budget_s, steps))
+
+    def load_history(self) -> None:
+        if self.history is None:
+            raise RuntimeError(f"no run history: {self._history_off_why}")
+        self._start("Load", self._run_load)
+
+    def stop(self) -> None:
+        if self.running and not self._stop.is_set():
+            self._stop_requested_at = time.monotonic()
+            self._stop.set()
+            self.state.set_status("Stopping…")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.running
+
+    # -- the action thread ------------------------------------------------------------------------
+    def _start(self, what: str, body: Callable[[], str]) -> None:
+        """Run ``body`` on the action thread; its return value is the final status line."""
+        with self.state.lock:
+            self.state.begin_action(what)  # raises while another action runs
+            self._stop = threading.Event()
+            self._stop_requested_at = None
+            self._thread = threading.Thread(target=self._run_action, args=(what, body),
+                                            name="accel-widgets-panel", daemon=True)
+            self._thread.start()
+
+    def _run_action(self, what: str, body: Callable[[], str]) -> None:
+        """Run the action and keep the panel usable whatever happens."""
+        try:
+            self.state.set_status(body())
+        except Exception as exc:  # a bug of the panel itself: say so in the panel, then let the thread report it
+            self.state.set_status(f"Panel error in {what}: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.state.end_action()
+
+    def _run_plan(self, what: str, plan: list[PlanItem], length: dict[str, Any]) -> str:
+        """Run each planned burst in turn (Run burst, Run ladder)."""
+        for index, item in enumerate(plan):
+            if self._stop.is_set():
+                break
+            position = f" {index + 1}/{len(plan)}" if len(plan) > 1 else ""
+            self._burst(f"{what}{position}", item, length,
+                        lambda fraction, index=index: (index + fraction) / len(plan))
+        return self._final_status(what, len(plan))
+
+    def _run_profile(self, config: Config, length: dict[str, Any]) -> str:
+        self.state.show_profile(None)
+        result = self._burst("Profile", PlanItem("", config), length, lambda fraction: fraction,
+                             profile_steps=self.profile_steps, profile_dir=self.profile_dir)
+        why = f"the burst ended {result.status}"
+        if result.error is not None and result.error.message.strip():
+            why += f" ({result.error.message.strip().splitlines()[0]})"
+        self.state.show_profile(ProfileShown(result.profile, why))
+        if result.profile is None:
+            return self._final_status("Profile", 1)
+        return f"Profile finished: top operators below; trace {result.profile.trace_path}."
+
+    def _run_tune(self, base: Config, budget_s: float, steps: int) -> str:
+        """The tuner's search, each of its bursts run through :meth:`_burst` so they plot and record live."""
+        started = time.monotonic()
+        bursts = 0
+
+        def progress(_fraction: float) -> float:
+            return min(1.0, (time.monotonic() - started) / budget_s)
+
+        def engine(workload: Workload, config: Config, *, steps: int | None = None, seconds: float | None = None,
+                   label: str = "", **_ignored: Any) -> BurstResult:
+            # The panel's own stop event and live events, whatever the tuner passes: Stop must reach the burst.
+            nonlocal bursts
+            bursts += 1
+            return self._burst(f"Tune · burst {bursts}", PlanItem(label, config), {"steps": steps, "seconds": seconds},
+                               progress)
+
+        def on_step(step: TuneStep) -> None:
+            verdict = "kept" if step.accepted else "rejected"
+            self.state.set_status(f"Tune: {step.knob}={step.value!r} {verdict} ({step.reason})",
+                                  busy=not self._stop.is_set())
+
+        try:
+            outcome = self._tuner(self.workload, budget_s=budget_s, base=base, steps=steps, device=self.state.device,
+                                  engine=engine, stop=self._stop, on_step=on_step)
+        except Exception as exc:  # a base the tuner refuses, or a tuner bug: the panel must survive it
+            return f"Tune failed: {type(exc).__name__}: {exc}"
+        self.state.set_tune_result(outcome)
+        self.state.set_progress(1.0)
+        self.state.set_config(outcome.best)
+        rates = ""
+        if outcome.best_samples_per_s is not None and outcome.baseline_samples_per_s is not None:
+            rates = f"; {outcome.baseline_samples_per_s:,.1f} → {outcome.best_samples_per_s:,.1f} samples/s"
+        stopped = "stopped" if self._stop.is_set() else "finished"
+        return (f"Tune {stopped}: best {outcome.best.label()}, {outcome.speedup:.2f}× over the start{rates} "
+                f"({len(outcome.bursts)} bursts in {outcome.wall_s:.0f} s; {outcome.stopped_reason}). "
+                "The controls now show it.")
+
+    def _run_load(self) -> str:
+        """Add the stored runs of this workload's fingerprint, oldest first, skipping those already shown."""
+        self.state.set_status("Load: reading the run history", busy=True)
+        fingerprint = self._workload_fingerprint()
+        history = self.history
+        if fingerprint is None or history is None:
+            return "Load: no run history."
+        try:
+            stored = history.runs(fingerprint=fingerprint)
+        except HistoryError as exc:
+            self._history_failed(exc)
+            return "Load failed."
+        fresh = [run for run in reversed(stored) if run.id not in self._shown_ids]
+        self.state.add_loaded([(run.label, run.result, f"loaded from {history.path}, recorded {run.created_at}")
+                               for run in fresh])
+        self._shown_ids.update(run.id for run in fresh)
+        self.state.set_progress(1.0)
+        skipped = len(stored) - len(fresh)
+        already = f" ({skipped} already shown)" if skipped else ""
+        return f"Loaded {len(fresh)} earlier run{'s' if len(fresh) != 1 else ''} of this workload{already}."
+
+    def _burst(self, what: str, item: PlanItem, length: dict[str, Any], progress: Callable[[float], float],
+               **extra: Any) -> BurstResult:
+        """One burst through the engine, streamed into the state, then finished there and recorded."""
+        run = self.state.begin_run(item.label or item.config.label(), item.config.ranks)
+        prefix = f"{what} · {self.state.runs[run].name}"
+        batcher = EventBatcher()
+        tracker = ProgressTracker(length["steps"], length["seconds"])
+
+        def flush() -> None:
+            batch = batcher.take()
+            tracker.observe(batch.steps)
+            if batch:
+                self.state.add_events(run, batch.steps, batch.samples)
+            self.state.set_progress(progress(tracker.fraction))
+            if not self._stop.is_set():
+                self.state.set_status(f"{prefix}: {tracker.describe()}", busy=True)
+
+        def on_event(event: Event) -> None:
+            if batcher.add(event):
+                flush()
+
+        self.state.set_status(f"{prefix}: starting", busy=True)
+        try:
+            result = self._engine(self.workload, item.config, **length, on_event=on_event, stop=self._stop,
+                                  label=item.label, **extra)
+        except BurstError as exc:
+            result = exc.result
+        except Exception as exc:  # a bad config or workload must not take the panel down
+            result = failed_result(self.workload, item, exc)
+        flush()
+        self.state.finish_run(run, result)
+        self._record(result)
+        return result
+
+    def _final_status(self, what: str, planned: int) -> str:
+        if self._stop.is_set():
+            took = ""
+            if self._stop_requested_at is not None:
+                took = f" (stop took {time.monotonic() - self._stop_requested_at:.2f} s)"
+            return f"{what} stopped{took}."
+        results = self.state.results
+        last = results[-1] if results else None
+        if last is not None and last.error is not None and not last.ok:
+            first_line = last.error.message.strip().splitlines()[0] if last.error.message.strip() else ""
+            return f"{what} finished; the last run {last.status}: {first_line}"
+        return f"{what} finished: {planned} run{'s' if planned > 1 else ''} added to the table."
+
+    # -- history ----------------------------------------------------------------------------------
+    def _history_failed(self, exc: Exception) -> None:
+        """Carry on without the history, and keep saying why under the status line."""
+        self.history = None
+        self._history_off_why = str(exc)
+        self.state.set_history(False, str(exc))
+
+    def _workload_fingerprint(self) -> str | None:
+        """Computed once, on the action thread (it builds the model); None when the history is off."""
+        if self.history is not None and self._fingerprint is None:
+            try:
+                self._fingerprint = workload_fingerprint(self.workload)
+            except Exception as exc:  # a model that fails to build must not cost the run its table row
+                self._history_failed(HistoryError(f"cannot fingerprint the workload for the run history: "
+                                                  f"{type(exc).__name__}: {exc}"))
+        return self._fingerprint if self.history is not None else None
+
+    def _record(self, result: BurstResult) -> None:
+        fingerprint = self._workload_fingerprint()
+        history = self.history
+        if fingerprint is None or history is None:
+            return
+        try:
+            self._shown_ids.add(history.record(result, fingerprint=fingerprint))
+        except HistoryError as exc:
+            self._history_failed(exc)

@@ -1,0 +1,235 @@
+"""Nothing a burst starts outlives or escapes its owner: killed callers, restarted kernels, repeated
+Ctrl-C, user code that exits, stuck loaders. Each test attacks the engine from outside, as users do."""
+
+from __future__ import annotations
+
+import _thread
+import glob
+import json
+import os
+import shutil
+import stat
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from accel_widgets import BurstTimeout, Config, StepRecord, WorkerCrashed, WorkerError, Workload, run_burst
+from accel_widgets.engine import launcher
+from accel_widgets.engine.events import Phase
+from accel_widgets.engine.launcher import _Collected, _crash_message, inductor_cache_dir, remove_orphaned_burst_dirs
+from tests.workloads import FailAt, StuckItemDataset, tiny_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+OWNER = """
+import json, sys
+import accel_widgets as aw
+from tests.devices import cpu_device
+from tests.workloads import tiny_workload
+
+printed = []
+def on_event(event):
+    if isinstance(event, aw.StepRecord) and not printed:
+        printed.append(1)
+        print("STEP", flush=True)
+
+aw.run_burst(tiny_workload(), aw.Config(**json.loads(sys.argv[1])), seconds=120, on_event=on_event,
+             device=cpu_device())  # 2 DDP ranks: gloo on the CPU, even where there are GPUs
+"""
+
+
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        try:
+            if process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _gone_within(processes: list[psutil.Process], seconds: float) -> float:
+    """Seconds until every process has exited (fails the test past ``seconds``)."""
+    started = time.perf_counter()
+    while _running(processes):
+        assert time.perf_counter() - started < seconds, f"still running: {_running(processes)}"
+        time.sleep(0.02)
+    return time.perf_counter() - started
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp dir with a short path: the owner's forkserver socket lives in it (AF_UNIX paths are short)."""
+    path = tempfile.mkdtemp(prefix="awt-", dir="/tmp")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_for_line(process: subprocess.Popen, text: str, timeout: float) -> None:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        line = process.stdout.readline()
+        if text in line:
+            return
+        assert line or process.poll() is None, f"the owner exited: {process.stderr.read()[-2000:]}"
+    pytest.fail(f"no {text!r} within {timeout} s")
+
+
+@pytest.mark.parametrize("knobs", [{"num_workers": 1}, {"parallel": "ddp", "world_size": 2}],
+                         ids=["loader-workers", "ddp-2"])
+def test_killing_the_owner_takes_every_burst_process_with_it(knobs, short_tmp, monkeypatch):
+    tmp_path = short_tmp
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, json.dumps(knobs)], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_line(owner, "STEP", timeout=90)
+        family = psutil.Process(owner.pid).children(recursive=True)
+        infrastructure = psutil.Process(owner.pid).children()  # the forkserver and the resource tracker
+        ranks = [p for p in family if p not in infrastructure]  # forked from the server, and their children
+        assert len(ranks) >= 2  # a rank and its loader worker, or two ranks
+        owner.kill()  # what the OOM killer or a kernel restart past its grace period does
+        assert _gone_within(ranks, 2.0) < 2.0
+        _gone_within(family, 3.0)  # the forkserver and resource tracker go once no owner is left
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+        owner.stderr.close()
+    left = glob.glob(str(tmp_path / f"accel-widgets-*-{owner.pid}-*"))
+    assert left  # the killed owner could not clean up: the next burst of anyone does
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    assert sorted(remove_orphaned_burst_dirs()) == sorted(left)
+    assert not glob.glob(str(tmp_path / "accel-widgets-*"))
+
+
+def test_restarting_a_real_kernel_mid_burst_leaves_nothing(short_tmp, monkeypatch):
+    tmp_path = short_tmp
+    from jupyter_client.manager import KernelManager
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(ROOT), env=env)
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        kernel = psutil.Process(manager.provisioner.process.pid)
+        client.execute("import accel_widgets as aw\nfrom tests.workloads import tiny_workload\n"
+                       "aw.run_burst(tiny_workload(), aw.Config(num_workers=1), seconds=120)")
+        deadline = time.perf_counter() + 60
+        while len(kernel.children(recursive=True)) < 4:  # forkserver, resource tracker, rank, loader worker
+            assert time.perf_counter() < deadline, "the burst did not start"
+            time.sleep(0.1)
+        family = kernel.children(recursive=True)
+        manager.restart_kernel(now=True)
+        _gone_within([kernel, *family], 3.0)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    remove_orphaned_burst_dirs()
+    assert not glob.glob(str(tmp_path / f"accel-widgets-*-{kernel.pid}-*"))
+
+
+def test_a_second_ctrl_c_during_teardown_cannot_leave_a_rank_or_a_file_behind():
+    """The rank ignores SIGTERM, so teardown waits out its grace before SIGKILL: the second Ctrl-C lands there."""
+    timers = [threading.Timer(1.5, _thread.interrupt_main), threading.Timer(1.75, _thread.interrupt_main)]
+    for timer in timers:
+        timer.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_burst(tiny_workload(FailAt("hang-ignoring-sigterm", at_call=3)), Config(), steps=100)
+        time.sleep(0.5)  # a second interrupt held back during teardown must not escape later either
+    finally:
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+    assert time.perf_counter() - started < 1.5 + 2.0
+    # The no_leaks fixture asserts that no process and no burst dir is left.
+
+
+@pytest.mark.parametrize(("how", "error", "says"), [
+    ("sys.exit(0)", WorkerError, "the workload called sys.exit(0) on rank 0"),
+    ("sys.exit(3)", WorkerError, "the workload called sys.exit(3) on rank 0"),
+    ("KeyboardInterrupt", WorkerError, "KeyboardInterrupt raised inside the workload on rank 0"),
+    ("os._exit(0)", WorkerCrashed, "rank 0 exited (code 0) before finishing its burst"),
+    ("os._exit(3)", WorkerCrashed, "rank 0 exited with code 3 without raising"),
+])
+def test_user_code_that_exits_is_the_workloads_failure(how, error, says):
+    with pytest.raises(error) as info:
+        run_burst(tiny_workload(FailAt(how, at_call=3)), Config(), steps=10)
+    result = info.value.result
+    assert says in str(info.value)
+    assert result.status == "failed" and "stopped" not in str(info.value)
+    assert "out-of-memory" not in str(info.value)
+    if error is WorkerError:
+        assert "in forward" in result.error.traceback and result.error.kind == "exit"
+
+
+def test_a_stuck_loader_worker_is_named_when_the_burst_times_out():
+    workload = Workload(model=tiny_workload().model, dataset=StuckItemDataset(stuck_after=40),
+                        loss_fn=tiny_workload().loss_fn, batch_size=32, name="stuck-loader")
+    with pytest.raises(BurstTimeout, match="rank 0 was waiting for its DataLoader"):
+        run_burst(workload, Config(num_workers=1), steps=20, timeout_s=3.0)
+
+
+def test_stop_with_loader_workers_returns_at_once():
+    """Loader workers that already exited are zombies until their rank reaps them: not worth waiting for."""
+    latencies = []
+    for _ in range(3):
+        stop, pressed = threading.Event(), []
+
+        def on_event(event, stop=stop, pressed=pressed):
+            if isinstance(event, StepRecord) and event.step == 3 and not stop.is_set():
+                stop.set()
+                pressed.append(time.perf_counter())
+
+        result = run_burst(tiny_workload(), Config(num_workers=2), steps=10_000, on_event=on_event, stop=stop)
+        latencies.append(time.perf_counter() - pressed[0])
+        assert result.status == "stopped"
+    assert statistics.median(latencies) < 0.3, latencies
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(short_tmp):
+    tmp_path = short_tmp
+    script = tmp_path / "no_guard.py"
+    script.write_text("import accel_widgets as aw\nfrom tests.workloads import tiny_workload\n"
+                      "aw.run_burst(tiny_workload(), aw.Config(), steps=3)\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "died while starting" in done.stderr and "if __name__ == '__main__':" in done.stderr
+
+
+def test_sigkill_is_blamed_on_the_oom_killer_only_with_evidence(monkeypatch):
+    collected = _Collected(exit_codes=[-9], phases=[Phase.STEP], oom_kills_before=2)
+    monkeypatch.setattr(launcher, "oom_kill_count", lambda: 2)
+    assert "from outside the burst (no out-of-memory kill was recorded)" in _crash_message(0, -9, collected)
+    monkeypatch.setattr(launcher, "oom_kill_count", lambda: 3)
+    assert "out-of-memory killer" in _crash_message(0, -9, collected)
+    monkeypatch.setattr(launcher, "oom_kill_count", lambda: None)
+    assert "cannot be checked here" in _crash_message(0, -9, collected)
+    assert "a crash in native code" in _crash_message(0, -11, collected)
+
+
+def test_compiled_kernels_go_to_a_private_cache_unless_the_user_chose_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    path = inductor_cache_dir(str(tmp_path))
+    assert path == str(tmp_path / "inductor")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    # What torch writes into the environment once anything compiled in this process is not a choice.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(),
+                                                               "torchinductor_someone"))
+    assert inductor_cache_dir(str(tmp_path)) == path
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert inductor_cache_dir(str(tmp_path)) == str(tmp_path / "mine")

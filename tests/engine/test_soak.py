@@ -1,0 +1,70 @@
+"""A short soak (issue #9): a dozen random bursts in this process leave nothing behind in it.
+
+The full soak is ``benchmarks/soak.py`` (200 bursts); this runs its planning and measuring code on the
+test workloads, with exact no-growth asserts: after the first bursts (one of each kind, on one and two
+ranks), no later burst may leave one more file descriptor, thread or child process, and no burst may
+leave a temp file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from accel_widgets import Workload, probe_device
+from tests.workloads import FailAt, tiny_workload
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BURSTS, SEED = 12, 1
+
+
+def _load_soak() -> ModuleType:
+    """Import the benchmark from its path; it imports ``_common`` from its own directory, as when run."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("soak", BENCHMARKS / "soak.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+soak = _load_soak()
+
+
+def workload_for(plan) -> Workload:
+    """The test suite's tiny workloads; a fail plan's model raises "deliberate failure" at its drawn call."""
+    if plan.kind == "fail":
+        return tiny_workload(FailAt("raise", at_call=plan.fail_at, rank=plan.fail_rank))
+    return tiny_workload()
+
+
+def test_plans_are_valid_seeded_and_cover_every_kind():
+    device = probe_device()
+    plans = soak.draw_plans(BURSTS, SEED, device)
+    assert plans == soak.draw_plans(BURSTS, SEED, device)
+    assert [(p.kind, p.ranks) for p in plans[:6]] == [(k, 2 if ddp else 1) for k, ddp in soak.COVER]
+    assert all(p.config.compile_mode == "off" and 2 <= p.steps <= 6 for p in plans)
+    assert all(p.fail_at is not None for p in plans if p.kind == "fail")
+
+
+@pytest.mark.slow
+def test_a_dozen_random_bursts_leave_nothing_behind():
+    plans = soak.draw_plans(BURSTS, SEED, probe_device())
+    records = soak.soak(plans, workload_for)
+    unexpected = [(r["index"], r["kind"], r["config"], r["status"], r["error"]) for r in records if not r["expected"]]
+    assert not unexpected
+    settle = len(soak.COVER)
+    grown = soak.growth([r["snapshot"] for r in records], settle - 1)
+    history = {m: [r["snapshot"][m] for r in records] for m in ("fds", "threads", "children")}
+    for metric in ("fds", "threads", "children"):
+        assert grown[metric].growth <= 0, f"{metric} grew after burst {settle}: {history[metric]}"
+    assert history["children"][-1] == 0
+    assert [r["snapshot"]["temp_files"] for r in records] == [0] * BURSTS

@@ -1,0 +1,91 @@
+"""``--workload MODULE:FUNCTION``: found in the current directory like ``python -m``, and every wrong reference is
+a one-line error with a non-zero exit, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from accel_widgets.cli import WorkloadReferenceError, load_workload, main
+
+MODULE = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from accel_widgets import Workload
+
+
+    class Net(nn.Module):  # defined here, so a worker must import this module to rebuild the model
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.layer(x)
+
+
+    def make():
+        x, y = torch.randn(64, 8), torch.randint(0, 2, (64,))
+        return Workload(model=Net(), dataset=(x, y), loss_fn=F.cross_entropy, batch_size=16, name="mywl")
+
+
+    def not_a_workload():
+        return 42
+""")
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A current directory holding ``mywl.py`` (and ``broken.py``, whose own import fails); ``sys.path`` and the
+    imported modules are restored afterwards."""
+    (tmp_path / "mywl.py").write_text(MODULE)
+    (tmp_path / "broken.py").write_text("import a_dependency_that_is_not_installed\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    yield tmp_path
+    for name in ("mywl", "broken"):
+        sys.modules.pop(name, None)
+
+
+def test_a_module_in_the_current_directory_is_found(workdir: Path) -> None:
+    workload = load_workload("mywl:make")
+    assert workload.name == "mywl" and sys.path[0] == str(workdir)
+
+
+@pytest.mark.parametrize(("reference", "message"), [
+    ("mywl", "--workload 'mywl': use MODULE:FUNCTION, e.g. mypkg.train:make_workload"),
+    ("nosuchmodule:make", "--workload 'nosuchmodule:make': no module named 'nosuchmodule' in the current directory "
+                          "({cwd}) or on the Python path"),
+    ("mywl:make_it", "--workload 'mywl:make_it': module 'mywl' ({cwd}/mywl.py) has no 'make_it'"),
+    ("mywl:not_a_workload", "--workload 'mywl:not_a_workload' must return an accel_widgets.Workload, got int"),
+])
+def test_a_bad_reference_says_which_part_is_wrong(workdir: Path, reference: str, message: str) -> None:
+    with pytest.raises(WorkloadReferenceError) as info:
+        load_workload(reference)
+    assert str(info.value) == message.format(cwd=workdir)
+
+
+def test_a_missing_dependency_of_the_module_is_named_as_such(workdir: Path) -> None:
+    with pytest.raises(ModuleNotFoundError, match="a_dependency_that_is_not_installed"):
+        load_workload("broken:make")
+
+
+def test_a_bad_reference_exits_non_zero_with_one_line(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--workload", "mywl:make_it", "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accel-widgets: error: --workload 'mywl:make_it'") and "Traceback" not in err
+
+
+def test_the_command_runs_a_workload_module_from_its_current_directory(workdir: Path) -> None:
+    # -I keeps the current directory off sys.path, as for the installed `accel-widgets` script: the CLI must add it,
+    # and the worker processes must find the module too (Net is pickled by reference to it).
+    command = [sys.executable, "-I", "-m", "accel_widgets", "run", "--workload", "mywl:make", "--steps", "2"]
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("baseline [mywl] ok")

@@ -1,0 +1,50 @@
+"""``Workload`` checks what it can at creation, so a wrong model fails here rather than in a worker."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch.nn.functional as F
+from torch import nn
+
+from accel_widgets import Workload
+from tests.workloads import TinyNet, tensors
+
+
+def make(model: object) -> Workload:
+    return Workload(model=model, dataset=tensors(), loss_fn=F.cross_entropy)  # type: ignore[arg-type]
+
+
+def test_a_class_that_needs_arguments_fails_at_once_naming_what_to_pass():
+    with pytest.raises(TypeError) as info:
+        make(nn.Linear)
+    assert str(info.value) == (
+        "Workload.model=Linear is not an nn.Module, so it is taken as a factory and called with no arguments, but "
+        "it needs in_features, out_features. Pass a built model, e.g. model=Linear(...), or a zero-argument "
+        "factory, e.g. model=lambda: Linear(...)")
+
+
+def test_a_factory_function_with_a_required_argument_is_refused():
+    def build(width: int) -> nn.Module:
+        return nn.Linear(width, 4)
+
+    with pytest.raises(TypeError, match=r"it needs width\. Pass a built model"):
+        make(build)
+
+
+@pytest.mark.parametrize("model", [TinyNet(), TinyNet, lambda: TinyNet(), functools.partial(nn.Linear, 16, 4)])
+def test_zero_argument_factories_and_instances_are_accepted(model):
+    assert isinstance(make(model).build_model(), nn.Module)
+
+
+def test_a_factory_returning_something_else_says_what_it_returned():
+    def build() -> object:
+        return {"weights": 1}
+
+    with pytest.raises(TypeError) as info:
+        make(build).build_model()
+    message = str(info.value)
+    assert "Workload.model is a factory (test_a_factory_returning_something_else_says_what_it_returned.<locals>" \
+           ".build), so it is called to build the model, and it returned dict, not an nn.Module" in message
+    assert "pass the model instance itself as Workload(model=...)" in message
