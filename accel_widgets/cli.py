@@ -12,11 +12,8 @@ name=value`` is the same thing spelled generically.
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
 
 from .config import Config
@@ -27,7 +24,7 @@ from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError
 from .ladder import classic_ladder, run_ladder
 from .results import BurstResult
 from .validation import ConfigError
-from .workload import Workload
+from .workload import load_workload
 
 DEFAULT_REPORT = "accel_widgets_report.html"
 
@@ -58,47 +55,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
             raise KnobValueError(f"--set {pair!r}: use NAME=VALUE, e.g. --set precision=bf16")
         values[name.strip()] = KNOBS[name.strip()].parse(text)
     return Config(**values)
-
-
-class WorkloadReferenceError(ValueError):
-    """``--workload MODULE:FUNCTION`` names no module, no such function, or one that returns no Workload."""
-
-
-def load_workload(reference: str) -> Workload:
-    """Import ``module:function`` and call it; the function returns a Workload (or is one).
-
-    The current directory is searched first, as ``python -m`` does, so a ``mywl.py`` next to the user works
-    without installing it. Every way the reference can be wrong is a :class:`WorkloadReferenceError`.
-    """
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise WorkloadReferenceError(f"--workload {reference!r}: use MODULE:FUNCTION, e.g. mypkg.train:make_workload")
-    module = _import_from_cwd(module_name, reference)
-    try:
-        target = getattr(module, attribute)
-    except AttributeError:
-        raise WorkloadReferenceError(f"--workload {reference!r}: module {module_name!r} ({module.__file__}) has no "
-                                     f"{attribute!r}") from None
-    workload = target() if callable(target) and not isinstance(target, Workload) else target
-    if not isinstance(workload, Workload):
-        raise WorkloadReferenceError(f"--workload {reference!r} must return an accel_widgets.Workload, got "
-                                     f"{type(workload).__name__}")
-    return workload
-
-
-def _import_from_cwd(module_name: str, reference: str) -> ModuleType:
-    """Import ``module_name`` with the current directory first on ``sys.path`` (it stays there, as under
-    ``python -m``, so that worker processes started afterwards find the module too)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
-            raise  # the module was found and one of its own imports failed: that error names the missing one
-        raise WorkloadReferenceError(f"--workload {reference!r}: no module named {exc.name!r} in the current "
-                                     f"directory ({cwd}) or on the Python path") from None
 
 
 def _print_result_line(result: BurstResult, baseline: BurstResult | None) -> None:

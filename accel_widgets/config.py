@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .knobs import KNOBS
+from .knobs import KNOBS, parallel
 
 Precision = Literal["fp32", "bf16", "fp16"]
+SdpaBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 DataCache = Literal["none", "memory", "memmap"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
@@ -37,6 +38,7 @@ class Config:
     data_cache: DataCache = _default("data_cache")
     precision: Precision = _default("precision")
     tf32: bool = _default("tf32")
+    sdpa_backend: SdpaBackend = _default("sdpa_backend")
     grad_accum_steps: int = _default("grad_accum_steps")
     compile_mode: CompileMode = _default("compile_mode")
     sync_every: int = _default("sync_every")
@@ -95,4 +97,4 @@ class Config:
     @property
     def ranks(self) -> int:
         """Processes a burst of this config runs (DDP ranks, else one)."""
-        return self.world_size if self.parallel == "ddp" else 1
+        return parallel.ranks(self)

@@ -15,6 +15,7 @@ from typing import Literal
 
 from .guard import GuardVerdict, check_training
 from .knobs import KNOBS
+from .presentation import si
 from .results import BurstResult
 
 Severity = Literal["warn", "info", "good"]
@@ -266,9 +267,9 @@ def _math(result: BurstResult) -> list[Finding]:
     if achieved is None:
         return []
     if mfu is None:
-        return [Finding("info", "Model math", f"{achieved / 1e9:,.1f} GFLOP/s of matmul/conv work sustained.")]
+        return [Finding("info", "Model math", f"{si(achieved, 'FLOP/s')} of matmul/conv work sustained.")]
     return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak for "
-                    f"{result.config.precision} ({achieved / 1e12:,.1f} TFLOP/s).")]
+                    f"{result.config.precision} ({si(achieved, 'FLOP/s')}).")]
 
 
 # -- against the baseline --------------------------------------------------------------------------

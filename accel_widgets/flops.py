@@ -30,9 +30,8 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
-def peak_flops(device_name: str, precision: str, tf32: bool = False) -> float | None:
-    """Dense peak FLOP/s of one GPU for the math in use (fp32 matmuls use TF32 units when allowed)."""
-    math_mode = "tf32" if precision == "fp32" and tf32 else precision
+def peak_flops(device_name: str, math_mode: str) -> float | None:
+    """Dense peak FLOP/s of one GPU for the arithmetic matmuls ran in ("fp32", "tf32", "bf16", "fp16")."""
     for fragment, peaks in PEAK_TFLOPS:
         if fragment in device_name:
             value = peaks.get(math_mode) or (peaks.get("fp32") if math_mode == "tf32" else None)

@@ -169,7 +169,7 @@ def check_training(run: BurstResult, baseline: BurstResult | None) -> GuardVerdi
     if not comparison.steps:
         return GuardVerdict("changes_training" if reasons else "not_comparable",
                             (*reasons, "no step has a finite loss in both runs"))
-    reasons += comparison.reasons(fp16=run.config.precision == "fp16")
+    reasons += comparison.reasons(fp16=_precision(run) == "fp16")
     return GuardVerdict("changes_training" if reasons else "ok", tuple(reasons), max(comparison.deviations),
                         len(comparison.steps))
 
@@ -181,11 +181,8 @@ def tolerance(precision: str, step: int) -> float:
 
 # -- the pieces -----------------------------------------------------------------------------------
 def _precision(result: BurstResult) -> str:
-    """The arithmetic a run really used: fp32 with TF32 on a GPU multiplies with 11-bit mantissas."""
-    config = result.config
-    if config.precision == "fp32" and config.tf32 and result.environment.get("device_kind") == "cuda":
-        return "tf32"
-    return config.precision
+    """The arithmetic a run really used (the precision knob's account: TF32 on a GPU counts)."""
+    return result.run_facts.math
 
 
 def _less_precise(run: BurstResult, baseline: BurstResult) -> str:
@@ -199,11 +196,11 @@ def _samples_per_step(result: BurstResult) -> int | None:
 
 def _micro_batch(result: BurstResult) -> int | None:
     samples = _samples_per_step(result)
-    return None if samples is None else samples // result.config.grad_accum_steps
+    return None if samples is None else samples // result.run_facts.micro_batches
 
 
 def _describe_batch(result: BurstResult, samples: int | None) -> str:
-    accum = result.config.grad_accum_steps
+    accum = result.run_facts.micro_batches
     if samples is None:
         return "an unknown number of samples (no step reported)"
     return f"{samples} samples" + (f" ({samples // accum} x {accum} accumulated)" if accum > 1 else "")

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .config import Config
-from .diagnosis import Finding, Severity, diagnose
 from .guard import GuardVerdict, check_training
 from .results import BurstResult, StepRecord, TelemetrySample
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
+
+    from .diagnosis import Finding, Severity  # the diagnosis writes its numbers with si(): it imports this module
 
 Row = dict[str, Any]
 #: A table cell: the text shown and the text on hover ("" for none).
@@ -192,8 +193,9 @@ class RunRow:
     """One run as the panel's and the report's tables show it.
 
     ``values`` are its :func:`comparison_rows` numbers, ``baseline`` the run they are measured against
-    and ``verdict`` the correctness guard's reading against that same run. ``loaded`` is the hover note
-    of a run loaded from the run history.
+    and ``verdict`` the correctness guard's reading against that same run (its reading is
+    ``diagnose(result, baseline, verdict=verdict)``). ``loaded`` is the hover note of a run loaded from
+    the run history.
     """
 
     result: BurstResult
@@ -209,10 +211,6 @@ class RunRow:
     @property
     def changes_training(self) -> bool:
         return self.verdict.status == "changes_training"
-
-    def findings(self) -> list[Finding]:
-        """The plain-language reading of the run, against the same baseline and with the same verdict."""
-        return diagnose(self.result, self.baseline, verdict=self.verdict)
 
     def title(self) -> Cell:
         title = row_title(self.values)
@@ -235,7 +233,7 @@ class RunRow:
             faster = values["speedup"] is not None and values["speedup"] > 1.0
             return "faster but changes training" if faster else "changes training", "\n".join(self.verdict.reasons)
         text = f"{values['status']}: {values['error']}" if values["error"] else str(values["status"])
-        unchecked = self.verdict.status in ("not_comparable", "no_baseline") and self.verdict.reasons
+        unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline")
         return text, f"{text}\ntraining not checked: {self.verdict.reasons[-1]}" if unchecked else text
 
     def status_colour(self) -> str:
@@ -295,7 +293,7 @@ COLUMNS: dict[str, Column] = {
                       lambda r: number(r["samples_per_s"], ",.1f")),
     "tokens": Column("tokens/s", "steady-state tokens per second, for workloads that count tokens",
                      lambda r: number(r["tokens_per_s"], ",.0f")),
-    "speedup": Column("speed-up", "throughput over the baseline run's", lambda r: number(r["speedup"], ".2f", "×")),
+    "speedup": Column("speedup", "throughput over the baseline run's", lambda r: number(r["speedup"], ".2f", "×")),
     "step": Column("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", step_text,
                    _noise_note),
     "util": Column("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)",

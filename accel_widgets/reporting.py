@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .diagnosis import diagnose
 from .presentation import (
     COLUMNS,
     REPORT_COLUMNS,
@@ -230,7 +231,7 @@ def _diagnosis_html(rows: Sequence[RunRow]) -> str:
     """Each run's reading against its baseline (guard, compile payback included); warnings come below."""
     sections = []
     for row in rows:
-        findings = [f for f in row.findings() if f.title != "Engine warning"]
+        findings = [f for f in diagnose(row.result, row.baseline, verdict=row.verdict) if f.title != "Engine warning"]
         if findings:
             sections.append(f"<h3>#{row.run} {html.escape(str(row.values['label']))}</h3>{findings_html(findings)}")
     return "<h2>Diagnosis</h2>\n" + "\n".join(sections) if sections else ""

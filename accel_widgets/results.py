@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from .config import Config
 from .flops import peak_flops
+from .knobs import Facts
+from .knobs import facts as knob_facts
 from .stats import Summary, summarize
 
 #: "diverged": the burst finished and has its numbers, but a loss went NaN/inf, so it did not train.
@@ -128,6 +130,7 @@ class BurstResult:
     warnings: list[str] = field(default_factory=list)
     error: ErrorInfo | None = None
     label: str = ""
+    facts: Facts | None = None
 
     # -- derived numbers ------------------------------------------------------------------------
     @property
@@ -196,7 +199,7 @@ class BurstResult:
     @property
     def compile_s(self) -> float | None:
         """Extra time of the first step over a steady step: what compiling cost (compiled runs only)."""
-        if self.config.compile_mode == "off" or self.first_step_s is None or self.step_time is None:
+        if not self.run_facts.compiled or self.first_step_s is None or self.step_time is None:
             return None
         return max(0.0, self.first_step_s - self.step_time.median)
 
@@ -282,18 +285,24 @@ class BurstResult:
         achieved = self.achieved_flops_per_s
         if achieved is None or self.environment.get("device_kind") != "cuda":
             return None
-        peak = peak_flops(str(self.environment.get("device_name", "")), self.config.precision, self.config.tf32)
+        peak = peak_flops(str(self.environment.get("device_name", "")), self.run_facts.math)
         return achieved / (peak * self.gpus_used) if peak else None
 
     @property
     def gpus_used(self) -> int:
-        """GPUs the burst trained on: every visible one for DataParallel (one process, so world_size is 1,
-        drives them all), one per rank otherwise; 0 without CUDA. Agrees with ``DeviceInfo.gpus_for``."""
-        if self.environment.get("device_kind") != "cuda":
-            return 0
-        if self.config.parallel == "dataparallel":
-            return max(1, len(self.environment.get("gpus", ())))
-        return self.world_size
+        """GPUs the burst trained on (the parallel knob's account: every visible GPU for DataParallel)."""
+        return self.run_facts.gpus
+
+    @property
+    def run_facts(self) -> Facts:
+        """How the burst ran, as the knob owners reported it at launch.
+
+        Runs stored before facts were recorded get them from the same owners, from config and environment.
+        """
+        if self.facts is not None:
+            return self.facts
+        return knob_facts(self.config, str(self.environment.get("device_kind", "cpu")),
+                          len(self.environment.get("gpus", ())))
 
     @property
     def loader_cpu_pct(self) -> float | None:
@@ -369,6 +378,7 @@ class BurstResult:
         data["telemetry"] = [TelemetrySample(**t) for t in data.get("telemetry", [])]
         data["ranks"] = [_rank_from_dict(r) for r in data.get("ranks", [])]
         data["error"] = ErrorInfo(**data["error"]) if data.get("error") else None
+        data["facts"] = Facts(**data["facts"]) if data.get("facts") else None
         return cls(**data)
 
     @classmethod

@@ -33,9 +33,9 @@ from typing import Any
 from .config import Config
 from .device import DeviceInfo, probe_device
 from .engine.launcher import BurstError, run_burst
-from .engine.training import resolve_batch_size
 from .guard import check_training, find_baseline
 from .knobs import GROUPS, KNOBS
+from .knobs.data import resolve_batch_size
 from .results import BurstResult
 from .validation import ConfigError, check_config, knob_availability
 from .workload import Workload

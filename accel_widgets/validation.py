@@ -1,20 +1,19 @@
 """Rules over whole configs: which knob combinations cannot run here, and which run but make no sense.
 
-Errors stop a burst before any process starts; warnings travel with the result so the user sees why
-a knob did nothing (or made things slower) on this machine. Each rule names the knobs it involves,
-so the panel can attach the message to the right controls.
+Each knob module states its own rules next to its knobs (:mod:`accel_widgets.knobs`); this module runs
+them, plus the checks of ``run_burst``'s own arguments. Errors stop a burst before any process starts;
+warnings travel with the result so the user sees why a knob did nothing (or made things slower) on this
+machine. Each rule names the knobs it involves, so the panel can attach the message to the right controls.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
 
 from .config import Config
 from .device import DeviceInfo
-from .knobs import KNOBS
+from .knobs import KNOBS, Rule
+from .knobs import RULES as KNOB_RULES
 
 
 class ConfigError(ValueError):
@@ -69,25 +68,6 @@ def _duration_problem(name: str, value: object, *, optional: bool) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class Rule:
-    knobs: tuple[str, ...]
-    severity: Literal["error", "warning"]
-    applies: Callable[[Config, DeviceInfo], bool]
-    message: Callable[[Config, DeviceInfo], str]
-
-
-#: torch.compile modes that capture CUDA graphs on a GPU (inductor's ``triton.cudagraphs``).
-CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
-
-
-def _gpu_without_bf16(device: DeviceInfo) -> str:
-    """The first GPU here without bf16 units, named with its compute capability."""
-    gpu = next(g for g in device.gpus if not g.has_bf16_units)
-    major, minor = gpu.compute_capability or (0, 0)
-    return f"{gpu.name} (compute capability {major}.{minor})"
-
-
 def _cuda_only_knobs_set(config: Config) -> list[str]:
     """CUDA-only knobs switched away from their default."""
     return [
@@ -97,97 +77,11 @@ def _cuda_only_knobs_set(config: Config) -> list[str]:
     ]
 
 
+#: The knob modules' own rules, plus one over the whole registry: CUDA-only knobs on a CPU do nothing.
 RULES: tuple[Rule, ...] = (
+    *KNOB_RULES,
     Rule(
-        ("parallel",), "error",
-        lambda c, d: c.parallel == "dataparallel" and len(d.gpus) < 2,
-        lambda c, d: f"parallel='dataparallel' needs at least 2 GPUs; this machine has {len(d.gpus)}. "
-        "DataParallel is the legacy single-process option: prefer parallel='ddp'.",
-    ),
-    Rule(
-        ("parallel", "world_size"), "error",
-        lambda c, d: c.parallel == "ddp" and d.has_cuda and c.world_size > len(d.gpus),
-        lambda c, d: f"world_size={c.world_size} needs one GPU per rank for NCCL; this machine has "
-        f"{len(d.gpus)}. Use world_size <= {len(d.gpus)}.",
-    ),
-    Rule(
-        ("parallel", "world_size"), "error",
-        lambda c, d: c.parallel != "ddp" and c.world_size != 1,
-        lambda c, d: f"world_size={c.world_size} only applies with parallel='ddp'; set parallel='ddp' "
-        "or world_size=1.",
-    ),
-    Rule(
-        ("parallel", "world_size"), "warning",
-        lambda c, d: c.parallel == "ddp" and not d.has_cuda and c.world_size > d.cpu_count,
-        lambda c, d: f"{c.world_size} CPU ranks on {d.cpu_count} cores: ranks will fight for cores and "
-        "throughput will drop.",
-    ),
-    Rule(
-        ("deterministic", "cudnn_benchmark"), "error",
-        lambda c, d: c.deterministic and c.cudnn_benchmark,
-        lambda c, d: "deterministic=True and cudnn_benchmark=True contradict each other: benchmark "
-        "mode picks algorithms by timing, which is not reproducible. Choose one.",
-    ),
-    Rule(
-        ("deterministic", "compile_mode"), "error",
-        lambda c, d: c.deterministic and c.compile_mode in ("max-autotune", "max-autotune-no-cudagraphs"),
-        lambda c, d: f"compile_mode={c.compile_mode!r} picks kernels by timing, which deterministic=True "
-        "forbids. Use compile_mode='default' or turn deterministic off.",
-    ),
-    Rule(
-        ("compile_mode", "grad_accum_steps"), "error",
-        lambda c, d: d.has_cuda and c.compile_mode in CUDA_GRAPH_COMPILE_MODES and c.grad_accum_steps > 1,
-        lambda c, d: f"compile_mode={c.compile_mode!r} replays CUDA graphs, which reuse their output memory: "
-        f"with grad_accum_steps={c.grad_accum_steps} training fails ('accessing tensor output of CUDAGraphs "
-        "that has been overwritten') or accumulates wrong gradients (pytorch/pytorch#169545, #96693). Use "
-        "compile_mode='max-autotune-no-cudagraphs' or 'default', or a bigger batch_size instead of "
-        "accumulating.",
-    ),
-    Rule(
-        ("precision",), "warning",
-        lambda c, d: c.precision == "fp16" and not d.has_cuda and not d.cpu_has_fp16_units,
-        lambda c, d: f"precision='fp16' on this CPU ({d.cpu_name}) has no fp16 units: autocast emulates "
-        "it, measured 11-130x slower than fp32 here. Use bf16.",
-    ),
-    Rule(
-        ("precision",), "warning",
-        lambda c, d: c.precision == "bf16" and d.has_cuda and not d.gpu_has_bf16_units,
-        lambda c, d: f"precision='bf16' on {_gpu_without_bf16(d)}: GPUs before Ampere (compute capability 8.0) "
-        "have no bf16 tensor cores, so bf16 is slow, emulated. Use precision='fp16' (with GradScaler).",
-    ),
-    Rule(
-        ("precision",), "warning",
-        lambda c, d: c.precision == "bf16" and not d.has_cuda and not d.cpu_has_bf16_units,
-        lambda c, d: "precision='bf16' on a CPU without AVX512-BF16/AMX units is emulated and may be "
-        "slower than fp32.",
-    ),
-    Rule(
-        ("prefetch_factor", "persistent_workers", "num_workers"), "warning",
-        lambda c, d: c.num_workers == 0
-        and (c.persistent_workers or c.prefetch_factor != KNOBS["prefetch_factor"].default),
-        lambda c, d: "prefetch_factor and persistent_workers only apply with num_workers > 0; they are "
-        "ignored.",
-    ),
-    Rule(
-        ("non_blocking", "pin_memory"), "warning",
-        lambda c, d: d.has_cuda and c.non_blocking and not c.pin_memory,
-        lambda c, d: "non_blocking=True without pin_memory=True: copies from pageable memory are staged "
-        "synchronously anyway.",
-    ),
-    Rule(
-        ("compile_mode",), "warning",
-        lambda c, d: not d.has_cuda and c.compile_mode == "reduce-overhead",
-        lambda c, d: "compile_mode='reduce-overhead' adds CUDA graphs; on CPU it is the same as 'default'.",
-    ),
-    Rule(
-        ("compile_mode", "script_loss"), "warning",
-        lambda c, d: c.compile_mode != "off" and c.script_loss,
-        lambda c, d: "script_loss=True (TorchScript, legacy) inside a compiled model: torch.compile "
-        "already fuses the loss; TorchScript adds nothing.",
-    ),
-    Rule(
-        ("pin_memory", "non_blocking", "tf32", "cudnn_benchmark", "memory_fraction", "empty_cache"),
-        "warning",
+        tuple(name for name, knob in KNOBS.items() if knob.applies_to == ("cuda",)), "warning",
         lambda c, d: not d.has_cuda and bool(_cuda_only_knobs_set(c)),
         lambda c, d: f"{', '.join(_cuda_only_knobs_set(c))} only act on CUDA; on this CPU-only machine "
         "they change nothing.",

@@ -7,9 +7,13 @@ object is never touched by a burst.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -105,3 +109,44 @@ def _check_zero_argument_factory(factory: Callable[..., Any]) -> None:
             f"arguments, but it needs {', '.join(required)}. Pass a built model, e.g. model={name}(...), or a "
             f"zero-argument factory, e.g. model=lambda: {name}(...)"
         ) from None
+
+
+class WorkloadReferenceError(ValueError):
+    """A ``MODULE:FUNCTION`` workload reference names no module, no such function, or one that returns no Workload."""
+
+
+def load_workload(reference: str) -> Workload:
+    """Import ``module:function`` and call it; the function returns a Workload (or is one).
+
+    The current directory is searched first, as ``python -m`` does, so a ``mywl.py`` next to the user works
+    without installing it. Every way the reference can be wrong is a :class:`WorkloadReferenceError`.
+    """
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise WorkloadReferenceError(f"workload {reference!r}: use MODULE:FUNCTION, e.g. mypkg.train:make_workload")
+    module = _import_from_cwd(module_name, reference)
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        raise WorkloadReferenceError(f"workload {reference!r}: module {module_name!r} ({module.__file__}) has no "
+                                     f"{attribute!r}") from None
+    workload = target() if callable(target) and not isinstance(target, Workload) else target
+    if not isinstance(workload, Workload):
+        raise WorkloadReferenceError(f"workload {reference!r} must return an accel_widgets.Workload, got "
+                                     f"{type(workload).__name__}")
+    return workload
+
+
+def _import_from_cwd(module_name: str, reference: str) -> ModuleType:
+    """Import ``module_name`` with the current directory first on ``sys.path`` (it stays there, as under
+    ``python -m``, so that worker processes started afterwards find the module too)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
+            raise  # the module was found and one of its own imports failed: that error names the missing one
+        raise WorkloadReferenceError(f"workload {reference!r}: no module named {exc.name!r} in the current "
+                                     f"directory ({cwd}) or on the Python path") from None

@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -47,6 +48,15 @@ def private_cache_dir() -> Iterator[str]:
         os.environ.pop("ACCEL_WIDGETS_CACHE", None)
     else:
         os.environ["ACCEL_WIDGETS_CACHE"] = previous
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp dir with a short path, for a child's TMPDIR: multiprocessing puts AF_UNIX sockets there
+    (the forkserver's, the DataLoader's resource sharer), and their paths must stay under ~108 bytes."""
+    path = tempfile.mkdtemp(prefix="awt-", dir="/tmp")
+    yield Path(path)
     shutil.rmtree(path, ignore_errors=True)
 
 

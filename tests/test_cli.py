@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from accel_widgets.cli import WorkloadReferenceError, load_workload, main
+from accel_widgets.cli import main
+from accel_widgets.workload import WorkloadReferenceError, load_workload
 
 MODULE = textwrap.dedent("""
     import torch

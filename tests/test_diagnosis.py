@@ -185,7 +185,7 @@ def test_a_verdict_the_caller_already_has_is_read_not_recomputed() -> None:
 def test_model_math_is_reported_when_flops_were_counted() -> None:
     result = synthetic_result()
     result.ranks = [dataclasses.replace(r, flops_per_sample=2e6) for r in result.ranks]
-    assert "GFLOP/s" in by_title(diagnose(result), "Model math").detail
+    assert by_title(diagnose(result), "Model math").detail == "1.28 GFLOP/s of matmul/conv work sustained."
 
 
 def diverged(config: Config | None = None):

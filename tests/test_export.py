@@ -1,5 +1,6 @@
-"""export_script: a standalone torchrun script that really trains, with 2 CPU ranks."""
+"""Export = burst: the exported script, run under torchrun, trains loss for loss as the burst did."""
 
+import json
 import os
 import subprocess
 import sys
@@ -7,46 +8,62 @@ from pathlib import Path
 
 import pytest
 
-from accel_widgets import Config
+from accel_widgets import Config, run_burst
 from accel_widgets.export import export_script
+from accel_widgets.workload import WorkloadReferenceError
+from tests.devices import cpu_device
+from tests.workloads import exported_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = "tests.workloads:exported_workload"
+STEPS = 6  # 2 warm-up steps and 4 measured ones in the burst; 6 steps of the script
+
+REPRESENTATIVE = [
+    Config(),
+    Config(num_workers=1),
+    Config(grad_accum_steps=2, batch_size=16),
+    Config(data_cache="memmap"),
+    Config(script_loss=True, optimizer_impl="foreach", sync_every=0),
+    Config(parallel="ddp", world_size=2, grad_accum_steps=2, batch_size=16, set_to_none=False),
+]
 
 
-def test_exported_script_trains_under_torchrun_with_two_ranks(tmp_path):
-    config = Config(parallel="ddp", world_size=2, grad_accum_steps=2, batch_size=16, sync_every=2,
-                    optimizer_impl="foreach", precision="bf16")
-    script = export_script("tests.workloads:exported_workload", config, tmp_path / "train.py")
-    text = script.read_text()
-    assert "torch.amp.GradScaler" in text and "torch.cuda.amp" not in text
-    assert "--rdzv-backend c10d --rdzv-endpoint HOST:29400" in text
+def run_script(script: Path, nproc: int, tmp_path: Path) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # torchelastic_* dirs stay in tmp_path
-    torchrun = [sys.executable, "-m", "torch.distributed.run"]
-    done = subprocess.run([*torchrun, "--standalone", "--nproc-per-node", "2", str(script), "--steps", "6"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(script), "--steps", str(STEPS)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "done: 6 steps" in done.stdout and "over 2 ranks" in done.stdout
-    assert done.stdout.count("step ") == 3  # the loss is read every 2 steps, on rank 0 only
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith('{"losses"')]
+    return json.loads(line)["losses"]
 
 
-def test_export_rejects_what_it_cannot_write(tmp_path):
-    with pytest.raises(ValueError, match="MODULE:FUNCTION"):
+@pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: c.label())
+def test_the_exported_script_trains_exactly_as_the_burst_did(config, short_tmp):
+    script = export_script(REFERENCE, config, short_tmp / "train.py")
+    burst = run_burst(exported_workload(), config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    assert burst.ok
+    assert run_script(script, config.ranks, short_tmp) == burst.losses(rank=0)  # equal, not close
+
+
+def test_the_script_names_every_knob_and_the_multi_machine_launch(tmp_path):
+    text = export_script(REFERENCE, Config(parallel="ddp", world_size=2, precision="bf16"),
+                         tmp_path / "train.py").read_text()
+    assert text.index("    parallel='ddp',") < text.index("    num_workers=0,")  # what the burst changed first
+    assert "num_workers=0,  # DataLoader worker processes that load and augment batches in parallel. (default)" in text
+    assert "--rdzv-backend c10d --rdzv-endpoint HOST:29400" in text
+    assert "from accel_widgets.engine.standalone import train" in text
+
+
+def test_export_refuses_what_it_cannot_write(tmp_path):
+    with pytest.raises(WorkloadReferenceError, match="MODULE:FUNCTION"):
         export_script("no_colon", Config(), tmp_path / "x.py")
+    with pytest.raises(WorkloadReferenceError, match="no module named 'made_up'"):
+        export_script("made_up.module:make", Config(), tmp_path / "x.py")
+    with pytest.raises(WorkloadReferenceError, match="has no 'nothing_here'"):
+        export_script("tests.workloads:nothing_here", Config(), tmp_path / "x.py")
+    with pytest.raises(WorkloadReferenceError, match=r"must return an accel_widgets\.Workload"):
+        export_script("tests.workloads:tensors", Config(), tmp_path / "x.py")
     with pytest.raises(ValueError, match="use parallel='ddp'"):
-        export_script("a:b", Config(parallel="dataparallel"), tmp_path / "x.py")
-
-
-def test_deterministic_script_fixes_the_cublas_workspace_before_cuda_starts(tmp_path):
-    text = export_script("a:b", Config(deterministic=True), tmp_path / "train.py").read_text()
-    assert "DETERMINISTIC = True" in text
-    workspace = text.index('os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")')
-    assert workspace < text.index("torch.cuda.set_device(local_rank)")  # first CUDA call of the script
-    assert workspace < text.index("torch.use_deterministic_algorithms(DETERMINISTIC)")
-
-
-def test_default_config_script_keeps_pytorch_tf32_defaults(tmp_path):
-    plain = export_script("a:b", Config(), tmp_path / "plain.py").read_text()
-    tf32 = export_script("a:b", Config(tf32=True), tmp_path / "tf32.py").read_text()
-    assert "TF32 = False" in plain and "TF32 = True" in tf32
-    assert "torch.backends.cuda.matmul.allow_tf32 = TF32" in plain
-    assert "fp32_precision" not in plain and "cudnn.allow_tf32" not in plain  # cuDNN keeps its TF32 default
+        export_script(REFERENCE, Config(parallel="dataparallel"), tmp_path / "x.py")
+    assert not (tmp_path / "x.py").exists()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import html
 import json
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from accel_widgets.config import Config
+from accel_widgets.presentation import PANEL_COLUMNS, REPORT_COLUMNS, run_colour, run_rows
 from accel_widgets.reporting import (
     build_figures,
     comparison_rows,
@@ -135,7 +138,7 @@ def test_format_table_values_and_width(runs: list[BurstResult]) -> None:
         "7.50 ± 5.00 ~")  # the noise mark's room is kept, so the numbers stay right-aligned
     assert lines[0].split() == ["step", "util", "data", "peak", "compile"]
     assert lines[1].split()[:3] == ["#", "workload", "changes"]
-    assert lines[1].split()[3:] == ["samples/s", "speed-up", "ms", "%", "wait", "MiB", "s", "status"]
+    assert lines[1].split()[3:] == ["samples/s", "speedup", "ms", "%", "wait", "MiB", "s", "status"]
 
 
 def test_format_table_empty() -> None:
@@ -241,6 +244,20 @@ def test_report_content(report: tuple[Path, str]) -> None:
     assert "only 8 measured steps" in text
     assert "Measured on a shared runner &amp; noisy." in text
     assert "Traceback (most recent call last)" in text
+
+
+def test_report_table_reads_as_the_panels_rows(report: tuple[Path, str], runs: list[BurstResult]) -> None:
+    """The report's cells are the panel's (one function makes both), with the run number and workload in front."""
+    _, text = report
+    body = text[text.index("<tbody>"):text.index("</tbody>")]
+    shown = [[html.unescape(re.sub(r"<[^>]+>", "", cell)) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+             for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+    rows = run_rows(runs)
+    assert shown == [[str(row.run), "mlp", *(cell for cell, _ in row.cells(REPORT_COLUMNS))] for row in rows]
+    for row in rows:
+        panel_cells = row.cells(PANEL_COLUMNS)
+        assert set(panel_cells) <= set(row.cells(REPORT_COLUMNS))
+        assert f'border-left: 4px solid {run_colour(row.run)};">{row.run}</td>' in body
 
 
 # -- exports -------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from torch.multiprocessing.spawn import ProcessContext
 
 from ..config import Config
 from ..device import DeviceInfo, probe_device, worker_env
+from ..knobs import compiling, facts
 from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from ..validation import ConfigError, check_burst_request, check_config
 from ..workload import Workload
@@ -237,7 +238,7 @@ def run_burst(
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     if warmup_steps is None:
-        warmup_steps = 3 if config.compile_mode != "off" else 2
+        warmup_steps = compiling.default_warmup_steps(config)
     cache_dir = cache_dir or str(cache_root())
     owner = psutil.Process()
     spec = BurstSpec(
@@ -252,6 +253,7 @@ def run_burst(
     result = BurstResult(workload=workload.name, config=config, status="ok", world_size=config.ranks,
                          warmup_steps=warmup_steps, tokens_per_sample=workload.tokens_per_sample,
                          warnings=list(config_warnings), label=label,
+                         facts=facts(config, device.kind, len(device.gpus)),
                          environment={"driver": device.driver, "gpus": [g.name for g in device.gpus],
                                       "start_method": START_METHOD if isolation == "process" else "inprocess"})
     if isolation == "inprocess":

@@ -1,15 +1,15 @@
-"""The training step every burst runs, with each knob applied where a hand-written loop would apply it.
+"""The training step every burst runs, with each knob applied by the module that owns it.
 
 This module runs inside a worker process (or, for the explicit in-process fallback, inside the
-caller). Read :meth:`TrainingLoop._step` top to bottom: it is an ordinary PyTorch training step, and
-every performance trick in it carries a one-line why.
+caller). Read :meth:`TrainingLoop._step` top to bottom: it is an ordinary PyTorch training step that
+calls the knob owners (:mod:`accel_widgets.knobs`) at fixed points -- the batch's copy, the gradient
+sync, autocast, backward, the optimizer step, zero_grad, the loss read -- each with its one-line why.
+Timing is the engine's own: steps tile the window on the clock of whatever does the work.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-import math
 import resource
 import time
 import warnings
@@ -20,22 +20,16 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from ..config import Config
 from ..flops import count_training_flops
+from ..knobs import attention, batch, compiling, data, overhead, parallel, precision, system
 from ..results import OperatorTime, ProfileCapture, RankSummary, StepRecord
 from ..workload import Workload
 from .events import Emit, Phase, RankLosses
 
 Clock = Callable[[], float]
-
-DEFAULT_BATCH_SIZE = 64
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class CompileError(RuntimeError):
-    """torch.compile failed at the first step (that is where inductor errors surface)."""
 
 
 class BatchFormatError(TypeError):
@@ -204,46 +198,6 @@ class StepClock:
 
 
 # -- building blocks ------------------------------------------------------------------------------
-def resolve_batch_size(config: Config, workload: Workload) -> int:
-    return config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
-
-
-def build_loader(
-    dataset: Dataset, workload: Workload, config: Config, device: torch.device, rank: int, world_size: int
-) -> DataLoader:
-    """The DataLoader with the data-loading knobs; the same seeded order in every burst."""
-    batch_size = resolve_batch_size(config, workload)
-    per_rank = len(dataset) // world_size
-    if per_rank < batch_size:
-        raise ValueError(
-            f"the dataset has {len(dataset)} items ({per_rank} per rank), fewer than one batch of {batch_size}: "
-            "use a smaller batch_size or a larger dataset"
-        )
-    generator = torch.Generator().manual_seed(workload.seed)
-    if world_size > 1:
-        sampler: Any = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=workload.seed)
-    else:
-        sampler = RandomSampler(dataset, generator=generator)
-    workers = config.num_workers
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        collate_fn=workload.collate_fn,
-        # Why: pinned host memory lets the copy engine DMA batches to the GPU asynchronously.
-        pin_memory=config.pin_memory and device.type == "cuda",
-        # Why: equal batch shapes keep compiled graphs and cuDNN plans valid for every step.
-        drop_last=True,
-        prefetch_factor=config.prefetch_factor if workers else None,
-        persistent_workers=config.persistent_workers if workers else False,
-        generator=generator,
-        # Explicit: notebook-defined datasets need fork (spawn cannot import __main__ classes), and
-        # Python 3.14 changes the Linux default to forkserver.
-        multiprocessing_context="fork" if workers else None,
-    )
-
-
 class EpochIterator:
     """Endless batches: a new epoch (and sampler epoch) whenever the loader is exhausted."""
 
@@ -262,69 +216,10 @@ class EpochIterator:
             return next(self._iterator)
 
 
-def prepare_model(
-    model: nn.Module, config: Config, device: torch.device, world_size: int
-) -> tuple[nn.Module, nn.Module]:
+def prepare_model(model: nn.Module, config: Config, device: torch.device) -> tuple[nn.Module, nn.Module]:
     """Move, reformat, wrap and compile the model; returns ``(model to call, unwrapped model)``."""
-    model = model.to(device)
-    if config.channels_last:
-        # Why: tensor-core convolutions run in NHWC; NCHW weights pay a transpose around every conv.
-        model = model.to(memory_format=torch.channels_last)
-    raw = model
-    if config.parallel == "ddp":  # with one rank too: that measures what DDP itself costs
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    elif config.parallel == "dataparallel":
-        # Legacy single-process data parallelism: one Python thread drives every GPU (DDP avoids that).
-        model = nn.DataParallel(model)
-    if config.compile_mode != "off":
-        # Why: inductor fuses elementwise ops and strips Python overhead; pays a compile on step one.
-        model = torch.compile(model, mode=None if config.compile_mode == "default" else config.compile_mode)
-    return model, raw
-
-
-def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Config) -> torch.optim.Optimizer:
-    """The workload's optimizer, rebuilt with the requested implementation (for-loop / foreach / fused)."""
-    optimizer = workload.optimizer(params)
-    if config.optimizer_impl == "default":
-        return optimizer
-    flags = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
-             "fused": {"foreach": False, "fused": True}}[config.optimizer_impl]
-    cls = type(optimizer)
-    accepted = inspect.signature(cls.__init__).parameters
-    missing = [name for name in flags if name not in accepted]
-    if missing:
-        raise ValueError(f"optimizer_impl={config.optimizer_impl!r}: {cls.__name__} has no {missing[0]!r} option")
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    # Per-group copies of the old flags would override the new defaults, so groups drop them.
-    groups = [{k: v for k, v in g.items() if k == "params" or (k in accepted and k not in flags)}
-              for g in optimizer.param_groups]
-    return cls(groups, **{**defaults, **flags})
-
-
-def prepare_loss(workload: Workload, config: Config) -> Callable[[Any, Any], torch.Tensor]:
-    if not config.script_loss:
-        return workload.loss_fn
-    # Legacy path, kept for comparison: TorchScript is deprecated in favour of torch.compile.
-    try:
-        return torch.jit.script(workload.loss_fn)
-    except Exception as exc:
-        raise ValueError(
-            f"script_loss=True: the loss function cannot be compiled by TorchScript ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0]}). TorchScript is legacy; turn script_loss off."
-        ) from exc
-
-
-def to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
-    """Move every tensor of a (possibly nested) batch to the device."""
-    if isinstance(obj, torch.Tensor):
-        if channels_last and obj.dim() == 4 and obj.is_floating_point():
-            return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-        return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, Mapping):
-        return {k: to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device, non_blocking, channels_last) for v in obj)
-    return obj
+    raw = system.prepare_model(model.to(device), config)
+    return compiling.compile_model(parallel.wrap_model(raw, config, device), config), raw
 
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
@@ -388,15 +283,13 @@ class TrainingLoop:
     clock: Clock = time.perf_counter
     should_stop: Callable[[], bool] = lambda: False
     set_phase: Callable[[Phase], None] = lambda phase: None
-    scaler: torch.amp.GradScaler = field(init=False)
+    mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
     _losses: list[float] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        # Why: fp16 has a narrow exponent range; scaling the loss keeps small gradients from flushing to 0.
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
-        self._initial_scale = self.scaler.get_scale()  # before first use: no tensor yet, so no sync
+        self.mixed_precision = precision.MixedPrecision(self.config, self.device)
         self._next_step = 0
 
     def flops_per_sample(self, raw_model: nn.Module) -> float | None:
@@ -405,7 +298,8 @@ class TrainingLoop:
             return None
         inputs, targets = self.last_micro_batch
         try:
-            flops = count_training_flops(raw_model, inputs, targets, self.loss_fn, call_model, self._autocast)
+            flops = count_training_flops(raw_model, inputs, targets, self.loss_fn, call_model,
+                                         self.mixed_precision.autocast)
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
             warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
             return None
@@ -434,45 +328,32 @@ class TrainingLoop:
             self._step()
         self.step_clock.flush()
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        dtype = _AUTOCAST_DTYPES.get(self.config.precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
-
     def _step(self) -> int:
         """One optimizer step over ``grad_accum_steps`` micro-batches; returns the samples it consumed."""
         config, clock = self.config, self.step_clock
         clock.start_step()
         samples, step_loss = 0, None
-        accum = config.grad_accum_steps
-        for micro in range(accum):
+        micro_batches = batch.micro_batches(config)
+        for micro in range(micro_batches):
             self.set_phase(Phase.DATA)
             with clock.waiting_for_data():
-                batch = next(self.batches)
+                raw_batch = next(self.batches)
             self.set_phase(Phase.STEP)
             with clock.copying():
-                # Why non_blocking: from pinned memory the copy overlaps compute instead of stalling the host.
-                inputs, targets = split_batch(to_device(batch, self.device, config.non_blocking, config.channels_last))
+                moved = data.to_device(raw_batch, self.device, config.non_blocking, system.inputs_channels_last(config))
+                inputs, targets = split_batch(moved)
             samples += batch_length(targets)
             self.last_micro_batch = (inputs, targets)
-            # Why no_sync: DDP all-reduces gradients only on the micro-batch that steps the optimizer.
-            last = micro == accum - 1
-            skip_sync = not last and hasattr(self.model, "no_sync")
-            with self.model.no_sync() if skip_sync else contextlib.nullcontext():
-                with self._autocast():
+            with parallel.gradient_sync(self.model, last_micro_batch=micro == micro_batches - 1):
+                with self.mixed_precision.autocast(), attention.forward_context(config):
                     loss = self.loss_fn(call_model(self.model, inputs), targets)
-                # Why /accum: the accumulated gradient then equals that of one batch of accum x the size.
-                self.scaler.scale(loss / accum).backward()
+                self.mixed_precision.backward(batch.scale_for_accumulation(loss, config))
             detached = loss.detach()
             step_loss = detached if step_loss is None else step_loss + detached
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        # Why set_to_none: the next backward writes fresh gradients instead of adding into zeroed ones.
-        self.optimizer.zero_grad(set_to_none=config.set_to_none)
-        self._pending_losses.append(step_loss / accum)
-        # Why sync_every: .item() blocks the host until the device has finished every queued kernel.
-        if config.sync_every and len(self._pending_losses) >= config.sync_every:
+        self.mixed_precision.optimizer_step(self.optimizer)
+        overhead.zero_grad(self.optimizer, config)
+        self._pending_losses.append(step_loss / micro_batches)
+        if overhead.loss_read_due(len(self._pending_losses), config):
             self._read_losses()
         clock.end_step()
         return samples
@@ -498,29 +379,14 @@ class TrainingLoop:
         try:
             return self._step()
         except Exception as exc:
-            from_compiler = type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
-            if self.config.compile_mode != "off" and from_compiler:
-                first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise CompileError(
-                    f"torch.compile(mode={self.config.compile_mode!r}) failed at the first step: "
-                    f"{type(exc).__name__}: {first_line}. Run with compile_mode='off', or fix the graph break."
-                ) from exc
+            compile_error = compiling.first_step_error(exc, self.config)
+            if compile_error is not None:
+                raise compile_error from exc
             raise
 
     def scaler_skipped_steps(self) -> int | None:
-        """Optimizer steps GradScaler skipped for inf/NaN gradients (fp16 only), read once after measuring.
-
-        Within a burst shorter than the scaler's growth interval the scale only changes by halving on a
-        skipped step, so log2(initial / final) counts the skips exactly without a per-step host sync.
-        """
-        if not self.scaler.is_enabled():
-            return None
-        scale = self.scaler.get_scale()
-        if scale == 0.0:  # float32 underflow after ~166 consecutive skips: every step was skipped
-            return self._next_step
-        growths = self._next_step // self.scaler.get_growth_interval()
-        halvings = math.log2(self._initial_scale / scale)
-        return max(0, round(halvings) + growths)
+        """Optimizer steps GradScaler skipped for inf/NaN gradients (fp16 only), read once after measuring."""
+        return self.mixed_precision.skipped_steps(self._next_step)
 
     def warm_up(self, warmup_steps: int) -> tuple[float, float]:
         """Run the unmeasured steps; returns ``(first step seconds, last warm-up step seconds)``.
@@ -540,10 +406,8 @@ class TrainingLoop:
             last_s = self.clock() - begin
             self._emit_completed(self.step_clock.completed(), True, samples)
         self._emit_completed(self.step_clock.flush(), True, samples)
+        system.release_cached_memory(self.config, self.device)
         if self.device.type == "cuda":
-            if self.config.empty_cache:
-                # Return warm-up's cached blocks to the driver (other processes can use them).
-                torch.cuda.empty_cache()
             # The peak then covers the steady-state window only, never compilation or warm-up.
             torch.cuda.reset_peak_memory_stats(self.device)
         return first_step_s, last_s
@@ -589,6 +453,29 @@ def _cuda_sync_debug_mode(device: torch.device, mode: str | None) -> Iterator[No
         yield
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+
+
+def build_loop(
+    workload: Workload, config: Config, device: torch.device, rank: int, world_size: int, *, cache_dir: str,
+    emit: Emit, clock_origin: float, should_stop: Callable[[], bool] = lambda: False,
+    set_phase: Callable[[Phase], None] = lambda phase: None,
+) -> tuple[TrainingLoop, nn.Module]:
+    """Everything one rank trains with, built in the same order by a burst and by an exported script.
+
+    Seeded first, so every burst and every run of the exported script starts from the same weights and
+    reads the data in the same order. Returns the loop and the unwrapped model (for FLOP counting).
+    """
+    torch.manual_seed(workload.seed)
+    system.cap_memory(config, device)
+    dataset = data.prepare_dataset(workload.dataset, config, cache_dir)
+    loader = data.build_loader(dataset, workload, config, device, rank, world_size)
+    model, raw = prepare_model(workload.build_model(), config, device)
+    optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
+    timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
+    loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader), config,
+                        device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
+                        should_stop=should_stop, set_phase=set_phase)
+    return loop, raw
 
 
 def rank_summary(

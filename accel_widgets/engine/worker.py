@@ -30,23 +30,11 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..device import probe_device
+from ..knobs import global_flags
 from ..results import StepRecord
 from ..workload import Workload
-from .datacache import cache_dataset
 from .events import Emit, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
-from .flags import torch_flags, torch_threads
-from .training import (
-    CudaTimeline,
-    EpochIterator,
-    HostTimeline,
-    StepClock,
-    TrainingLoop,
-    build_loader,
-    build_optimizer,
-    prepare_loss,
-    prepare_model,
-    rank_summary,
-)
+from .training import TrainingLoop, build_loop, rank_summary
 
 STEP_BATCH_S = 0.025  # step records leave at most this late: live plots stay live, fast steps stay cheap
 LOOPBACK = "127.0.0.1"
@@ -227,25 +215,14 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
     set_phase(Phase.SETUP)
     with (
         torch_threads(spec.threads_per_rank),
-        torch_flags(config),
+        global_flags(config),
         _process_group(spec, rank, device),
         _collected_warnings() as caught,
         # The in-process fallback runs in the caller: seeding must not change the caller's RNG streams.
         torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []),
     ):
-        if device.type == "cuda" and config.memory_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(config.memory_fraction, device)
-        torch.manual_seed(workload.seed)
-        dataset = workload.dataset
-        if config.data_cache != "none":
-            dataset, _ = cache_dataset(dataset, config.data_cache, os.path.join(spec.cache_dir, "data"))
-        loader = build_loader(dataset, workload, config, device, rank, config.ranks)
-        model, raw = prepare_model(workload.build_model(), config, device, config.ranks)
-        optimizer = build_optimizer(workload, list(raw.parameters()), config)
-        timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
-        loop = TrainingLoop(model, optimizer, prepare_loss(workload, config), EpochIterator(loader), config,
-                            device, rank, emit, StepClock(timeline, time.perf_counter, spec.clock_origin),
-                            should_stop=should_stop, set_phase=set_phase)
+        loop, raw = build_loop(workload, config, device, rank, config.ranks, cache_dir=spec.cache_dir, emit=emit,
+                               clock_origin=spec.clock_origin, should_stop=should_stop, set_phase=set_phase)
         setup_s = time.perf_counter() - setup_start
         first_step_s, steady_s = loop.warm_up(spec.warmup_steps)
         steps, seconds = _window_bounds(spec, steady_s)
@@ -254,7 +231,7 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         capture = _profile(loop, spec, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
                                loop.flops_per_sample(raw), capture)
-    emit(RankDone(summary, _environment(device, spec, model), sorted(set(caught))))
+    emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
 
 
 def _window_bounds(spec: BurstSpec, steady_step_s: float) -> tuple[int | None, float | None]:
@@ -280,6 +257,17 @@ def _profile(loop: TrainingLoop, spec: BurstSpec, rank: int) -> Any:
         return None
     trace = os.path.join(spec.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
     return loop.profile(spec.profile_steps, trace)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run with ``count`` intra-op threads: ranks sharing cores must not oversubscribe them."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(max(1, count))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _device_for(kind: str, rank: int) -> torch.device:

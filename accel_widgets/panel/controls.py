@@ -22,7 +22,8 @@ from .state import Draft, Note, control_kind, value_note
 
 NAME_WIDTH = "138px"
 INPUT_WIDTH = "125px"
-COLUMN_WIDTH = "300px"
+COLUMN_PX = 300
+COLUMN_WIDTH = f"{COLUMN_PX}px"
 NOTE_STYLE = "font-size: 0.8em; line-height: 1.2; white-space: normal;"
 _NOTE_MARKS = {"unavailable": ("", COLOURS["muted"]), "warning": ("⚠ ", COLOURS["warning"]),
                "error": ("✗ ", COLOURS["error"])}
@@ -132,22 +133,29 @@ class KnobControl:
 
 
 class KnobControls:
-    """All knob controls, grouped as the registry groups them, in balanced columns.
+    """All knob controls, grouped as the registry groups them, in balanced columns (three until
+    :meth:`arrange` says how many fit).
 
     ``on_edit(name, raw value)`` is called when the user changes a control.
     """
 
-    def __init__(self, draft: Draft, on_edit: Callable[[str, Any], None], columns: int = 3) -> None:
+    def __init__(self, draft: Draft, on_edit: Callable[[str, Any], None]) -> None:
         self.controls = {name: KnobControl(knob, draft, on_edit) for name, knob in KNOBS.items()}
         groups = [group for group in GROUPS if KNOBS.in_group(group)]
-        heights = [1.2 + sum(1.0 + 0.5 * (not draft.available(k.name)) for k in KNOBS.in_group(group))
-                   for group in groups]
-        cards = [self._group_card(group) for group in groups]
-        self.widget = w.HBox(
-            [w.VBox([cards[i] for i in column]) for column in balanced_columns(heights, columns)],
-            layout=w.Layout(align_items="flex-start", justify_content="space-between", flex_flow="row wrap"),
-        )
+        self._heights = [1.2 + sum(1.0 + 0.5 * (not draft.available(k.name)) for k in KNOBS.in_group(group))
+                         for group in groups]
+        self._cards = [self._group_card(group) for group in groups]
+        self.widget = w.HBox(layout=w.Layout(align_items="flex-start", justify_content="space-between"))
+        self.columns = 0
+        self.arrange(3)
         self.render(draft)
+
+    def arrange(self, columns: int) -> None:
+        """Lay the groups out in ``columns`` balanced columns, in the registry's order."""
+        if columns != self.columns:
+            self.columns = columns
+            self.widget.children = [w.VBox([self._cards[i] for i in column])
+                                    for column in balanced_columns(self._heights, columns)]
 
     def render(self, draft: Draft) -> None:
         for control in self.controls.values():

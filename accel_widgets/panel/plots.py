@@ -1,5 +1,5 @@
 """The live figure: the report's timeline (:func:`~accel_widgets.presentation.timeline_figure`) as a plotly
-``FigureWidget`` that grows while a burst runs.
+``FigureWidget`` that grows while a burst runs, as wide as the panel is drawn.
 
 Built complete (both subplots, axes, titles) before anything displays it, then only extended: a run gets its
 legend entry when it starts, a trace when its first rank or device reports (built by the same functions
@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
+import anywidget
+import ipywidgets as w
 import plotly.graph_objects as go
+import traitlets
 
 from ..device import DeviceInfo
 from ..presentation import (
@@ -29,7 +32,8 @@ from ..presentation import (
 )
 from .state import Run
 
-WIDTH = 1180  # fixed: the widget renders before it is attached, so autosize would fall back to 700 px
+WIDTH = 1180  # until the browser says how wide the panel is (see WidthProbe)
+MIN_WIDTH = 600  # two subplots and a legend need this much; narrower, the panel scrolls
 MAX_TRACE_POINTS = 1500
 Key = tuple[int, str, Any]  # (run, "steps" or "util", (rank, warm-up) or device)
 
@@ -45,13 +49,48 @@ def _bounded(values: tuple[Any, ...]) -> tuple[Any, ...]:
     return values[::stride] if stride > 1 else values
 
 
+class WidthProbe(anywidget.AnyWidget):
+    """An empty full-width strip that tells the kernel how wide the panel is drawn, in pixels.
+
+    The FigureWidget cannot size itself: its view is drawn before it is attached to the page, so plotly's
+    autosize finds no room and falls back to 700 px, and nothing resizes it later. The browser knows the
+    room: a ResizeObserver (so a resized window or side bar counts too) reports it here, and the figure is
+    given that width. A few lines of front-end code with no build step is what anywidget is for.
+    """
+
+    _esm = """
+    export default {
+      render({ model, el }) {
+        let timer = null;
+        const observer = new ResizeObserver(([entry]) => {
+          clearTimeout(timer);
+          timer = setTimeout(() => {
+            const width = Math.round(entry.contentRect.width);
+            if (width > 0 && width !== model.get("width")) {
+              model.set("width", width);
+              model.save_changes();
+            }
+          }, 150);
+        });
+        observer.observe(el);
+        return () => { clearTimeout(timer); observer.disconnect(); };
+      },
+    };
+    """
+    width = traitlets.Int(0).tag(sync=True)
+
+
 class LivePlots:
-    """Owns the FigureWidget and draws the state's runs into it: whatever is new since the last draw."""
+    """Owns the FigureWidget and draws the state's runs into it: whatever is new since the last draw.
+
+    ``probe`` goes right above the figure in the panel; :meth:`fit` gives the figure the width it reports.
+    """
 
     def __init__(self, device: DeviceInfo) -> None:
         figure = timeline_figure(utilisation_title({"nvml" if device.has_cuda else "psutil"}))
         figure.update_layout(width=WIDTH)
         self.figure = go.FigureWidget(figure)
+        self.probe = WidthProbe(layout=w.Layout(width="100%", height="0px"))
         self._traces: dict[Key, Any] = {}
         self._drawn: dict[int, tuple[int, int]] = {}  # run -> (steps, samples) already in the figure
         self._source: str | None = None
@@ -81,7 +120,8 @@ class LivePlots:
                     extend.append((self._traces[key], *step_points(group), None))
                 else:
                     self._traces[key] = add_step_trace(self.figure, run.index, run.name, rank=rank, ranks=run.ranks,
-                                                       warmup=warmup, steps=group, visible=visible)
+                                                       warmup=warmup, steps=_bounded(tuple(group)),
+                                                       visible=visible)
                     added = True
             for device, group in device_groups(samples).items():
                 key = (run.index, "util", device)
@@ -90,7 +130,8 @@ class LivePlots:
                 else:
                     devices = sum(1 for r, kind, _ in self._traces if r == run.index and kind == "util")
                     self._traces[key] = add_utilisation_trace(self.figure, run.index, run.name, device=device,
-                                                              index=devices, samples=group, visible=visible)
+                                                              index=devices, samples=_bounded(tuple(group)),
+                                                              visible=visible)
                     added = True
         if added:
             self.sync_state()  # a view created from here on (a page reload) must already hold the new traces
@@ -106,6 +147,11 @@ class LivePlots:
         with self.figure.batch_update():
             for trace in self.figure.data:
                 trace.visible = trace.meta["run"] not in hidden
+
+    def fit(self, width: int) -> None:
+        """Draw the figure ``width`` pixels wide (what the probe measured), never narrower than MIN_WIDTH."""
+        self.figure.layout.width = max(MIN_WIDTH, width)
+        self.sync_state()  # a page reload's view starts from the widget state: it must have the width too
 
     def sync_state(self) -> None:
         """Copy the figure into its widget state, so a view created later (a page reload) is current.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..config import Config
 from ..device import DeviceInfo
-from ..diagnosis import Finding
+from ..diagnosis import Finding, diagnose
 from ..knobs import KNOBS, Knob
 from ..presentation import LOADED_MARK, RunRow, run_name, run_rows
 from ..results import BurstResult, ProfileCapture, StepRecord, TelemetrySample
@@ -252,7 +252,7 @@ class PanelState:
             self.runs[run].result = result
             self._rejudge()
             row = self.rows[run]
-            self.reading = Reading(run, self.runs[run].name, row.findings())
+            self.reading = Reading(run, self.runs[run].name, diagnose(result, row.baseline, verdict=row.verdict))
             self._changed("runs")
             self._changed("reading")
 

@@ -34,7 +34,7 @@ class RunsTable:
                               f"{html.escape(name)}</div>") for name, tip, _ in _HEADERS]
         self.widget = w.GridBox(self.header, layout=w.Layout(
             grid_template_columns=" ".join(width for _, _, width in _HEADERS), grid_gap="0px 0px",
-            width="100%", overflow="hidden"))
+            width="100%", overflow="auto hidden"))  # in a narrow window the table scrolls rather than losing columns
         self.empty = w.HTML('<i style="color: #777;">No runs yet: Run burst or Run ladder.</i>')
 
     def render(self, rows: Sequence[RunRow], hidden: Collection[int]) -> None:

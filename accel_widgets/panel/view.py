@@ -24,14 +24,14 @@ from ..results import BurstResult, ProfileCapture
 from ..tuner import TuneResult, tune
 from ..workload import Workload
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
-from .controls import KnobControls
+from .controls import COLUMN_PX, KnobControls
 from .plots import LivePlots
 from .state import PanelState, Part, ProfileShown
 from .table import RunsTable
 
 PERFETTO_URL = "https://ui.perfetto.dev"
 PROFILE_TOP = 10  # operators shown; the full list is in the trace
-ACTIONS_WIDTH = "310px"
+ACTIONS_PX = 320  # the actions column with its padding and border
 BUTTON_WIDTH = "148px"
 
 
@@ -94,6 +94,7 @@ class TuningPanel:
             self.state.subscribe(self._render)
             for part in ("draft", "action", "status", "progress"):
                 self._render(part)
+        self.plots.probe.observe(self._fit, names="width")
         if engine is run_burst:
             warm_up()  # the forkserver imports torch now, so the first burst starts fast
 
@@ -199,6 +200,20 @@ class TuningPanel:
             self.profile_view.layout.display = "none" if state.profile is None else None
             self.profile_view.value = "" if state.profile is None else profile_html(state.profile)
 
+    def _fit(self, change: dict[str, Any]) -> None:
+        """The browser measured the panel's width: fit the figure and the control columns to it (under the
+        lock, as every redraw).
+
+        Three columns of controls beside the actions when they fit; else two (with the actions beside them,
+        or above them when even that is too wide: the top box wraps in reverse), else one.
+        """
+        width = int(change["new"])
+        with self.state.lock:
+            self.plots.fit(width)
+            columns = 3 if width >= 3 * COLUMN_PX + ACTIONS_PX else 2 if width >= 2 * COLUMN_PX + 10 else 1
+            self.controls.arrange(columns)
+            self._controls_box.layout.min_width = f"{columns * COLUMN_PX - 20}px"
+
     def _render_buttons(self) -> None:
         running, ok = self.state.action is not None, self.state.draft.validation.ok
         for button in (self.run_button, self.profile_button, self.tune_button):
@@ -285,15 +300,21 @@ class TuningPanel:
             [length, w.HBox([self.run_button, self.ladder_button]), w.HBox([self.stop_button, self.reset_button]),
              budget, w.HBox([self.profile_button, self.tune_button]), self.load_button,
              self.progress, self.status, self.validation],
-            layout=w.Layout(width=ACTIONS_WIDTH, min_width=ACTIONS_WIDTH, padding="0 0 0 10px",
-                            border_left="1px solid #e0e0e0"),
+            layout=w.Layout(width=f"{ACTIONS_PX - 10}px", min_width=f"{ACTIONS_PX - 10}px", padding="0 0 0 10px",
+                            border_left="1px solid #e0e0e0", margin="0 0 8px 0"),
         )
-        controls = w.VBox([self.controls.widget], layout=w.Layout(flex="1 1 auto"))
-        top = w.HBox([controls, actions], layout=w.Layout(width="100%", align_items="flex-start"))
+        # The controls and the actions side by side; when the controls' columns and the actions do not fit
+        # on one line, the actions wrap *above* the controls (wrap-reverse, so "flex-end" is the top), where
+        # Run and the status line stay in sight.
+        self._controls_box = w.VBox([self.controls.widget],
+                                    layout=w.Layout(flex="1 1 0%", min_width=f"{3 * COLUMN_PX - 20}px"))
+        top = w.HBox([self._controls_box, actions], layout=w.Layout(width="100%", align_items="flex-end",
+                                                                    flex_flow="row wrap-reverse"))
         runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>",
                             layout=w.Layout(margin="8px 0 0 0"))
-        root = w.VBox([header, top, self.plots.figure, runs_title, self.table.widget, self.table.empty,
-                       self.diagnosis, self.profile_view], layout=w.Layout(width="100%", max_width="1400px"))
+        root = w.VBox([header, top, self.plots.probe, self.plots.figure, runs_title, self.table.widget,
+                       self.table.empty, self.diagnosis, self.profile_view],
+                      layout=w.Layout(width="100%", max_width="1400px"))
         # Stable CSS hooks for browser tests and user styling; ipywidgets' own classes are generic.
         for widget, name in ((root, "panel"), (self.run_button, "run-burst"), (self.ladder_button, "run-ladder"),
                              (self.stop_button, "stop"), (self.status, "status"), (self.table.widget, "runs"),

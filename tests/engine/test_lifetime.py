@@ -7,7 +7,6 @@ import _thread
 import glob
 import json
 import os
-import shutil
 import stat
 import statistics
 import subprocess
@@ -62,14 +61,6 @@ def _gone_within(processes: list[psutil.Process], seconds: float) -> float:
         assert time.perf_counter() - started < seconds, f"still running: {_running(processes)}"
         time.sleep(0.02)
     return time.perf_counter() - started
-
-
-@pytest.fixture
-def short_tmp():
-    """A temp dir with a short path: the owner's forkserver socket lives in it (AF_UNIX paths are short)."""
-    path = tempfile.mkdtemp(prefix="awt-", dir="/tmp")
-    yield Path(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _wait_for_line(process: subprocess.Popen, text: str, timeout: float) -> None:

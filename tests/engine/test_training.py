@@ -8,18 +8,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from accel_widgets import Config, Workload, run_burst
-from accel_widgets.engine import training
-from accel_widgets.engine.flags import torch_flags, torch_threads
 from accel_widgets.engine.training import (
     BatchFormatError,
     CudaTimeline,
     HostTimeline,
     StepClock,
     batch_length,
-    build_optimizer,
     split_batch,
-    to_device,
 )
+from accel_widgets.engine.worker import torch_threads
+from accel_widgets.knobs import global_flags
+from accel_widgets.knobs.data import to_device
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, tiny_workload
 
@@ -169,29 +168,13 @@ def test_batch_helpers():
         split_batch([1, 2, 3])
 
 
-@pytest.mark.parametrize(("impl", "flags"), [("for-loop", (False, False)), ("foreach", (True, False)),
-                                             ("fused", (False, True))])
-def test_optimizer_implementation_is_rebuilt_with_the_same_hyperparameters(impl, flags):
-    workload = tiny_workload(optimizer=lambda p: torch.optim.AdamW(p, lr=0.123, weight_decay=0.5))
-    optimizer = build_optimizer(workload, list(TinyNet().parameters()), Config(optimizer_impl=impl))
-    group = optimizer.param_groups[0]
-    assert (group["foreach"], group["fused"]) == flags
-    assert (group["lr"], group["weight_decay"]) == (0.123, 0.5)
-
-
-def test_optimizer_without_the_implementation_is_a_clear_error():
-    workload = tiny_workload(optimizer=lambda p: torch.optim.LBFGS(p))
-    with pytest.raises(ValueError, match="LBFGS has no 'foreach' option"):
-        build_optimizer(workload, list(TinyNet().parameters()), Config(optimizer_impl="foreach"))
-
-
 def test_flags_and_threads_are_restored():
     before = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
               torch.backends.cuda.matmul.fp32_precision, torch.get_num_threads())
-    with torch_flags(Config(tf32=True, cudnn_benchmark=True)), torch_threads(1):
+    with global_flags(Config(tf32=True, cudnn_benchmark=True)), torch_threads(1):
         assert torch.backends.cudnn.benchmark and torch.backends.cuda.matmul.fp32_precision == "tf32"
         assert torch.get_num_threads() == 1
-    with torch_flags(Config(deterministic=True)):
+    with global_flags(Config(deterministic=True)):
         assert torch.are_deterministic_algorithms_enabled()
     after = (torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled(),
              torch.backends.cuda.matmul.fp32_precision, torch.get_num_threads())
@@ -287,22 +270,6 @@ def test_untraceable_loss_under_script_loss_is_a_clear_error():
     workload.loss_fn = lambda out, y: F.cross_entropy(out, y)  # lambdas cannot be scripted
     with pytest.raises(Exception, match="cannot be compiled by TorchScript"):
         burst(workload, Config(script_loss=True))
-
-
-def test_compile_failures_are_reported_as_compile_errors():
-    class Boom(Exception):
-        pass
-
-    Boom.__module__ = "torch._inductor.exc"
-    loop = training.TrainingLoop.__new__(training.TrainingLoop)
-    loop.config = Config(compile_mode="default")
-
-    def fail() -> int:
-        raise Boom("C++ compiler not found")
-
-    loop._step = fail
-    with pytest.raises(training.CompileError, match="failed at the first step: Boom: C\\+\\+ compiler not found"):
-        loop._first_step()
 
 
 def test_in_process_bursts_leave_the_callers_random_state_alone():

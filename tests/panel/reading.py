@@ -16,6 +16,10 @@ def cell_text(cell: Any) -> str:
     return html.unescape(_TAG.sub("", cell.value))
 
 
+def header_text(table: RunsTable) -> list[str]:
+    return [cell_text(cell) for cell in table.header]
+
+
 def table_text(table: RunsTable) -> list[list[str]]:
     """The table's rows as text: "#run" (the checkbox's label), then every cell after the checkbox."""
     columns = len(table.header)

@@ -40,6 +40,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1400, "height": 1900}
+NARROW_WIDTH = 1000
 SERVER_START_S = 60.0
 KERNEL_READY_MS = 120_000
 BURST_S = 4  # long enough to see several live pushes to the figure
@@ -87,6 +88,13 @@ JS_TRACES = """() => {
 }"""
 JS_ROWS = "() => document.querySelectorAll('.aw-runs .widget-checkbox').length"
 JS_STATUS = "() => (document.querySelector('.aw-status') || {innerText: ''}).innerText"
+JS_WIDTHS = """() => {
+  const width = selector => document.querySelector(selector).getBoundingClientRect().width;
+  const runs = document.querySelector('.aw-runs');
+  const panel = width('.aw-panel'), plots = width('.aw-plots .main-svg');
+  const fits = panel - 40 < plots && plots <= panel;
+  return {panel, plots, runs: runs.scrollWidth, runs_room: runs.clientWidth, fits};
+}"""
 
 
 def free_port() -> int:
@@ -200,7 +208,10 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             traces = page.evaluate(JS_TRACES)
             rows = page.evaluate(JS_ROWS)
             status = page.evaluate(JS_STATUS)
+            page.wait_for_function(f"() => ({JS_WIDTHS})().fits", timeout=10_000, polling=100)
+            wide = page.evaluate(JS_WIDTHS)
             page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel.png"))
+            narrow = narrow_layout(page)
             reloaded = traces_after_reload(page)
         finally:
             browser.close()
@@ -212,10 +223,25 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
     rate = (len(updates) - 1) / (updates[-1][0] - updates[0][0]) if len(updates) > 1 else 0.0
     (ARTIFACTS / "browser_update_rate.json").write_text(json.dumps({"updates": updates, "rate_hz": rate}))
     assert len(updates) >= 3, f"the plots should grow live while the burst runs, saw {updates}"
+    # The figure takes the panel's width, in a wide window and a narrow one; the table scrolls inside the panel.
+    for widths in (wide, narrow):
+        assert widths["panel"] - 40 < widths["plots"] <= widths["panel"], widths
+        assert widths["runs_room"] <= widths["panel"], widths
+    assert narrow["panel"] < wide["panel"], (narrow, wide)
     # The FigureWidget trap: a view created later (page reload) must show the same data, not the empty figure.
     for run in (0, 1):
         for kind in ("step", "util", "warmup"):
             assert points(reloaded, run, kind) == points(traces, run, kind), (run, kind)
+
+
+def narrow_layout(page: Page) -> dict[str, float]:
+    """Look at the panel in a 1000 px window (panel-1000.png): how wide its parts are next to the room they have."""
+    page.set_viewport_size({"width": NARROW_WIDTH, "height": VIEWPORT["height"]})
+    page.wait_for_function(f"() => ({JS_WIDTHS})().panel < {NARROW_WIDTH} && ({JS_WIDTHS})().fits",
+                           timeout=10_000, polling=100)
+    page.wait_for_timeout(300)  # the relayout's redraw
+    page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{NARROW_WIDTH}.png"))
+    return page.evaluate(JS_WIDTHS)
 
 
 def traces_after_reload(page: Page) -> list[dict]:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.plots import MAX_TRACE_POINTS, LivePlots
 from accel_widgets.panel.state import PanelState
 from accel_widgets.presentation import run_colour
+from accel_widgets.reporting import build_figures
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample
 from tests.panel.reading import table_text, traces
 from tests.workloads import tiny_workload
@@ -109,7 +111,8 @@ def test_reset_returns_every_control_to_the_baseline() -> None:
     assert shown["num_workers"] == 2 and shown["precision"] == "bf16" and shown["batch_size"] == "64"
     panel.reset_button.click()
     assert panel.config == Config()
-    assert panel.controls.controls["batch_size"].input.value == "" and panel.controls.controls["num_workers"].input.value == 0
+    controls = panel.controls.controls
+    assert controls["batch_size"].input.value == "" and controls["num_workers"].input.value == 0
 
 
 # -- runs -----------------------------------------------------------------------------------------------
@@ -160,6 +163,39 @@ def test_table_rows_and_plot_traces_show_what_the_engine_emitted() -> None:
     assert "Reading of #1" in panel.diagnosis.value
 
 
+def test_the_live_figure_is_the_reports_timeline_built_by_the_same_functions() -> None:
+    panel = make_panel(FakeEngine(), steps=6)
+    run(panel)
+    panel.set_config(Config(parallel="ddp", world_size=2))
+    run(panel)
+    static = build_figures(panel.runs)["timeline"]
+
+    def described(figure: Any) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        return {(t.meta["run"], t.meta["kind"], t.meta.get("rank"), t.meta.get("device")):
+                (t.name, t.mode, t.line.color, t.line.dash, t.marker.symbol, t.marker.color, t.opacity, t.xaxis,
+                 t.showlegend, t.hovertemplate, tuple(t.x), tuple(t.y), tuple(t.customdata or ()))
+                for t in figure.data}
+
+    live = described(panel.plots.figure)
+    assert live == described(static) and len(live) == (2 + 1 * 2) + (2 + 2 * 2)  # legend, util, ranks x 2 kinds
+    for axis in ("yaxis", "yaxis2", "xaxis", "xaxis2"):
+        assert panel.plots.figure.layout[axis].title.text == static.layout[axis].title.text
+    assert panel.plots.figure.layout.yaxis2.type == static.layout.yaxis2.type == "log"
+
+
+def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures() -> None:
+    panel = make_panel()
+    assert panel.plots.figure.layout.width == 1180 and len(panel.controls.widget.children) == 3  # until measured
+    groups = [card for column in panel.controls.widget.children for card in column.children]
+    for width, columns in ((820, 2), (1220, 3), (500, 1)):
+        panel.plots.probe.width = width  # what the probe's front end reports
+        assert len(panel.controls.widget.children) == columns, width
+        assert [card for column in panel.controls.widget.children for card in column.children] == groups
+    assert panel.plots.figure.layout.width == 600  # never narrower than two subplots and a legend need
+    panel.plots.probe.width = 820
+    assert panel.plots.figure._widget_layout["width"] == 820  # a page reload's view starts at that width
+
+
 def test_unticking_a_run_hides_its_traces() -> None:
     panel = make_panel()
     run(panel)
@@ -182,7 +218,7 @@ def test_ddp_gets_one_step_trace_per_rank() -> None:
     ranks = traces(panel.plots.figure, 0, "step")
     assert sorted(t.meta["rank"] for t in ranks) == [0, 1]
     assert {t.line.dash for t in ranks} == {"solid", "dot"}
-    assert sorted(t.name for t in ranks) == ["#0 parallel=ddp, world_size=2 rank 0", "#0 parallel=ddp, world_size=2 rank 1"]
+    assert sorted(t.name for t in ranks) == [f"#0 parallel=ddp, world_size=2 rank {rank}" for rank in (0, 1)]
 
 
 def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None:
@@ -304,6 +340,18 @@ def test_the_panel_displays_as_its_root_widget_with_the_figure_state_current() -
     synced = panel.plots.figure._widget_data
     assert [t["meta"]["kind"] for t in synced] == [t.meta["kind"] for t in panel.plots.figure.data]
     assert any(len(t.get("x", ())) > 1 for t in synced)
+
+
+def test_the_live_figure_is_an_anywidget_which_plotly_does_not_install() -> None:
+    """Why pyproject names anywidget: plotly's FigureWidget is an AnyWidget, and plotly lists anywidget only in
+    its dev extras."""
+    import importlib.metadata
+
+    import anywidget
+
+    assert isinstance(make_panel().plots.figure, anywidget.AnyWidget)
+    plotly_needs = importlib.metadata.requires("plotly") or []
+    assert not [r for r in plotly_needs if r.startswith("anywidget") and "extra ==" not in r]
 
 
 def test_importing_the_package_does_not_import_the_ui() -> None:

@@ -6,8 +6,8 @@ wrapper as :func:`accel_widgets.tuner.tune` does); one test profiles with the re
 
 from __future__ import annotations
 
+import inspect
 import math
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,9 +19,11 @@ from accel_widgets import Config
 from accel_widgets.history import RunHistory
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.table import RunsTable
+from accel_widgets.presentation import run_rows
 from accel_widgets.results import BurstResult
-from accel_widgets.tuner import TuneResult, TuneStep
+from accel_widgets.tuner import TuneResult, TuneStep, tune
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
+from tests.panel.reading import header_text, table_text, traces
 from tests.workloads import tiny_workload
 
 
@@ -41,12 +43,19 @@ def nan_losses(result: BurstResult, from_step: int = 4) -> BurstResult:
     return replace(result, steps=steps)
 
 
+def table_of(results: list[BurstResult]) -> RunsTable:
+    """A runs table showing ``results``, as the panel renders it."""
+    table = RunsTable(lambda run, shown: None)
+    table.render(run_rows(results), hidden=set())
+    return table
+
+
 # -- run history -------------------------------------------------------------------------------------------
 def test_every_finished_burst_is_recorded_ok_or_failed(tmp_path: Path) -> None:
     path = tmp_path / "runs.sqlite"
     panel = make_panel(FakeEngine(fail="worker"), history=str(path))
     click(panel, "run_button")  # fails
-    panel.controls.controls["num_workers"].value = 1
+    panel.controls.controls["num_workers"].input.value = 1
     click(panel, "run_button")
     with RunHistory(path) as history:
         stored = history.runs()
@@ -71,19 +80,20 @@ def test_a_new_panel_on_the_same_file_loads_the_earlier_runs_once(tmp_path: Path
     path = tmp_path / "runs.sqlite"
     first = make_panel(history=RunHistory(path))
     click(first, "run_button")
-    first.controls.controls["num_workers"].value = 1
+    first.controls.controls["num_workers"].input.value = 1
     click(first, "run_button")
 
     second = make_panel(history=str(path))
     click(second, "run_button")  # recorded too, so loading must not bring it back a second time
     click(second, "load_button")
-    titles = [row[1] for row in second.table.text()]
+    titles = [row[1] for row in table_text(second.table)]
     assert titles == ["baseline", "⟲ baseline", "⟲ num_workers=1"]
     assert sorted(second.loaded) == [1, 2] and "recorded" in second.loaded[1]
     assert second.runs[2].config == Config(num_workers=1)
-    (legend,) = second.plots.traces(2, "legend")
+    (legend,) = traces(second.plots.figure, 2, "legend")
     assert legend.name.startswith("#2 ⟲")
-    assert len(second.plots.traces(2, "step")[0].x) == len([s for s in second.runs[2].steps if not s.warmup])
+    assert len(traces(second.plots.figure, 2, "step")[0].x) == len([s for s in second.runs[2].steps if not s.warmup])
+    assert "recorded" in second.table.widget.children[len(second.table.header) * 3 + 1].value  # the title's hover
     assert "Loaded 2 earlier runs" in second.status.value
     click(second, "load_button")
     assert len(second.runs) == 3 and "Loaded 0 earlier runs" in second.status.value
@@ -105,28 +115,26 @@ def test_a_corrupt_history_file_is_reported_left_alone_and_the_panel_works(tmp_p
 
 # -- correctness guard and TFLOP/s -------------------------------------------------------------------------
 def test_a_faster_run_whose_loss_goes_nan_is_marked_with_the_reasons() -> None:
-    table = RunsTable(lambda _: None)
     baseline = synthetic_result(steps=10, step_s=0.05)
     broken = nan_losses(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.025))
     slower = nan_losses(synthetic_result(Config(num_workers=1), steps=10, step_s=0.1))
-    table.update([baseline, broken, slower])
-    statuses = [row[-1] for row in table.text()]
+    table = table_of([baseline, broken, slower])
+    statuses = [row[-1] for row in table_text(table)]
     assert statuses == ["ok", "faster but changes training", "changes training"]
-    reasons = table.rows[1]["guard"].reasons
+    reasons = run_rows([baseline, broken, slower])[1].verdict.reasons
     assert any("NaN" in reason for reason in reasons)
-    cell = table.widget.children[len(table._header) * 2 + len(table._header) - 1]
+    cell = table.widget.children[len(table.header) * 2 + len(table.header) - 1]
     assert "faster but changes training" in cell.value and "NaN" in cell.value  # the reasons on hover
 
 
 def test_a_diverged_run_reads_diverged_with_why_not_as_a_speed_up() -> None:
-    table = RunsTable(lambda _: None)
     diverged = nan_losses(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.025))
     diverged.error, diverged.status = diverged.divergence(), "diverged"  # as the engine marks it
-    table.update([synthetic_result(steps=10, step_s=0.05), diverged])
-    status = table.text()[1][-1]
+    table = table_of([synthetic_result(steps=10, step_s=0.05), diverged])
+    status = table_text(table)[1][-1]
     assert status.startswith("diverged: loss is NaN from step 4 (8 of 12 steps not finite): training diverged.")
-    assert table.text()[1][2] == "1,280.0"  # the numbers stay visible (320 samples in 0.25 s)
-    cell = table.widget.children[len(table._header) * 3 - 1]
+    assert table_text(table)[1][2] == "1,280.0"  # the numbers stay visible (320 samples in 0.25 s)
+    cell = table.widget.children[len(table.header) * 3 - 1]
     assert "#c62828" in cell.value and "font-weight: 600" in cell.value
 
 
@@ -138,28 +146,29 @@ def test_the_panel_flags_a_run_that_changes_training() -> None:
 
     panel = make_panel(engine)
     click(panel, "run_button")
-    panel.controls.controls["precision"].value = "bf16"
+    panel.controls.controls["precision"].input.value = "bf16"
     click(panel, "run_button")
-    assert [row[-1] for row in panel.table.text()] == ["ok", "faster but changes training"]
+    assert [row[-1] for row in table_text(panel.table)] == ["ok", "faster but changes training"]
+    assert "Faster but changes training" in panel.diagnosis.value  # the reading says what the table says
 
 
-def test_tflops_and_mfu_are_shown_when_known() -> None:
-    table = RunsTable(lambda _: None)
+def test_flops_and_mfu_are_shown_with_the_prefix_their_size_needs() -> None:
     cpu = synthetic_result(steps=10, step_s=0.05)  # 640 samples/s
     cpu = replace(cpu, ranks=[replace(r, flops_per_sample=1e9) for r in cpu.ranks])
     gpu = replace(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.05),
                   environment={"device_kind": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"})
     gpu = replace(gpu, ranks=[replace(r, flops_per_sample=312e12 * 0.5 / 640) for r in gpu.ranks])
     tiny = replace(cpu, ranks=[replace(r, flops_per_sample=1e5) for r in cpu.ranks])  # 0.064 GFLOP/s
-    table.update([cpu, gpu, synthetic_result(), tiny])
-    assert [row[9] for row in table.text()] == ["0.64", "156.00 (50%)", "–", "0.064 GFLOP/s"]
+    table = table_of([cpu, gpu, synthetic_result(), tiny])
+    assert [row[9] for row in table_text(table)] == ["640 GFLOP/s", "156 TFLOP/s (50%)", "–", "64.0 MFLOP/s"]
+    assert header_text(table)[9] == "FLOP/s (MFU)"
 
 
 # -- profile -----------------------------------------------------------------------------------------------
 def test_profile_runs_a_profiled_burst_and_shows_the_top_operators(tmp_path: Path) -> None:
     engine = FakeEngine()
     panel = make_panel(engine, profile_dir=tmp_path / "profiles")
-    panel.controls.controls["num_workers"].value = 1
+    panel.controls.controls["num_workers"].input.value = 1
     assert panel.profile_view.layout.display == "none"
     click(panel, "profile_button")
     call = engine.calls[-1]
@@ -170,7 +179,7 @@ def test_profile_runs_a_profiled_burst_and_shows_the_top_operators(tmp_path: Pat
     for text in ("aten::addmm", "aten::relu", "self CPU ms", "self device ms", "https://ui.perfetto.dev",
                  str(tmp_path / "profiles" / "fake-trace.json")):
         assert text in view, text
-    assert "Profile finished" in panel.status.value and panel.table.text()[0][-1] == "ok"
+    assert "Profile finished" in panel.status.value and table_text(panel.table)[0][-1] == "ok"
 
 
 def test_a_failed_profile_says_so_and_the_panel_keeps_working() -> None:
@@ -240,9 +249,9 @@ def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp
     assert call["budget_s"] == 30 and call["base"] == Config() and call["steps"] == 5 and call["device"] is CPU
     assert [c.config for c in engine.calls] == [Config(), *tuner.candidates]
     assert all(c.kwargs["stop"] is call["stop"] for c in engine.calls)  # Stop reaches every burst
-    assert [row[1].split(":")[0] for row in panel.table.text()] == ["tune"] * 3
+    assert [row[1].split(":")[0] for row in table_text(panel.table)] == ["tune"] * 3
     for run in range(3):
-        assert panel.plots.traces(run, "step"), run
+        assert traces(panel.plots.figure, run, "step"), run
     assert panel.config == Config(num_workers=1)
     text = panel.status.value
     assert "Tune finished" in text and "num_workers=1" in text and "1.50×" in text and "3 bursts" in text
@@ -279,16 +288,8 @@ def test_a_tuner_that_raises_is_reported_and_the_panel_keeps_working() -> None:
     assert panel.runs[-1].ok
 
 
-def test_the_default_tuner_is_imported_only_when_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
-    import accel_widgets.tuner as tuner_module
-
-    seen: list[threading.Event] = []
-
-    def fake_tune(workload: Any, **kwargs: Any) -> TuneResult:
-        seen.append(kwargs["stop"])
-        return TuneResult(Config(), None, None, [], [], 0.0, "nothing to try")
-
-    monkeypatch.setattr(tuner_module, "tune", fake_tune)
-    panel = make_panel()
+def test_the_default_tuner_is_the_real_one_and_an_empty_search_reads_plainly() -> None:
+    assert inspect.signature(TuningPanel).parameters["tuner"].default is tune
+    panel = make_panel(tuner=lambda workload, **kwargs: TuneResult(Config(), None, None, [], [], 0.0, "nothing"))
     click(panel, "tune_button")
-    assert len(seen) == 1 and "Tune finished" in panel.status.value and "1.00×" in panel.status.value
+    assert "Tune finished" in panel.status.value and "1.00×" in panel.status.value

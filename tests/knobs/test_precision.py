@@ -1,4 +1,4 @@
-"""TF32 switches: ``Config()`` runs with PyTorch's stock settings, and every switch is put back."""
+"""The precision module's global switches: ``Config()`` keeps stock TF32 settings; every switch is put back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from accel_widgets.config import Config
-from accel_widgets.engine.flags import torch_flags
+from accel_widgets.knobs import global_flags
 
 
 def tf32_state() -> dict[str, object]:
@@ -39,7 +39,7 @@ def stock() -> Iterator[dict[str, object]]:
 
 
 def test_default_config_keeps_stock_tf32_settings_and_restores_them(stock: dict[str, object]) -> None:
-    with torch_flags(Config()):
+    with global_flags(Config()):
         inside = tf32_state()
     # fp32 matmuls stay IEEE, cuDNN convolutions and RNNs keep TF32, as in a plain PyTorch script.
     assert inside["legacy_matmul"] == "highest" and inside["legacy_matmul_allow"] is False
@@ -49,7 +49,7 @@ def test_default_config_keeps_stock_tf32_settings_and_restores_them(stock: dict[
 
 
 def test_tf32_turns_on_matmuls_and_cudnn_together_with_both_apis_in_step(stock: dict[str, object]) -> None:
-    with torch_flags(Config(tf32=True)):
+    with global_flags(Config(tf32=True)):
         inside = tf32_state()  # would raise on a legacy/new mismatch, as inductor's reads do
     assert (inside["legacy_matmul"], inside["legacy_matmul_allow"], inside["cuda.matmul"]) == ("high", True, "tf32")
     assert (inside["legacy_cudnn_allow"], inside["cudnn.conv"], inside["cudnn.rnn"]) == (True, "tf32", "tf32")
@@ -64,7 +64,7 @@ def test_default_config_resets_a_callers_changes_for_the_burst_and_gives_them_ba
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = False
     callers = tf32_state()
-    with torch_flags(Config()):
+    with global_flags(Config()):
         inside = tf32_state()
     assert (inside["legacy_matmul_allow"], inside["legacy_cudnn_allow"]) == (False, True)
     assert (inside["cudnn.conv"], inside["cudnn.rnn"]) == ("tf32", "tf32")
@@ -72,6 +72,6 @@ def test_default_config_resets_a_callers_changes_for_the_burst_and_gives_them_ba
 
 
 def test_settings_are_restored_when_the_burst_raises(stock: dict[str, object]) -> None:
-    with pytest.raises(RuntimeError, match="boom"), torch_flags(Config(tf32=True)):
+    with pytest.raises(RuntimeError, match="boom"), global_flags(Config(tf32=True)):
         raise RuntimeError("boom")
     assert tf32_state() == stock

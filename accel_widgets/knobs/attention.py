@@ -1,0 +1,53 @@
+"""Attention kernels: which backend ``scaled_dot_product_attention`` may use (flash, memory-efficient, ...).
+
+A model that calls ``torch.nn.functional.scaled_dot_product_attention`` (nn.MultiheadAttention,
+nn.Transformer*, Hugging Face models with ``attn_implementation="sdpa"``) gets whichever kernel
+torch's dispatcher picks; pinning one shows what the pick costs or saves. Models without SDPA calls
+are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .base import Knob, Rule
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+GROUP = "attention"
+TITLE = "Attention kernels"
+
+_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+_CUDA_ONLY = ("efficient", "cudnn")
+
+KNOBS = [
+    Knob(
+        "sdpa_backend", GROUP, str, "auto", choices=("auto", "flash", "efficient", "cudnn", "math"),
+        what="The kernel scaled_dot_product_attention runs: torch's pick (auto), or one backend pinned.",
+        why="Flash and memory-efficient attention never build the seq x seq score matrix; the math backend "
+        "does, in several kernels. torch's pick falls back silently when a kernel cannot take the inputs.",
+        when="Transformer models that call scaled_dot_product_attention, with long sequences. 'math' is the "
+        "reference to compare against; a pinned kernel that cannot take the inputs fails the burst, naming why.",
+    ),
+]
+
+RULES = [
+    Rule(
+        ("sdpa_backend",), "error",
+        lambda c, d: not d.has_cuda and c.sdpa_backend in _CUDA_ONLY,
+        lambda c, d: f"sdpa_backend={c.sdpa_backend!r} is a CUDA kernel; on this CPU only 'auto', 'flash' "
+        "or 'math' can run.",
+    ),
+]
+
+
+def forward_context(config: Config) -> contextlib.AbstractContextManager[Any]:
+    """Around the forward: restrict SDPA to the pinned backend (nothing to restrict for 'auto')."""
+    if config.sdpa_backend == "auto":
+        return contextlib.nullcontext()
+    return sdpa_kernel(_BACKENDS[config.sdpa_backend])

@@ -1,0 +1,161 @@
+"""What every knob module is made of: the :class:`Knob` declaration, the registry, and :class:`Rule`.
+
+A knob module (``data``, ``precision``, ...) declares its knobs and its rules with these and owns the
+knobs' behaviour; :mod:`accel_widgets.knobs` joins them into one registry.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..device import DeviceInfo
+
+#: A knob's group: the ``GROUP`` of the module that owns it (``"data"``, ``"precision"``, ...).
+Group = str
+DeviceKind = Literal["cpu", "cuda"]
+
+
+class KnobValueError(ValueError):
+    """A knob was given a value outside its declared choices or range; the message names the valid ones."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One optimisation: its valid values and the text a user reads before flipping it."""
+
+    name: str
+    group: Group
+    kind: type
+    default: Any
+    what: str
+    why: str
+    when: str
+    applies_to: tuple[DeviceKind, ...] = ("cpu", "cuda")
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    allow_none: bool = False
+
+    def valid_values_text(self) -> str:
+        """Human-readable description of the valid values, used in every error message."""
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.kind is bool:
+            return "True or False"
+
+        def bound(value: float | None, unbounded: str) -> str:
+            if value is None:
+                return unbounded
+            return str(int(value)) if self.kind is int else f"{value:g}"
+
+        noun = "an integer" if self.kind is int else "a number"
+        text = f"{noun} in [{bound(self.minimum, '-inf')}, {bound(self.maximum, 'inf')}]"
+        return text + " or None" if self.allow_none else text
+
+    def check(self, value: Any) -> Any:
+        """Return ``value`` normalised to the knob's type, or raise :class:`KnobValueError`."""
+        if value is None and self.allow_none:
+            return None
+        if self.choices is not None:
+            if value in self.choices and type(value) is type(self.default):
+                return value
+            raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
+        if self.kind is bool:
+            if isinstance(value, bool):
+                return value
+            raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
+        if not math.isfinite(value):  # NaN passes every range comparison, and int(inf) raises OverflowError
+            raise KnobValueError(f"{self.name}={value!r} is not a finite number: use {self.valid_values_text()}")
+        if self.kind is int and int(value) != value:
+            raise KnobValueError(f"{self.name}={value!r} is invalid: use {self.valid_values_text()}")
+        value = self.kind(value)
+        if (self.minimum is not None and value < self.minimum) or (
+            self.maximum is not None and value > self.maximum
+        ):
+            raise KnobValueError(f"{self.name}={value!r} is out of range: use {self.valid_values_text()}")
+        return value
+
+    def parse(self, text: str) -> Any:
+        """Parse a command-line string (``--set name=text``) into a checked value."""
+        stripped = text.strip()
+        if self.allow_none and stripped.lower() in ("none", "null", ""):
+            return None
+        if self.kind is bool:
+            lowered = stripped.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return self.check(True)
+            if lowered in ("0", "false", "no", "off"):
+                return self.check(False)
+            raise KnobValueError(f"{self.name}={text!r} is invalid: use true or false")
+        if self.kind is str:
+            return self.check(stripped)
+        try:
+            number = float(stripped)
+        except ValueError:
+            raise KnobValueError(f"{self.name}={text!r} is invalid: use {self.valid_values_text()}") from None
+        return self.check(int(number) if self.kind is int and number.is_integer() else number)
+
+
+class KnobRegistry(Mapping[str, Knob]):
+    """Ordered, read-only mapping of knob name to :class:`Knob`."""
+
+    def __init__(self, knobs: list[Knob]) -> None:
+        self._knobs = {k.name: k for k in knobs}
+        if len(self._knobs) != len(knobs):
+            raise ValueError("duplicate knob names in the registry")
+
+    def __getitem__(self, name: str) -> Knob:
+        try:
+            return self._knobs[name]
+        except KeyError:
+            close = difflib.get_close_matches(str(name), self._knobs, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KnobValueError(f"unknown knob {name!r}{hint}: known knobs are {', '.join(self._knobs)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._knobs)
+
+    def __len__(self) -> int:
+        return len(self._knobs)
+
+    def in_group(self, group: Group) -> list[Knob]:
+        return [k for k in self._knobs.values() if k.group == group]
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: k.default for name, k in self._knobs.items()}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination of knob values (on a device) that cannot run ("error") or makes no sense ("warning").
+
+    ``knobs`` names the knobs involved, so the panel can attach the message to the right controls.
+    """
+
+    knobs: tuple[str, ...]
+    severity: Literal["error", "warning"]
+    applies: Callable[[Config, DeviceInfo], bool]
+    message: Callable[[Config, DeviceInfo], str]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the knob owners say about how a burst ran, so analysis never re-derives it from the config.
+
+    ``math``: the arithmetic matmuls ran in ("fp32", "tf32", "bf16", "fp16"), which picks the guard's
+    tolerance and the MFU's peak; ``compiled``: the first step paid a compile; ``gpus``: GPUs the burst
+    kept busy (MFU's denominator); ``micro_batches``: micro-batches per optimizer step.
+    """
+
+    math: str
+    compiled: bool
+    gpus: int
+    micro_batches: int

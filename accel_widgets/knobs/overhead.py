@@ -1,0 +1,97 @@
+"""Python overhead: host syncs for the loss, the optimizer implementation, zero_grad, TorchScript.
+
+Owns the optimizer a rank steps (:func:`build_optimizer`), the loss it calls (:func:`prepare_loss`),
+how gradients are cleared and when the loss is read back to the host.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .base import Knob, Rule
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..workload import Workload
+
+GROUP = "python"
+TITLE = "Python overhead"
+
+KNOBS = [
+    Knob(
+        "sync_every", "python", int, 1, minimum=0, maximum=1 << 20,
+        what="Read the loss on the host every N steps (1 = every step, 0 = only at the end).",
+        why="loss.item() blocks the host until the GPU finishes, so the GPU idles while Python catches up.",
+        when="Launch-bound GPU steps; logging every step is the classic hidden sync. fp16 with a non-fused "
+        "optimizer still syncs every step inside GradScaler; run_burst(sync_debug=True) names any sync left.",
+    ),
+    Knob(
+        "script_loss", "python", bool, False,
+        what="Compile the loss function with TorchScript (legacy; torch.compile replaces it).",
+        why="Historically fused small loss ops; kept to show how the legacy path compares.",
+        when="Rarely now: TorchScript is deprecated in favour of torch.compile.",
+    ),
+    Knob(
+        "optimizer_impl", "python", str, "default", choices=("default", "for-loop", "foreach", "fused"),
+        what="Optimizer implementation: per-parameter loop, multi-tensor foreach, or one fused kernel.",
+        why="The for-loop launches kernels per parameter; foreach batches them; fused does it in one kernel.",
+        when="Models with many parameter tensors and short steps.",
+    ),
+    Knob(
+        "set_to_none", "python", bool, True,
+        what="zero_grad(set_to_none=True): drop gradients instead of writing zeros.",
+        why="Skips a memset per parameter and lets the next backward allocate fresh gradients.",
+        when="Always, unless code reads .grad before backward.",
+    ),
+]
+
+RULES: list[Rule] = []  # script_loss's conflict with compiling is the compile module's
+
+_IMPLEMENTATION_FLAGS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
+                         "fused": {"foreach": False, "fused": True}}
+
+
+def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Config) -> torch.optim.Optimizer:
+    """The workload's optimizer, rebuilt with the requested implementation (for-loop / foreach / fused)."""
+    optimizer = workload.optimizer(params)
+    if config.optimizer_impl == "default":
+        return optimizer
+    flags = _IMPLEMENTATION_FLAGS[config.optimizer_impl]
+    cls = type(optimizer)
+    accepted = inspect.signature(cls.__init__).parameters
+    missing = [name for name in flags if name not in accepted]
+    if missing:
+        raise ValueError(f"optimizer_impl={config.optimizer_impl!r}: {cls.__name__} has no {missing[0]!r} option")
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    # Per-group copies of the old flags would override the new defaults, so groups drop them.
+    groups = [{k: v for k, v in g.items() if k == "params" or (k in accepted and k not in flags)}
+              for g in optimizer.param_groups]
+    return cls(groups, **{**defaults, **flags})
+
+
+def prepare_loss(workload: Workload, config: Config) -> Callable[[Any, Any], torch.Tensor]:
+    if not config.script_loss:
+        return workload.loss_fn
+    # Legacy path, kept for comparison: TorchScript is deprecated in favour of torch.compile.
+    try:
+        return torch.jit.script(workload.loss_fn)
+    except Exception as exc:
+        raise ValueError(
+            f"script_loss=True: the loss function cannot be compiled by TorchScript ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0]}). TorchScript is legacy; turn script_loss off."
+        ) from exc
+
+
+def zero_grad(optimizer: torch.optim.Optimizer, config: Config) -> None:
+    """Why set_to_none: the next backward writes fresh gradients instead of adding into zeroed ones."""
+    optimizer.zero_grad(set_to_none=config.set_to_none)
+
+
+def loss_read_due(unread_steps: int, config: Config) -> bool:
+    """Why sync_every: reading a loss (.item()) blocks the host until the device has run every queued kernel."""
+    return bool(config.sync_every) and unread_steps >= config.sync_every

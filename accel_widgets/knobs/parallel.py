@@ -1,0 +1,93 @@
+"""Data parallelism: DDP ranks (one process per rank) or legacy DataParallel (one process, several GPUs).
+
+Owns how many processes a burst runs, how the model is wrapped and when gradients are all-reduced.
+The process group itself (its rendezvous and sockets) is the engine's: :mod:`accel_widgets.engine.worker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .base import Knob, Rule
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+GROUP = "parallel"
+TITLE = "Parallel"
+
+KNOBS = [
+    Knob(
+        "parallel", "parallel", str, "none", choices=("none", "dataparallel", "ddp"),
+        what="Data parallelism: one process over several GPUs (DataParallel) or one process per rank (DDP).",
+        why="More devices process more samples per second; DDP avoids DataParallel's single-process GIL "
+        "and scatter/gather bottleneck.",
+        when="Several local GPUs (or CPU ranks with gloo for learning DDP); prefer DDP.",
+    ),
+    Knob(
+        "world_size", "parallel", int, 1, minimum=1, maximum=1024,
+        what="Number of DDP ranks (processes).",
+        why="Each rank trains on its own shard of every global batch.",
+        when="With parallel='ddp': one rank per GPU, or a few CPU ranks.",
+    ),
+]
+
+RULES = [
+    Rule(
+        ("parallel",), "error",
+        lambda c, d: c.parallel == "dataparallel" and len(d.gpus) < 2,
+        lambda c, d: f"parallel='dataparallel' needs at least 2 GPUs; this machine has {len(d.gpus)}. "
+        "DataParallel is the legacy single-process option: prefer parallel='ddp'.",
+    ),
+    Rule(
+        ("parallel", "world_size"), "error",
+        lambda c, d: c.parallel == "ddp" and d.has_cuda and c.world_size > len(d.gpus),
+        lambda c, d: f"world_size={c.world_size} needs one GPU per rank for NCCL; this machine has "
+        f"{len(d.gpus)}. Use world_size <= {len(d.gpus)}.",
+    ),
+    Rule(
+        ("parallel", "world_size"), "error",
+        lambda c, d: c.parallel != "ddp" and c.world_size != 1,
+        lambda c, d: f"world_size={c.world_size} only applies with parallel='ddp'; set parallel='ddp' "
+        "or world_size=1.",
+    ),
+    Rule(
+        ("parallel", "world_size"), "warning",
+        lambda c, d: c.parallel == "ddp" and not d.has_cuda and c.world_size > d.cpu_count,
+        lambda c, d: f"{c.world_size} CPU ranks on {d.cpu_count} cores: ranks will fight for cores and "
+        "throughput will drop.",
+    ),
+]
+
+
+def ranks(config: Config) -> int:
+    """Processes a burst of this config runs: DDP ranks, else one."""
+    return config.world_size if config.parallel == "ddp" else 1
+
+
+def gpus_used(config: Config, device_kind: str, visible_gpus: int) -> int:
+    """GPUs a burst keeps busy: every visible one for DataParallel, one per rank otherwise; 0 on a CPU."""
+    if device_kind != "cuda":
+        return 0
+    return max(1, visible_gpus) if config.parallel == "dataparallel" else ranks(config)
+
+
+def wrap_model(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
+    """DDP with one rank too (that measures what DDP itself costs); DataParallel for comparison only."""
+    if config.parallel == "ddp":
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.parallel == "dataparallel":
+        # Legacy single-process data parallelism: one Python thread drives every GPU (DDP avoids that).
+        return nn.DataParallel(model)
+    return model
+
+
+def gradient_sync(model: nn.Module, last_micro_batch: bool) -> contextlib.AbstractContextManager[Any]:
+    """Why no_sync: DDP all-reduces gradients only on the micro-batch that steps the optimizer."""
+    if last_micro_batch or not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()

@@ -1,0 +1,94 @@
+"""The presentation layer on synthetic results: how numbers read, one baseline per row, one colour per run."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from accel_widgets import Config
+from accel_widgets.guard import check_training, find_baseline
+from accel_widgets.presentation import (
+    MISSING,
+    PALETTE,
+    decimals,
+    flops_text,
+    run_colour,
+    run_name,
+    run_rows,
+    si,
+    significant,
+    step_text,
+)
+from tests.panel.fakes import synthetic_result
+
+
+def test_numbers_read_with_their_unit_prefix_and_three_significant_digits() -> None:
+    assert [si(v, "FLOP/s") for v in (6.4e11, 1.56e14, 6.4e7, 999.7e9, 12.0, 2.5e18)] == [
+        "640 GFLOP/s", "156 TFLOP/s", "64.0 MFLOP/s", "1.00 TFLOP/s", "12.0 FLOP/s", "2.50 EFLOP/s"]
+    assert [significant(v) for v in (12345.6, 640.0, 64.0, 0.98, 0.0)] == ["12,346", "640", "64.0", "0.980", "0.00"]
+    assert decimals(math.nan) == 2
+    assert flops_text({"tflops": 156.0, "mfu_pct": 50.0}) == "156 TFLOP/s (50%)"
+    assert flops_text({"tflops": 6.4e-5, "mfu_pct": None}) == "64.0 MFLOP/s"
+    assert flops_text({"tflops": None}) == MISSING
+
+
+def test_step_times_keep_the_medians_precision_and_mark_noise() -> None:
+    assert step_text({"step_ms_median": 0.98, "step_ms_iqr": 0.3, "noisy": True}) == "0.980 ± 0.300 ~"
+    assert step_text({"step_ms_median": 123.4, "step_ms_iqr": 5.6, "noisy": False}) == "123 ± 6"
+    assert step_text({"step_ms_median": 10.0, "step_ms_iqr": 0.0, "noisy": False}) == "10.0 ± 0.0"
+    assert step_text({"step_ms_median": None}) == MISSING
+
+
+def test_names_and_colours() -> None:
+    from plotly.colors import qualitative
+
+    assert tuple(qualitative.Plotly) == PALETTE  # the colour plotly would give the run's first trace
+    assert run_colour(0) == run_colour(len(PALETTE)) != run_colour(1)
+    assert run_name(3, "+loader") == "#3 +loader" and run_name(3, "+loader", "mlp") == "#3 mlp: +loader"
+    long = run_name(12, "x" * 60)
+    assert long.startswith("#12 x") and long.endswith("…") and len(long) == len("#12 ") + 40
+
+
+def with_nan_losses(result, from_step: int = 6):
+    return dataclasses.replace(result, steps=[dataclasses.replace(s, loss=math.nan) if s.step >= from_step else s
+                                              for s in result.steps])
+
+
+def test_every_rows_speed_up_and_verdict_refer_to_the_same_baseline() -> None:
+    """DDP runs are compared with the single-process plain run, for speed and for training alike: the
+    guard's own choice (an fp32 run of the same world size) would judge the row against another run."""
+    plain = synthetic_result()
+    ddp = synthetic_result(Config(parallel="ddp", world_size=2), ranks=2, step_s=0.05)
+    ddp_bf16 = with_nan_losses(synthetic_result(Config(parallel="ddp", world_size=2, precision="bf16"), ranks=2,
+                                                step_s=0.025))
+    results = [plain, ddp, ddp_bf16]
+    assert find_baseline(ddp_bf16, results) is ddp  # what the guard alone would have picked
+    rows = run_rows(results)
+    for row in rows:
+        assert row.baseline is plain and row.values["baseline"] == 0
+        assert row.verdict == check_training(row.result, plain)
+    assert rows[1].values["speedup"] == pytest.approx(2.0) and rows[1].verdict.status == "not_comparable"
+    text, hover = rows[1].status()
+    assert text == "ok" and "training not checked: the run has 2 rank(s)" in hover
+    assert rows[2].changes_training and rows[2].status()[0] == "faster but changes training"  # NaN needs no baseline
+
+
+def test_rows_already_judged_keep_their_verdict_until_their_baseline_changes() -> None:
+    first = synthetic_result(Config(num_workers=1))
+    rows = run_rows([first, synthetic_result(Config(num_workers=2))])
+    again = run_rows([first, rows[1].result, synthetic_result(Config(precision="bf16"))], judged=rows)
+    assert again[0].verdict is rows[0].verdict and again[1].verdict is rows[1].verdict
+    plain = synthetic_result()
+    rebased = run_rows([first, rows[1].result, plain], judged=rows)  # the plain loop is now everyone's baseline
+    assert all(row.baseline is plain for row in rebased) and rebased[0].verdict is not rows[0].verdict
+    assert rebased[0].verdict == check_training(first, plain)
+
+
+def test_status_cells_and_colours() -> None:
+    ok, stopped = run_rows([synthetic_result(), synthetic_result(status="stopped")])
+    assert ok.status() == ("ok", "ok") and ok.status_colour() == "#2e7d32"
+    assert stopped.status_colour() == "#8a6d00"
+    (loaded,) = run_rows([synthetic_result(label="mine")], loaded={0: "recorded on Monday"})
+    assert loaded.title() == ("⟲ mine (baseline)", "⟲ mine (baseline)\nrecorded on Monday")
