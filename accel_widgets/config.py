@@ -15,7 +15,7 @@ from .knobs import KNOBS, parallel
 
 Precision = Literal["fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
-DataCache = Literal["none", "memory", "memmap"]
+DataCache = Literal["none", "memory", "memmap", "shards"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 Parallel = Literal["none", "dataparallel", "ddp"]

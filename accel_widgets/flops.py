@@ -41,13 +41,11 @@ def peak_flops(device_name: str, math_mode: str) -> float | None:
 
 def count_training_flops(
     model: nn.Module,
-    inputs: Any,
-    targets: Any,
-    loss_fn: Callable[[Any, Any], torch.Tensor],
-    forward: Callable[[nn.Module, Any], Any],
+    loss_of: Callable[[nn.Module], torch.Tensor],
     autocast: Callable[[], Any],
 ) -> int:
-    """FLOPs of one forward + backward of ``model`` on one micro-batch (gradients are cleared after).
+    """FLOPs of one forward + backward of ``model`` (``loss_of(model)``: one micro-batch's loss), after
+    which the gradients are cleared.
 
     Run on the unwrapped model after the measured window: the counter's dispatch overhead and the
     extra step never touch the burst's timings, and DDP/compile wrappers would only hide the ops.
@@ -55,7 +53,7 @@ def count_training_flops(
     counter = FlopCounterMode(display=False)
     with counter:
         with autocast():
-            loss = loss_fn(forward(model, inputs), targets)
+            loss = loss_of(model)
         loss.backward()
     model.zero_grad(set_to_none=True)
     return int(counter.get_total_flops())

@@ -8,7 +8,17 @@ baseline's and says ``"changes_training"`` when:
 
 - a loss is NaN or inf on any rank (no baseline needed: training is broken);
 - an fp16 GradScaler keeps skipping optimizer steps (the engine's per-rank count);
-- the smoothed trajectory leaves the baseline's by more than the precision in use explains.
+- a data cache froze random augmentation to one draw per item (the engine's warning on the result);
+- the smoothed trajectory leaves the baseline's by more than noise explains: more than reseeding the
+  baseline's data moves it (a :class:`NoiseBand`, when measured) and more than the precision in use does.
+
+Why a measured band: with random augmentation, a config that changes only speed still changes which
+random draw each item gets (loader workers draw from their own seeded generators), so its loss moves by
+as much as the data's randomness moves it -- 2.5-3.1% where the precision table allows fp32 1.2%. What
+that randomness moves is a property of the workload, not of the precision: :func:`measure_noise` runs the
+baseline again with another data seed (same weights, other data order and augmentation draws), once per
+workload, and keeps the result in this process and in the run history. The precision table stays as the
+floor, so a near-deterministic workload is not judged on a hair trigger.
 
 Where no such baseline exists, or the two runs read different batches (DDP shards, another batch size),
 the verdict says so instead of guessing.
@@ -16,12 +26,19 @@ the verdict says so instead of guessing.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from .engine.datacache import FrozenAugmentationWarning
+from .history import RunHistory, workload_fingerprint
+from .knobs.data import data_seed
 from .results import BurstResult
+from .workload import Workload
 
 GuardStatus = Literal["ok", "changes_training", "not_comparable", "no_baseline"]
 
@@ -72,6 +89,15 @@ SCALER_SKIP_SHARE = 0.1
 STALL_SHARE = 0.25
 STALL_MIN_BASELINE_FALL = 0.1
 
+#: A change counts only when it moves the loss this many times more than reseeding the baseline's data does.
+#: Calibration (tests/test_guard_noise.py's augmented workload, 4 weight seeds x 30 steps, two reseeds each,
+#: in units of the band at margin 1): loader workers reached 0.33-0.73, bf16 0.01, shuffled labels 5.2-8.3 and
+#: a 10x learning rate 16-26. Twice the band keeps every correct run under ~0.4 of the tolerance while a
+#: broken one still clears it several times over.
+NOISE_MARGIN = 2.0
+#: Reseeded baseline bursts per measurement: the band is the widest of them, so one quiet seed cannot set it.
+NOISE_RESEEDS = 2
+
 
 @dataclass(frozen=True)
 class GuardVerdict:
@@ -79,12 +105,43 @@ class GuardVerdict:
 
     ``max_relative_deviation`` is the largest smoothed deviation from the baseline over the
     ``compared_steps`` steps both runs reported (``None`` when nothing was compared).
+    ``beyond_tolerance`` says the trajectory left the tolerance: the one finding that a wider, measured
+    noise band (:func:`measure_noise`) can overturn, so callers know when measuring it is worth bursts.
     """
 
     status: GuardStatus
     reasons: tuple[str, ...] = ()
     max_relative_deviation: float | None = None
     compared_steps: int = 0
+    beyond_tolerance: bool = False
+
+
+@dataclass(frozen=True)
+class NoiseBand:
+    """How far the fp32 baseline's own smoothed loss moves when only its data seed changes.
+
+    ``spread`` is the largest deviation of a reseeded baseline from the baseline, rescaled to one batch:
+    ``deviation * sqrt(losses in the running mean)``. Batch-to-batch noise averages down in the running mean
+    (one loss at step 0, ``SMOOTHING_WINDOW`` from then on), so :meth:`deviation_at` gives it back that shape:
+    wide at the first steps, narrower once the mean covers a full window. Drift between the trajectories,
+    which does not average down, is in the spread too (the largest value over every step counts).
+    ``steps``: how many steps the reseeded bursts covered; later steps get the full-window value.
+    """
+
+    spread: float
+    steps: int
+    data_seeds: tuple[int, ...]
+
+    def deviation_at(self, position: int) -> float:
+        """What reseeding the data moves the smoothed loss by at the ``position``-th compared step (0-based)."""
+        return self.spread / math.sqrt(min(position + 1, SMOOTHING_WINDOW))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spread": self.spread, "steps": self.steps, "data_seeds": list(self.data_seeds)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NoiseBand:
+        return cls(float(data["spread"]), int(data["steps"]), tuple(int(s) for s in data["data_seeds"]))
 
 
 # -- which runs can be compared -------------------------------------------------------------------
@@ -112,14 +169,16 @@ def find_baseline(run: BurstResult, candidates: Sequence[BurstResult]) -> BurstR
     """The fp32 reference for ``run`` among ``candidates``, or ``None``.
 
     Eligible: a finished (status ok) fp32 run, not TF32 on a GPU (that is reduced precision), with finite
-    losses, reading the same batches as ``run`` (same workload, world size and samples per step). The
-    run's own losses play no part: a run that went NaN still gets its baseline. Preferred, in order: the
-    same micro-batching (batch-norm statistics see the micro-batch, so 2 x 32 is close to 1 x 64 but not
-    equal), the plainest config (fewest knobs changed: the plain loop is the ground truth, while an fp32
-    run with compile could share a broken graph with the run), the longest trajectory.
+    losses and live augmentation (no cache froze it), reading the same batches as ``run`` (same workload,
+    world size and samples per step). The run's own losses play no part: a run that went NaN still gets its
+    baseline. Preferred, in order: the same micro-batching (batch-norm statistics see the micro-batch, so
+    2 x 32 is close to 1 x 64 but not equal), the plainest config (fewest knobs changed: the plain loop is
+    the ground truth, while an fp32 run with compile could share a broken graph with the run), the longest
+    trajectory.
     """
     eligible = [c for c in candidates if c is not run and c.ok and _precision(c) == "fp32"
-                and not _batch_mismatch(run, c) and _finite_losses(c) and not _nonfinite_reasons(c)]
+                and not _batch_mismatch(run, c) and _finite_losses(c) and not _nonfinite_reasons(c)
+                and not _frozen_reasons(c)]
     if not eligible:
         return None
     micro = _micro_batch(run)
@@ -149,34 +208,126 @@ def _batch_mismatch(run: BurstResult, baseline: BurstResult) -> str:
 
 
 # -- the verdict ----------------------------------------------------------------------------------
-def check_training(run: BurstResult, baseline: BurstResult | None) -> GuardVerdict:
+def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseBand | None = None) -> GuardVerdict:
     """Compare ``run`` with its fp32 ``baseline`` (see :func:`find_baseline`) and say whether it changes training.
 
-    NaN/inf losses and a GradScaler that keeps skipping are judged on the run alone, so they are flagged
-    even without a baseline. The trajectory check compares running means (``SMOOTHING_WINDOW``) of rank
-    0's losses step by step over the steps both runs reported, warmup included (the data order is the
-    same from step 0), as ``|run - base| / max(|base|, floor)`` against a tolerance that depends on the
-    precision in use and widens with the step (``TOLERANCE_AT_START``, ``GROWTH_SQRT_STEPS``).
+    NaN/inf losses, a GradScaler that keeps skipping and a cache that froze random augmentation are judged
+    on the run alone, so they are flagged even without a baseline. The trajectory check compares running
+    means (``SMOOTHING_WINDOW``) of rank 0's losses step by step over the steps both runs reported, warmup
+    included (the data order is the same from step 0), as ``|run - base| / max(|base|, floor)`` against a
+    tolerance: ``NOISE_MARGIN`` times what reseeding the baseline's data moves it (``noise``, see
+    :func:`measure_noise`), and never less than the precision's own (``TOLERANCE_AT_START``, widening with the
+    step by ``GROWTH_SQRT_STEPS``), which is all there is without ``noise``.
     """
-    reasons = _nonfinite_reasons(run) + _scaler_reasons(run)
+    reasons = _nonfinite_reasons(run) + _scaler_reasons(run) + _frozen_reasons(run)
     if baseline is None:
         return GuardVerdict("changes_training" if reasons else "no_baseline", tuple(reasons) or (
             "no finished fp32 run of this workload with the same batch size and world size to compare with",))
     ok, why = comparable(run, baseline)
     if not ok:
         return GuardVerdict("changes_training" if reasons else "not_comparable", (*reasons, why))
-    comparison = _Comparison.of(run, baseline)
+    comparison = _Comparison.of(run, baseline, noise)
     if not comparison.steps:
         return GuardVerdict("changes_training" if reasons else "not_comparable",
                             (*reasons, "no step has a finite loss in both runs"))
-    reasons += comparison.reasons(fp16=_precision(run) == "fp16")
+    beyond = comparison.reasons(fp16=_precision(run) == "fp16")
+    reasons += beyond
     return GuardVerdict("changes_training" if reasons else "ok", tuple(reasons), max(comparison.deviations),
-                        len(comparison.steps))
+                        len(comparison.steps), bool(beyond))
 
 
 def tolerance(precision: str, step: int) -> float:
     """Relative deviation allowed at ``step`` for runs in ``precision`` (a key of ``TOLERANCE_AT_START``)."""
     return TOLERANCE_AT_START[precision] * (1 + math.sqrt(step) / GROWTH_SQRT_STEPS)
+
+
+# -- the noise band -------------------------------------------------------------------------------
+#: Bands measured in this process, by workload fingerprint and :func:`noise_key`.
+_NOISE_BANDS: dict[tuple[str, str], NoiseBand] = {}
+#: The history stores the band under this key, followed by :func:`noise_key`.
+_HISTORY_KEY = "guard noise band "
+
+
+def noise_band(baseline: BurstResult, reseeded: Mapping[int, BurstResult]) -> NoiseBand | None:
+    """The band that ``reseeded`` bursts (data seed -> a burst of the baseline's config with that data seed) show.
+
+    Bursts that did not finish or cannot be compared with ``baseline`` are left out; ``None`` when none is left.
+    """
+    comparisons = {seed: _Comparison.of(burst, baseline) for seed, burst in reseeded.items()
+                   if burst.ok and comparable(burst, baseline)[0]}
+    comparisons = {seed: c for seed, c in comparisons.items() if c.steps}
+    if not comparisons:
+        return None
+    spread = max(deviation * math.sqrt(min(i + 1, SMOOTHING_WINDOW))
+                 for c in comparisons.values() for i, deviation in enumerate(c.deviations))
+    return NoiseBand(spread, min(len(c.steps) for c in comparisons.values()), tuple(sorted(comparisons)))
+
+
+def noise_key(baseline: BurstResult) -> str:
+    """What besides the workload sets how far reseeding moves the loss: the batches (samples per step,
+    micro-batches, ranks) and the data cache. JSON text, so the history can store it as it is."""
+    pieces = {"samples_per_step": _samples_per_step(baseline), "micro_batches": baseline.run_facts.micro_batches,
+              "world_size": baseline.world_size, "data_cache": baseline.config.data_cache}
+    return json.dumps(pieces, sort_keys=True)
+
+
+def cached_noise(fingerprint: str, baseline: BurstResult, history: RunHistory | None = None) -> NoiseBand | None:
+    """The band measured earlier for the workload ``fingerprint`` (see
+    :func:`~accel_widgets.history.workload_fingerprint`) and ``baseline``'s batches, if it covers the baseline's
+    steps: this process's, else the one ``history`` keeps (then kept in this process too). A stored band that no
+    longer parses counts as none: measuring again replaces it.
+    """
+    key = noise_key(baseline)
+    band = _NOISE_BANDS.get((fingerprint, key))
+    if band is None and history is not None:
+        stored = history.measurement(fingerprint, _HISTORY_KEY + key)
+        try:
+            band = NoiseBand.from_dict(stored) if stored is not None else None
+        except (KeyError, TypeError, ValueError):
+            band = None
+        if band is not None:
+            _NOISE_BANDS[(fingerprint, key)] = band
+    return band if band is not None and band.steps >= len(_finite_losses(baseline)) else None
+
+
+def measure_noise(
+    workload: Workload, baseline: BurstResult, *, engine: Callable[..., BurstResult] | None = None,
+    history: RunHistory | None = None, fingerprint: str | None = None, stop: threading.Event | None = None,
+) -> NoiseBand | None:
+    """What reseeding ``baseline``'s data moves its loss by: the cached band (:func:`cached_noise`), or one
+    measured now and kept in this process and in ``history``.
+
+    Measuring runs ``NOISE_RESEEDS`` bursts of the baseline's config, each with another data seed next to the
+    workload's (same weights, other data order and augmentation draws), as long as the baseline's whole
+    trajectory. ``engine`` is called like :func:`~accel_widgets.run_burst` (that is the default: a worker
+    process per burst). A burst that fails is left out; ``None`` when none finished or ``stop`` was set, and
+    the precision's tolerance then stands alone. ``fingerprint`` saves recomputing
+    :func:`~accel_widgets.history.workload_fingerprint` (it builds the model).
+    """
+    from .engine.launcher import BurstError, run_burst  # the one place the guard runs bursts
+
+    fingerprint = fingerprint or workload_fingerprint(workload)
+    band = cached_noise(fingerprint, baseline, history)
+    if band is not None:
+        return band
+    engine = engine or run_burst
+    steps = len(_finite_losses(baseline))  # measured steps: warm-up comes on top, so they cover the baseline's
+    reseeded: dict[int, BurstResult] = {}
+    for seed in (data_seed(workload) + k for k in range(1, NOISE_RESEEDS + 1)):
+        if stop is not None and stop.is_set():
+            return None
+        try:
+            reseeded[seed] = engine(dataclasses.replace(workload, data_seed=seed), baseline.config, steps=steps,
+                                    label=f"guard: baseline, data seed {seed}", stop=stop)
+        except BurstError as exc:
+            reseeded[seed] = exc.result
+    band = noise_band(baseline, reseeded)
+    if band is not None:
+        key = noise_key(baseline)
+        _NOISE_BANDS[(fingerprint, key)] = band
+        if history is not None:
+            history.save_measurement(fingerprint, _HISTORY_KEY + key, band.to_dict())
+    return band
 
 
 # -- the pieces -----------------------------------------------------------------------------------
@@ -217,6 +368,16 @@ def _nonfinite_reasons(result: BurstResult) -> list[str]:
     return result.nonfinite_losses()
 
 
+def _frozen_reasons(result: BurstResult) -> list[str]:
+    """The data cache's warning that it froze random augmentation (see :class:`FrozenAugmentationWarning`).
+
+    A frozen cache trains on one draw per item in every epoch: faster, perhaps, but another training, and
+    one no loss comparison over a short burst can see (the first epoch reads the same kind of draws).
+    """
+    prefix = f"{FrozenAugmentationWarning.__name__}: "
+    return [warning.removeprefix(prefix) for warning in result.warnings if warning.startswith(prefix)]
+
+
 def _scaler_reasons(result: BurstResult) -> list[str]:
     """Ranks whose GradScaler skipped steps beyond its calibration (the engine counts them for fp16)."""
     reasons = []
@@ -246,15 +407,16 @@ class _Comparison:
     steps: list[int]
     run: list[float]
     base: list[float]
-    precision: str  # the less precise of the two: it sets the tolerance
+    precision: str  # the less precise of the two: it sets the floor of the tolerance
     baseline_precision: str
+    noise: NoiseBand | None = None
 
     @classmethod
-    def of(cls, run: BurstResult, baseline: BurstResult) -> _Comparison:
+    def of(cls, run: BurstResult, baseline: BurstResult, noise: NoiseBand | None = None) -> _Comparison:
         mine, theirs = _finite_losses(run), _finite_losses(baseline)
         steps = sorted(mine.keys() & theirs.keys())
         return cls(steps, _smooth([mine[s] for s in steps]), _smooth([theirs[s] for s in steps]),
-                   _less_precise(run, baseline), _precision(baseline))
+                   _less_precise(run, baseline), _precision(baseline), noise)
 
     @property
     def deviations(self) -> list[float]:
@@ -264,7 +426,19 @@ class _Comparison:
 
     @property
     def tolerances(self) -> list[float]:
-        return [tolerance(self.precision, s) for s in self.steps]
+        """Per step: ``NOISE_MARGIN`` x the noise band, floored by the precision's tolerance."""
+        return [max(tolerance(self.precision, s), self._noise_tolerance(i)) for i, s in enumerate(self.steps)]
+
+    def _noise_tolerance(self, position: int) -> float:
+        return 0.0 if self.noise is None else NOISE_MARGIN * self.noise.deviation_at(position)
+
+    def _explain_tolerance(self, position: int) -> str:
+        """Where the tolerance at ``position`` comes from: the noise band, or the precision floor."""
+        noise = self._noise_tolerance(position)
+        if noise > tolerance(self.precision, self.steps[position]):
+            moved = _percent(noise / NOISE_MARGIN)
+            return f"{NOISE_MARGIN:g}x the {moved} a baseline with reseeded data moves"
+        return f"for {self.precision}"
 
     def reasons(self, fp16: bool) -> list[str]:
         """The worst step beyond tolerance (and the first), in words; empty when the run stays inside."""
@@ -276,8 +450,8 @@ class _Comparison:
         first = f"; first beyond tolerance at step {self.steps[beyond[0]]}" if beyond[0] != worst else ""
         direction = "above" if self.run[worst] > self.base[worst] else "below"
         reason = (f"loss deviates {_percent(deviations[worst])} ({direction}) from the {self.baseline_precision} "
-                  f"baseline at step {self.steps[worst]} (tolerance {_percent(tolerances[worst])} there for "
-                  f"{self.precision}){first}")
+                  f"baseline at step {self.steps[worst]} (tolerance {_percent(tolerances[worst])} there "
+                  f"{self._explain_tolerance(worst)}){first}")
         return [reason + (self.stall_hint() if fp16 else "")]
 
     def stall_hint(self) -> str:

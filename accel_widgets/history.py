@@ -13,7 +13,9 @@ application's database, a newer format, damage found by ``PRAGMA quick_check``) 
 never destroy someone's data.
 
 Runs are grouped by :func:`workload_fingerprint`, a digest of what makes two runs comparable, so the panel
-can reload the earlier runs of the workload it is tuning.
+can reload the earlier runs of the workload it is tuning. Measurements that cost bursts and belong to the
+workload rather than to one run (the guard's noise band) are kept per fingerprint too, in a ``measurements``
+table created on first use: older versions, which do not know it, read the file as before.
 """
 
 from __future__ import annotations
@@ -68,6 +70,14 @@ _SCHEMA = (
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {FORMAT_VERSION}",
 )
+#: Created on first use rather than with the file, so files written before it existed need no new format.
+_MEASUREMENTS = """CREATE TABLE IF NOT EXISTS measurements (
+    fingerprint TEXT NOT NULL,
+    key TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    value_json TEXT NOT NULL,
+    PRIMARY KEY (fingerprint, key)
+)"""
 _ANOTHER_PATH = f"Pass another path to RunHistory() or set ${HISTORY_ENV}."
 _DAMAGED = ("Move it aside to start a new history there (`sqlite3 FILE .recover` can save its runs), or pass "
             f"another path to RunHistory() or set ${HISTORY_ENV}.")
@@ -109,10 +119,14 @@ def workload_fingerprint(workload: Workload) -> str:
     Limits: callables are identified by module and qualified name only, so two lambdas defined in one function
     (say, two learning rates) look the same: give such workloads different names. A dataset that cannot be
     pickled (it holds a lock or an open file) is identified by its class and length only.
+
+    A ``data_seed`` other than ``seed`` is covered too (the data order differs); the usual one, none, leaves
+    the digest as it was before data seeds existed.
     """
     parts = {
         "name": workload.name,
         "seed": workload.seed,
+        **({"data_seed": workload.data_seed} if workload.data_seed not in (None, workload.seed) else {}),
         "batch_size": workload.batch_size,
         "model": _model_digest(_initial_model(workload)),
         "dataset": _dataset_digest(workload.dataset),
@@ -225,6 +239,26 @@ class RunHistory:
             deleted = conn.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount
         if not deleted:
             raise KeyError(f"no run {run_id} in {self.path}")
+
+    def save_measurement(self, fingerprint: str, key: str, value: Mapping[str, Any]) -> None:
+        """Keep ``value`` (JSON data) as measurement ``key`` of the workload ``fingerprint``, replacing an older one.
+
+        For what is measured once per workload and would cost bursts to measure again in another session.
+        """
+        row = (fingerprint, key, datetime.now(timezone.utc).isoformat(), json.dumps(dict(value), sort_keys=True))
+        with self._connection("saving a measurement in") as conn, _transaction(conn):
+            conn.execute(_MEASUREMENTS)
+            conn.execute("INSERT OR REPLACE INTO measurements (fingerprint, key, created_at, value_json) "
+                         "VALUES (?, ?, ?, ?)", row)
+
+    def measurement(self, fingerprint: str, key: str) -> dict[str, Any] | None:
+        """The value saved by :meth:`save_measurement`, or ``None`` (also in a file without measurements yet)."""
+        with self._connection("reading a measurement from") as conn:
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'measurements'").fetchone() is None:
+                return None
+            row = conn.execute("SELECT value_json FROM measurements WHERE fingerprint = ? AND key = ?",
+                               (fingerprint, key)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def close(self) -> None:
         """Close the connection (idempotent); the last one to close folds the WAL back into the file."""

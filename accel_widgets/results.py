@@ -37,6 +37,7 @@ class StepRecord:
     samples: int
     loss: float | None = None
     warmup: bool = False
+    tokens: int | None = None  # real tokens (attention mask) this rank's step trained on, when known
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class RankSummary:
     scaler_skipped_steps: int | None = None  # fp16: optimizer steps GradScaler skipped (inf/NaN grads)
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
     profile: ProfileCapture | None = None
+    measured_tokens: int | None = None  # real tokens over the window, when batches carry an attention mask
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,11 @@ class BurstResult:
 
     @property
     def tokens_per_s(self) -> float | None:
+        """Tokens per second summed over ranks: the real tokens counted from attention masks when every
+        rank has them, else samples/s times the workload's ``tokens_per_sample``."""
+        counted = [r.measured_tokens / r.measured_s for r in self.ranks if r.measured_tokens and r.measured_s > 0]
+        if counted and len(counted) == len(self.ranks):
+            return sum(counted)
         rate = self.samples_per_s
         return rate * self.tokens_per_sample if rate is not None and self.tokens_per_sample else None
 

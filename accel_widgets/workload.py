@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
 ModelSource = nn.Module | Callable[[], nn.Module]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -31,43 +32,109 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
 
 @dataclass
 class Workload:
-    """What to train. ``dataset`` is map-style (``__getitem__`` + ``__len__``) or a tuple of tensors.
+    """What to train, in the shapes people already have.
 
-    ``loss_fn(output, target)`` receives the model's raw output (a tensor, dict or dataclass: the loss
-    decides what to use). Items are ``(input, target)`` pairs. ``tokens_per_sample`` makes results
-    report tokens/s as well (language models). ``batch_size`` is this workload's natural batch, used when
-    the config leaves ``batch_size`` at its default.
+    ``dataset`` is map-style (``__getitem__`` + ``__len__``), a tuple of tensors, or a ``DataLoader``
+    the user already tuned (its dataset, sampler, collate_fn, batch size and worker_init_fn are kept;
+    the data-loading knobs replace only workers, pinning, prefetching and persistence).
+
+    The loss, in the first form that fits:
+    - ``step(model, batch) -> loss``: the user's own code for what the loop cannot guess;
+    - items that are ``(input, target)`` pairs: ``loss_fn(model(input), target)`` (a mapping input is
+      passed as ``model(**input)``; the output may be a tensor, dict or dataclass);
+    - items that are mappings (Hugging Face style): ``model(**batch)``, and the loss is
+      ``loss_fn(output, batch)`` or, without a ``loss_fn``, the model's own ``output.loss``.
+    ``max_grad_norm`` clips the gradients' total norm before each optimizer step (after unscaling them
+    under fp16). ``tokens_per_sample`` makes results report tokens/s (language models); batches with an
+    ``attention_mask`` count their real tokens instead. ``batch_size`` is this workload's natural batch,
+    used when the config leaves ``batch_size`` at its default.
     """
 
     model: ModelSource
     dataset: Dataset | Sequence[torch.Tensor]
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     optimizer: OptimizerFactory = default_optimizer
     collate_fn: Callable[[list[Any]], Any] | None = None
     name: str = "workload"
     tokens_per_sample: int | None = None
     batch_size: int | None = None
     seed: int = 0
+    #: Seeds the data order and augmentation (the loader's generator, the RNG items draw from); None: ``seed``.
+    #: Apart from ``seed`` (the weights), so the guard can reseed the data alone and see what that moves.
+    data_seed: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    step: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    max_grad_norm: float | None = None
+    loader: DataLoader | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
             raise TypeError(f"Workload.model must be an nn.Module or a zero-argument factory, got {self.model!r}")
         if not isinstance(self.model, nn.Module):
             _check_zero_argument_factory(self.model)
-        if not callable(self.loss_fn):
+        if self.loss_fn is not None and not callable(self.loss_fn):
             raise TypeError(f"Workload.loss_fn must be callable as loss_fn(output, target), got {self.loss_fn!r}")
+        if self.step is not None and not callable(self.step):
+            raise TypeError(f"Workload.step must be callable as step(model, batch) -> loss, got {self.step!r}")
+        if self.max_grad_norm is not None and not (isinstance(self.max_grad_norm, (int, float))
+                                                   and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"Workload.max_grad_norm={self.max_grad_norm!r}: use a finite number > 0, or None")
+        if isinstance(self.dataset, DataLoader):
+            self._take_loader(self.dataset)
         if not callable(self.optimizer):
             raise TypeError("Workload.optimizer must be a factory: optimizer(params) -> torch.optim.Optimizer")
         if isinstance(self.dataset, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in self.dataset):
             self.dataset = TensorDataset(*self.dataset)
-        if not (hasattr(self.dataset, "__getitem__") and hasattr(self.dataset, "__len__")):
-            raise TypeError(
-                "Workload.dataset must be map-style (define __getitem__ and __len__) or a tuple of tensors; "
-                f"got {type(self.dataset).__name__}"
-            )
-        if len(self.dataset) == 0:
-            raise ValueError("Workload.dataset is empty: a burst needs at least one batch of data")
+        # A stream (IterableDataset, e.g. a webdataset pipeline) has no length to check: an empty one is
+        # reported by the first step, which finds no batch.
+        if not isinstance(self.dataset, IterableDataset):
+            if not (hasattr(self.dataset, "__getitem__") and hasattr(self.dataset, "__len__")):
+                raise TypeError(
+                    "Workload.dataset must be map-style (define __getitem__ and __len__), an IterableDataset or "
+                    f"a tuple of tensors; got {type(self.dataset).__name__}"
+                )
+            if len(self.dataset) == 0:
+                raise ValueError("Workload.dataset is empty: a burst needs at least one batch of data")
+        self._check_items()
+
+    def _take_loader(self, loader: DataLoader) -> None:
+        """A user's DataLoader: its dataset and collate_fn become the workload's, and the loader is kept
+        so that its sampler, batch size and worker_init_fn are used too (the knobs replace the rest)."""
+        self.loader, self.dataset = loader, loader.dataset
+        if self.collate_fn is None and loader.collate_fn is not default_collate:
+            self.collate_fn = loader.collate_fn
+        if self.batch_size is None:
+            self.batch_size = loader.batch_size
+
+    def _check_items(self) -> None:
+        """Read ``dataset[0]`` now, so an item the loop cannot use fails here and says what to write.
+
+        A ``step`` or a ``collate_fn`` decides for itself what a batch is, and a streaming dataset has
+        no item 0 to read without consuming it: those are checked by the first step in the worker.
+        """
+        if self.step is not None or self.collate_fn is not None or isinstance(self.dataset, IterableDataset):
+            return
+        item = self.dataset[0]
+        if isinstance(item, Mapping):
+            if self.loss_fn is None and not {"labels", "label"} & set(item):
+                raise TypeError(
+                    f"dataset items are dicts ({', '.join(map(str, item))}) and there is no loss_fn, so the model "
+                    "must compute its own loss -- Hugging Face models do when the batch holds 'labels'. Add "
+                    "'labels' to each item, or pass loss_fn=lambda output, batch: ..., or step=lambda model, "
+                    "batch: ..."
+                )
+            return
+        if isinstance(item, (tuple, list)) and len(item) == 2:
+            if self.loss_fn is None:
+                raise TypeError("dataset items are (input, target) pairs and there is no loss_fn: pass one, e.g. "
+                                "loss_fn=torch.nn.functional.cross_entropy, or step=lambda model, batch: ...")
+            return
+        shape = f"a {type(item).__name__}" + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+        raise TypeError(
+            f"dataset[0] is {shape}: each item must be an (input, target) pair or a dict of tensors. Return "
+            "(x, y) from __getitem__, or pass collate_fn=... that builds (inputs, targets), or step=lambda model, "
+            "batch: loss"
+        )
 
     def build_model(self) -> nn.Module:
         """A fresh model: the factory's product under the workload seed, or the instance as given.

@@ -10,12 +10,17 @@ tuples, lists and ``str``-keyed dicts; every item must have the same structure, 
 Cached items come back with the same structure, but every field is a ``torch.Tensor``: numpy fields
 keep their dtype, python ``int`` becomes an int64 scalar tensor, ``float`` float64 and ``bool`` bool,
 exactly what ``default_collate`` makes of them, so collated batches are identical to uncached ones.
-Random augmentation is frozen to the one draw made while caching.
+Random augmentation is frozen to the one draw made while caching: :func:`warn_if_random` reads a couple of
+items twice and, when two reads differ, warns with a :class:`FrozenAugmentationWarning` (the engine puts it
+on the burst's result and the correctness guard marks the run as changing training).
 
 The memmap cache lives in ``<cache_dir>/<fingerprint>/`` (one ``fieldK.npy`` per field plus
-``meta.json``). It is built in a private temporary directory and renamed into place, so concurrent
-builders never see a half-written cache; the check-and-rename runs under an ``flock`` on ``cache_dir``
-(POSIX), so a damaged cache can be replaced without racing a writer that is placing a good one.
+``meta.json``). ``"shards"`` writes the items instead as WebDataset tar shards in
+``<cache_dir>/<fingerprint>.shards/`` and streams them back (:mod:`.shards`; the optional webdataset
+package), to show what a sharded streaming format does to the pipeline. Both on-disk caches are built in a
+private temporary directory and renamed into place, so concurrent builders never see a half-written cache;
+the check-and-rename runs under an ``flock`` on ``cache_dir`` (POSIX), so a damaged cache can be replaced
+without racing a writer that is placing a good one.
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import ModuleType
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -60,11 +67,22 @@ class DataCacheError(ValueError):
     """The dataset cannot be cached as asked; the message says what to change (often: set data_cache='none')."""
 
 
+class FrozenAugmentationWarning(UserWarning):
+    """A cache stores one draw of items that differ between reads: random augmentation is frozen per item.
+
+    Every epoch then trains on the same augmented items, which is faster but trains another model.
+    """
+
+
 @dataclass(frozen=True)
 class CacheInfo:
-    """What ``cache_dataset`` did, for results and logs. ``build_s`` is 0.0 when an existing cache was reused."""
+    """What ``cache_dataset`` did, for results and logs. ``build_s`` is 0.0 when an existing cache was reused.
 
-    mode: Literal["memory", "memmap"]
+    ``bytes`` is the item data held (tar headers and padding excluded) for ``memory`` and ``memmap``, and the
+    shard files' size for ``shards``: what the format costs on disk is part of what it does.
+    """
+
+    mode: Literal["memory", "memmap", "shards"]
     fingerprint: str
     path: Path | None
     items: int
@@ -125,26 +143,32 @@ def default_cache_dir() -> Path:
 
 def cache_dataset(
     dataset: Any,
-    mode: Literal["memory", "memmap"],
+    mode: Literal["memory", "memmap", "shards"],
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     fingerprint: str | None = None,
 ) -> tuple[Dataset, CacheInfo]:
-    """Materialise ``dataset`` once and return a map-style dataset over the finished items, plus what was done.
+    """Materialise ``dataset`` once and return a dataset over the finished items, plus what was done.
 
     ``mode="memory"`` stacks the items in RAM (``cache_dir`` unused). ``mode="memmap"`` writes them under
     ``cache_dir/<fingerprint>/`` (default :func:`default_cache_dir`) or reuses that directory when a
     previous call already built it; a damaged directory is removed and rebuilt with a warning.
+    ``mode="shards"`` does the same with WebDataset tar shards in ``cache_dir/<fingerprint>.shards/`` and
+    returns a stream over them (an ``IterableDataset`` that splits itself per rank and loader worker).
     ``fingerprint`` overrides :func:`dataset_fingerprint` (needed for datasets that do not pickle).
     Raises DataCacheError for variable-size or unsupported items, naming the first offending item and field.
     """
     n = _length(dataset)
     fingerprint = _fingerprint(dataset) if fingerprint is None else _checked_fingerprint(fingerprint)
+    warn_if_random(dataset, mode)
     if mode == "memory":
         return _cache_memory(dataset, n, fingerprint)
-    if mode == "memmap":
-        return _cache_memmap(dataset, n, fingerprint, Path(cache_dir) if cache_dir is not None else default_cache_dir())
-    raise DataCacheError(f"data_cache mode must be 'memory' or 'memmap' ('none' means: do not cache), got {mode!r}")
+    if mode in _DISK_FORMATS:
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        return _cache_on_disk(dataset, n, fingerprint, root, _disk_format(mode))
+    raise DataCacheError(
+        f"data_cache mode must be 'memory', 'memmap' or 'shards' ('none' means: do not cache), got {mode!r}"
+    )
 
 
 def _fingerprint(dataset: Any) -> str:
@@ -155,6 +179,53 @@ def _fingerprint(dataset: Any) -> str:
         raise DataCacheError(f"{exc}; pass fingerprint= explicitly") from exc
 
 
+# -- randomness ----------------------------------------------------------------------------------------
+
+
+def warn_if_random(dataset: Any, mode: str) -> bool:
+    """Warn (:class:`FrozenAugmentationWarning`) when caching ``dataset`` in ``mode`` would freeze random items.
+
+    Every cache mode stores one draw per item, so each mode calls this; it is checked on every call, a
+    reused cache included, because the warning belongs on every run that trains on frozen draws. Returns
+    whether it warned.
+    """
+    index = first_random_item(dataset)
+    if index is None:
+        return False
+    warnings.warn(
+        f"data_cache={mode!r} freezes random augmentation: item {index} differs between two reads (random "
+        "transforms), and the cache keeps one draw per item, so every epoch trains on the same augmented items. "
+        "Faster, but it changes training: keep data_cache='none' for random augmentation, or cache the "
+        "deterministic part of the item (decoding, resizing) and augment after.",
+        FrozenAugmentationWarning, stacklevel=3)
+    return True
+
+
+def first_random_item(dataset: Any) -> int | None:
+    """The first of two probed indices (the first and the middle item) whose two reads differ; None if both match.
+
+    Cheap by design, four item reads: random transforms draw on every read, so two reads of any item
+    differ, while a deterministic dataset returns equal values (NaN equal to NaN) with the same structure.
+    """
+    n = _length(dataset)
+    for index in dict.fromkeys((0, n // 2)):
+        first, second = _read_item(dataset, index), _read_item(dataset, index)
+        if first[0] != second[0] or not all(
+                path == other_path and _same_tensor(a, b) for (path, a), (other_path, b) in
+                zip(first[1], second[1], strict=True)):
+            return index
+    return None
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shape, dtype and values, a NaN matching a NaN (a deterministic item may hold NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
 # -- items ---------------------------------------------------------------------------------------------
 
 
@@ -162,7 +233,8 @@ def _length(dataset: Any) -> int:
     """``len(dataset)``, refusing datasets that cannot be indexed 0..len-1."""
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise DataCacheError(
-            f"data_cache needs a map-style dataset (__getitem__ + __len__), got {type(dataset).__name__}"
+            f"data_cache needs a map-style dataset (__getitem__ + __len__), got {type(dataset).__name__}: a "
+            "stream is read as it comes, so set data_cache='none' for it"
         )
     try:
         n = len(dataset)
@@ -409,7 +481,31 @@ def _open_memmaps(path: Path, layout: _Layout, n: int) -> list[np.ndarray]:
     return arrays
 
 
-def _load_cache(path: Path, fingerprint: str, n: int) -> _MemmapCache | None:
+class _OnDisk(Protocol):
+    """What an on-disk cache's dataset tells :class:`CacheInfo`: where it lives and what it holds."""
+
+    path: Path
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class _DiskFormat:
+    """One on-disk cache mode: its directory's name, how items are written into it, how a finished one opens.
+
+    ``write(dataset, n, layout, first, tmp)`` stores every item in ``tmp``, synced to disk, and returns what
+    ``meta.json`` must hold besides the layout; ``open(path, meta, layout, n)`` returns the dataset over a
+    finished directory, raising OSError/ValueError/KeyError/TypeError on anything damaged.
+    """
+
+    mode: Literal["memmap", "shards"]
+    suffix: str
+    write: Callable[[Any, int, _Layout, list[tuple[str, torch.Tensor]], Path], dict[str, Any]]
+    open: Callable[[Path, dict[str, Any], _Layout, int], _OnDisk]
+
+
+def _load_cache(path: Path, fingerprint: str, n: int, disk: _DiskFormat) -> _OnDisk | None:
     """The finished cache at ``path``; None if there is none. A damaged one is removed with a warning.
 
     Call under ``_dir_lock``: removal must not race another process placing a good cache at ``path``.
@@ -420,13 +516,12 @@ def _load_cache(path: Path, fingerprint: str, n: int) -> _MemmapCache | None:
         meta = json.loads((path / _META).read_text())
         if (meta["format"], meta["fingerprint"], meta["len"]) != (FORMAT_VERSION, fingerprint, n):
             raise DataCacheError("meta.json is for another format version, length or fingerprint")
-        layout = _Layout.from_json(meta)
-        _open_memmaps(path, layout, n)
+        cached = disk.open(path, meta, _Layout.from_json(meta), n)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(f"data cache {path} is damaged ({exc}); rebuilding it", RuntimeWarning, stacklevel=4)
         shutil.rmtree(path)
         return None
-    return _MemmapCache(path, layout, n)
+    return cached
 
 
 @contextlib.contextmanager
@@ -443,13 +538,56 @@ def _dir_lock(directory: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _write_cache(dataset: Any, n: int, fingerprint: str, tmp: Path) -> None:
-    """Materialise into ``.npy`` files in ``tmp``, synced to disk, then ``meta.json`` last.
+def _write_cache(dataset: Any, n: int, fingerprint: str, tmp: Path, disk: _DiskFormat) -> None:
+    """Materialise into ``tmp`` in the format's files, synced to disk, then ``meta.json`` last.
 
     Syncing before the rename means a crash can never leave a placed directory with unwritten data.
     """
     spec, first = _read_item(dataset, 0)
     layout = _layout_of(spec, first)
+    extra = disk.write(dataset, n, layout, first, tmp)
+    meta = {"format": FORMAT_VERSION, "fingerprint": fingerprint, "len": n, **layout.to_json(), **extra}
+    with open(tmp / _META, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _build_and_place(dataset: Any, n: int, fingerprint: str, root: Path, disk: _DiskFormat) -> _OnDisk:
+    """Build in a private temp dir, then rename it into place unless a concurrent builder got there first,
+    in which case theirs is used and ours discarded. The temp dir never outlives this call."""
+    final = root / f"{fingerprint}{disk.suffix}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+    try:
+        _write_cache(dataset, n, fingerprint, tmp, disk)
+        with _dir_lock(root):
+            cached = _load_cache(final, fingerprint, n, disk)
+            if cached is None:
+                os.rename(tmp, final)
+                cached = _load_cache(final, fingerprint, n, disk)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if cached is None:
+        raise DataCacheError(f"data cache {final} failed its own check right after being written")
+    return cached
+
+
+def _cache_on_disk(dataset: Any, n: int, fingerprint: str, root: Path, disk: _DiskFormat) -> tuple[Dataset, CacheInfo]:
+    """Reuse the format's directory for ``fingerprint`` under ``root`` if it is complete, else build it."""
+    root.mkdir(parents=True, exist_ok=True)
+    with _dir_lock(root):
+        cached = _load_cache(root / f"{fingerprint}{disk.suffix}", fingerprint, n, disk)
+    start, reused = time.perf_counter(), cached is not None
+    if cached is None:
+        cached = _build_and_place(dataset, n, fingerprint, root, disk)
+    build_s = 0.0 if reused else time.perf_counter() - start
+    info = CacheInfo(disk.mode, fingerprint, cached.path, n, cached.nbytes, build_s, reused=reused)
+    return cast(Dataset, cached), info
+
+
+def _write_memmap(dataset: Any, n: int, layout: _Layout, first: list[tuple[str, torch.Tensor]],
+                  tmp: Path) -> dict[str, Any]:
+    """One ``.npy`` file per field, every item a row, flushed to disk."""
     arrays = [
         open_memmap(_field_file(tmp, k), mode="w+", dtype=_numpy_dtype(f.dtype), shape=(n, *f.shape))
         for k, f in enumerate(layout.fields)
@@ -458,40 +596,92 @@ def _write_cache(dataset: Any, n: int, fingerprint: str, tmp: Path) -> None:
     _materialise(dataset, n, layout, first, storage)
     for array in arrays:
         array.flush()
-    meta = {"format": FORMAT_VERSION, "fingerprint": fingerprint, "len": n, **layout.to_json()}
-    with open(tmp / _META, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    return {}
 
 
-def _build_and_place(dataset: Any, n: int, fingerprint: str, root: Path) -> _MemmapCache:
-    """Build in a private temp dir, then rename it to ``root/fingerprint`` unless a concurrent builder got
-    there first, in which case theirs is used and ours discarded. The temp dir never outlives this call."""
-    final = root / fingerprint
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{fingerprint}-", dir=root))
+def _open_memmap(path: Path, meta: dict[str, Any], layout: _Layout, n: int) -> _MemmapCache:
+    """The memmap dataset, once every field file has checked out."""
+    _open_memmaps(path, layout, n)
+    return _MemmapCache(path, layout, n)
+
+
+# -- shards --------------------------------------------------------------------------------------------
+
+#: Seeds the one shuffle of the items as they are written: the cache is keyed by the dataset alone, so its
+#: order cannot depend on the workload's seed.
+_SHARD_ORDER_SEED = 0
+
+
+def _shards_module() -> ModuleType:
+    """:mod:`.shards`, imported on first use: it needs webdataset, an optional extra."""
     try:
-        _write_cache(dataset, n, fingerprint, tmp)
-        with _dir_lock(root):
-            cached = _load_cache(final, fingerprint, n)
-            if cached is None:
-                os.rename(tmp, final)
-                cached = _load_cache(final, fingerprint, n)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if cached is None:
-        raise DataCacheError(f"data cache {final} failed its own check right after being written")
-    return cached
+        from . import shards
+    except ModuleNotFoundError as exc:
+        if exc.name != "webdataset":
+            raise
+        raise DataCacheError(
+            "data_cache='shards' writes WebDataset tar shards and needs the webdataset package: "
+            "pip install 'accel-widgets[shards]' (or pip install webdataset)"
+        ) from exc
+    return shards
 
 
-def _cache_memmap(dataset: Any, n: int, fingerprint: str, root: Path) -> tuple[Dataset, CacheInfo]:
-    """Reuse ``root/fingerprint`` if it is complete, else build it."""
-    root.mkdir(parents=True, exist_ok=True)
-    with _dir_lock(root):
-        cached = _load_cache(root / fingerprint, fingerprint, n)
-    if cached is not None:
-        return cached, CacheInfo("memmap", fingerprint, cached.path, n, cached.nbytes, 0.0, reused=True)
-    start = time.perf_counter()
-    cached = _build_and_place(dataset, n, fingerprint, root)
-    build_s = time.perf_counter() - start
-    return cached, CacheInfo("memmap", fingerprint, cached.path, n, cached.nbytes, build_s, reused=False)
+def _write_shards(dataset: Any, n: int, layout: _Layout, first: list[tuple[str, torch.Tensor]],
+                  tmp: Path) -> dict[str, Any]:
+    """The items as tar shards, in one seeded shuffled order; the shard list goes into ``meta.json``.
+
+    Why shuffle once: shards are read front to back, so a dataset stored in class order would otherwise
+    give one-class batches, the reason sharded datasets are shuffled before they are written.
+    """
+    shards = _shards_module()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(_SHARD_ORDER_SEED)).tolist()
+    item_bytes = sum(f.dtype.itemsize * math.prod(f.shape) for f in layout.fields)
+    count = shards.shard_count(n, item_bytes)
+    return {"shards": shards.write_shards(tmp, _items_in(dataset, order, layout, first), n, count)}
+
+
+def _items_in(dataset: Any, order: list[int], layout: _Layout,
+              first: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[int, list[torch.Tensor]]]:
+    """Each item's fields, computed once in ``order`` and checked against item 0 (which is not recomputed)."""
+    for index in order:
+        if index == 0:
+            yield 0, [tensor for _, tensor in first]
+            continue
+        spec, fields = _read_item(dataset, index)
+        _check_matches(layout, index, spec, fields)
+        yield index, [tensor for _, tensor in fields]
+
+
+def _open_shards(path: Path, meta: dict[str, Any], layout: _Layout, n: int) -> _OnDisk:
+    """The shard stream, once every shard meta.json lists is there with its recorded size.
+
+    Sizes, not contents, are checked: reading every shard would cost what the cache saves, and a shard cut
+    short by a crash or a full disk has the wrong size.
+    """
+    shards = _shards_module()
+    entries = meta["shards"]
+    if sum(int(entry["items"]) for entry in entries) != n:
+        raise ValueError("meta.json's shards do not hold len items")
+    for entry in entries:
+        name = entry["name"]
+        if not shards.SHARD_NAME.fullmatch(name):
+            raise ValueError(f"meta.json names a shard {name!r}")
+        size = (path / name).stat().st_size
+        if size != entry["bytes"]:
+            raise ValueError(f"{name} is {size} bytes, meta.json says {entry['bytes']}")
+    nbytes = sum(int(entry["bytes"]) for entry in entries)
+    return cast(_OnDisk, shards.ShardStream(path, [entry["name"] for entry in entries], layout, nbytes))
+
+
+_DISK_FORMATS = {
+    "memmap": _DiskFormat("memmap", "", _write_memmap, _open_memmap),
+    "shards": _DiskFormat("shards", ".shards", _write_shards, _open_shards),
+}
+
+
+def _disk_format(mode: str) -> _DiskFormat:
+    """The on-disk format of ``mode``. The shards one needs webdataset: it is imported here, before any cache
+    directory is read, so that a missing package is reported as such and never taken for a damaged cache."""
+    if mode == "shards":
+        _shards_module()
+    return _DISK_FORMATS[mode]

@@ -33,7 +33,7 @@ from torch.multiprocessing.spawn import ProcessContext
 
 from ..config import Config
 from ..device import DeviceInfo, probe_device, worker_env
-from ..knobs import compiling, facts
+from ..knobs import compiling, data, facts
 from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from ..validation import ConfigError, check_burst_request, check_config
 from ..workload import Workload
@@ -234,7 +234,7 @@ def run_burst(
     called_at = time.perf_counter()
     config = config or Config()
     device = device or probe_device()
-    config_warnings = check_config(config, device)
+    config_warnings = check_config(config, device) + data.loader_notes(workload, config)
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     if warmup_steps is None:

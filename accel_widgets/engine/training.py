@@ -199,7 +199,12 @@ class StepClock:
 
 # -- building blocks ------------------------------------------------------------------------------
 class EpochIterator:
-    """Endless batches: a new epoch (and sampler epoch) whenever the loader is exhausted."""
+    """Endless batches: a new epoch (and sampler epoch) whenever the loader is exhausted.
+
+    A stream (``IterableDataset``) has no length: its epoch ends wherever the stream does, and a burst bound
+    by steps or seconds starts it again. An epoch without a single batch would restart forever, so it is an
+    error (map-style data is checked for a batch per rank when the loader is built; a stream can only be read).
+    """
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader, self._epoch = loader, 0
@@ -213,7 +218,14 @@ class EpochIterator:
             if isinstance(self._loader.sampler, DistributedSampler):
                 self._loader.sampler.set_epoch(self._epoch)
             self._iterator = iter(self._loader)
+        try:
             return next(self._iterator)
+        except StopIteration:
+            raise ValueError(
+                "the DataLoader yielded no batch in a whole epoch: this rank's share of the dataset (for a stream, "
+                f"each loader worker's share) holds fewer items than one batch of {self._loader.batch_size}, and "
+                "batches are kept full-sized. Use a smaller batch_size, fewer loader workers or more data"
+            ) from None
 
 
 def prepare_model(model: nn.Module, config: Config, device: torch.device) -> tuple[nn.Module, nn.Module]:
@@ -226,9 +238,30 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return batch[0], batch[1]
     raise BatchFormatError(
-        f"each dataset item must be an (input, target) pair; a collated batch was a {type(batch).__name__}"
-        + (f" of {len(batch)} elements" if isinstance(batch, (list, tuple)) else "")
+        f"each dataset item must be an (input, target) pair or a dict of tensors; a collated batch was a "
+        f"{type(batch).__name__}" + (f" of {len(batch)} elements" if isinstance(batch, (list, tuple)) else "")
+        + ". Return (x, y) from __getitem__, pass a collate_fn that builds (inputs, targets), or a Workload step"
     )
+
+
+def model_loss(output: Any) -> torch.Tensor:
+    """The loss a model computed itself (Hugging Face models do when the batch holds labels)."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise BatchFormatError(
+            f"the model returned a {type(output).__name__} without a loss, and the workload has no loss_fn: "
+            "give the batch 'labels' (Hugging Face models then compute output.loss), or pass "
+            "loss_fn=lambda output, batch: ..., or step=lambda model, batch: ..."
+        )
+    return loss
+
+
+def real_tokens(batch: Any) -> int | None:
+    """Tokens that are not padding, from the batch's attention mask while it is still on the host."""
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if isinstance(mask, torch.Tensor) and mask.device.type == "cpu":
+        return int(mask.sum())
+    return None
 
 
 def batch_length(obj: Any) -> int:
@@ -261,6 +294,7 @@ class MeasuredWindow:
     seconds: float
     first_step_s: float
     peak_memory_bytes: int
+    tokens: int | None = None  # real (unpadded) tokens, when batches carry an attention mask
 
 
 @dataclass
@@ -273,7 +307,7 @@ class TrainingLoop:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
     batches: EpochIterator
     config: Config
     device: torch.device
@@ -283,10 +317,13 @@ class TrainingLoop:
     clock: Clock = time.perf_counter
     should_stop: Callable[[], bool] = lambda: False
     set_phase: Callable[[Phase], None] = lambda phase: None
+    step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    max_grad_norm: float | None = None
     mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
     _losses: list[float] = field(init=False, default_factory=list)
+    _tokens: list[int | None] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.mixed_precision = precision.MixedPrecision(self.config, self.device)
@@ -296,14 +333,31 @@ class TrainingLoop:
         """Training FLOPs per sample, counted on one extra micro-batch after measuring (None if uncountable)."""
         if self.last_micro_batch is None:
             return None
-        inputs, targets = self.last_micro_batch
+        batch = self.last_micro_batch
         try:
-            flops = count_training_flops(raw_model, inputs, targets, self.loss_fn, call_model,
+            flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
                                          self.mixed_precision.autocast)
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
             warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
             return None
-        return flops / batch_length(targets) if flops else None
+        return flops / self._samples_in(batch) if flops else None
+
+    def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """The micro-batch's loss, in the first form the workload gives (see :class:`~accel_widgets.Workload`)."""
+        if self.step_fn is not None:
+            return self.step_fn(model, batch)
+        if isinstance(batch, Mapping):
+            output = model(**batch)
+            return self.loss_fn(output, batch) if self.loss_fn is not None else model_loss(output)
+        inputs, targets = split_batch(batch)
+        if self.loss_fn is None:
+            return model_loss(call_model(model, inputs))
+        return self.loss_fn(call_model(model, inputs), targets)
+
+    def _samples_in(self, batch: Any) -> int:
+        if self.step_fn is None and not isinstance(batch, Mapping):
+            return batch_length(split_batch(batch)[1])
+        return batch_length(batch)
 
     def profile(self, steps: int, trace_path: str, top: int = 15) -> ProfileCapture:
         """Record ``steps`` more steady-state steps with torch.profiler; their timings are discarded.
@@ -332,26 +386,27 @@ class TrainingLoop:
         """One optimizer step over ``grad_accum_steps`` micro-batches; returns the samples it consumed."""
         config, clock = self.config, self.step_clock
         clock.start_step()
-        samples, step_loss = 0, None
+        samples, tokens, step_loss = 0, 0, None
         micro_batches = batch.micro_batches(config)
         for micro in range(micro_batches):
             self.set_phase(Phase.DATA)
             with clock.waiting_for_data():
                 raw_batch = next(self.batches)
             self.set_phase(Phase.STEP)
+            tokens += real_tokens(raw_batch) or 0  # counted on the host copy: no device sync
             with clock.copying():
                 moved = data.to_device(raw_batch, self.device, config.non_blocking, system.inputs_channels_last(config))
-                inputs, targets = split_batch(moved)
-            samples += batch_length(targets)
-            self.last_micro_batch = (inputs, targets)
+            samples += self._samples_in(moved)
+            self.last_micro_batch = moved
             with parallel.gradient_sync(self.model, last_micro_batch=micro == micro_batches - 1):
                 with self.mixed_precision.autocast(), attention.forward_context(config):
-                    loss = self.loss_fn(call_model(self.model, inputs), targets)
+                    loss = self._loss(self.model, moved)
                 self.mixed_precision.backward(batch.scale_for_accumulation(loss, config))
             detached = loss.detach()
             step_loss = detached if step_loss is None else step_loss + detached
-        self.mixed_precision.optimizer_step(self.optimizer)
+        self.mixed_precision.optimizer_step(self.optimizer, self.max_grad_norm)
         overhead.zero_grad(self.optimizer, config)
+        self._tokens.append(tokens or None)
         self._pending_losses.append(step_loss / micro_batches)
         if overhead.loss_read_due(len(self._pending_losses), config):
             self._read_losses()
@@ -371,7 +426,7 @@ class TrainingLoop:
             step = self._next_step
             loss = self._losses[step] if step < len(self._losses) else None
             record = StepRecord(self.rank, step, timing.t, timing.data_s, timing.h2d_s, timing.compute_s,
-                                timing.total_s, samples, loss, warmup)
+                                timing.total_s, samples, loss, warmup, self._tokens[step])
             self.emit(record)
             self._next_step += 1
 
@@ -438,7 +493,9 @@ class TrainingLoop:
         peak = peak_memory_bytes(self.device)
         self._emit_completed(timings, False, samples)
         self.emit(RankLosses(self.rank, list(self._losses)))
-        return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak)
+        window_tokens = self._tokens[len(self._tokens) - measured_steps:] if measured_steps else []
+        tokens = sum(t for t in window_tokens if t) if any(window_tokens) else None
+        return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens)
 
 
 @contextlib.contextmanager
@@ -463,7 +520,10 @@ def build_loop(
     """Everything one rank trains with, built in the same order by a burst and by an exported script.
 
     Seeded first, so every burst and every run of the exported script starts from the same weights and
-    reads the data in the same order. Returns the loop and the unwrapped model (for FLOP counting).
+    reads the data in the same order. Reseeded with the data seed once the model is built, so random
+    augmentation (main process) draws from the data seed while the weights stay those of ``seed``: a
+    workload reseeded in its data alone shows how far data randomness moves the loss (the guard's band).
+    Returns the loop and the unwrapped model (for FLOP counting).
     """
     torch.manual_seed(workload.seed)
     system.cap_memory(config, device)
@@ -471,10 +531,12 @@ def build_loop(
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     model, raw = prepare_model(workload.build_model(), config, device)
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
+    torch.manual_seed(data.data_seed(workload))
     timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
     loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader), config,
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
-                        should_stop=should_stop, set_phase=set_phase)
+                        should_stop=should_stop, set_phase=set_phase, step_fn=workload.step,
+                        max_grad_norm=workload.max_grad_norm)
     return loop, raw
 
 
@@ -486,6 +548,7 @@ def rank_summary(
     return RankSummary(
         rank=rank,
         measured_samples=window.samples,
+        measured_tokens=window.tokens,
         measured_s=window.seconds,
         peak_memory_bytes=window.peak_memory_bytes,
         memory_kind="cuda_allocator" if device.type == "cuda" else "rss",

@@ -6,12 +6,13 @@ and how batches reach the device (:func:`to_device`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
 
 from .base import Knob, Rule
 
@@ -62,11 +63,17 @@ KNOBS = [
         when="Together with pin_memory on a GPU. No effect without CUDA.",
     ),
     Knob(
-        "data_cache", "data", str, "none", choices=("none", "memory", "memmap"),
-        what="Materialise the dataset once: in RAM, or in a numpy.memmap file reused by later runs.",
-        why="Per-item preprocessing is paid once instead of every epoch; memmap is shared by loader workers.",
-        when="Items are expensive to produce and deterministic enough to cache (random augmentation is "
-        "frozen to one draw per item).",
+        "data_cache", "data", str, "none", choices=("none", "memory", "memmap", "shards"),
+        what="Materialise the dataset once: in RAM, in a numpy.memmap file, or in WebDataset tar shards streamed "
+        "back (both files reused by later runs).",
+        why="Per-item preprocessing is paid once instead of every epoch; memmap is shared by loader workers; "
+        "shards show what a sharded streaming format does here (sequential reads, tar decoding in the loader, "
+        "whole shards per rank and worker, an order shuffled once when written). "
+        "The trade: the cache keeps one draw per item, so random augmentation is frozen and every epoch sees the "
+        "same augmented items (the burst warns, and the guard marks the run as changing training).",
+        when="Items are expensive to produce and deterministic (decoding, resizing, tokenising). With random "
+        "augmentation, cache only the deterministic part and augment after, or leave it off. shards (needs "
+        "the webdataset package): before converting a dataset to shards, to measure what the format costs.",
     ),
 ]
 
@@ -85,7 +92,19 @@ RULES = [
         lambda c, d: "non_blocking=True without pin_memory=True: copies from pageable memory are staged "
         "synchronously anyway.",
     ),
+    Rule(
+        ("data_cache",), "error",
+        lambda c, d: c.data_cache == "shards" and not webdataset_installed(),
+        lambda c, d: "data_cache='shards' writes WebDataset tar shards and needs the webdataset package, which "
+        "is not installed here: pip install 'accel-widgets[shards]' (or pip install webdataset).",
+    ),
 ]
+
+
+def webdataset_installed() -> bool:
+    """Whether webdataset can be imported, asked without importing it: the rules run on every edit in the
+    panel, and importing webdataset (and its dependencies) there would slow every one of them."""
+    return importlib.util.find_spec("webdataset") is not None
 
 
 def resolve_batch_size(config: Config, workload: Workload) -> int:
@@ -93,8 +112,14 @@ def resolve_batch_size(config: Config, workload: Workload) -> int:
     return config.batch_size or workload.batch_size or DEFAULT_BATCH_SIZE
 
 
+def data_seed(workload: Workload) -> int:
+    """The seed of the data order and augmentation: ``Workload.data_seed``, else the weights' ``seed``."""
+    return workload.seed if workload.data_seed is None else workload.data_seed
+
+
 def prepare_dataset(dataset: Any, config: Config, cache_dir: str) -> Any:
-    """The dataset the loader reads: the workload's own, or materialised once in RAM or a memmap file."""
+    """The dataset the loader reads: the workload's own, or materialised once in RAM, a memmap file or tar
+    shards (a stream over them, split per rank by :func:`build_loader` like any other stream)."""
     if config.data_cache == "none":
         return dataset
     from ..engine.datacache import cache_dataset
@@ -106,37 +131,119 @@ def prepare_dataset(dataset: Any, config: Config, cache_dir: str) -> Any:
 def build_loader(
     dataset: Dataset, workload: Workload, config: Config, device: torch.device, rank: int, world_size: int
 ) -> DataLoader:
-    """The DataLoader with the data-loading knobs; the same seeded order in every burst."""
+    """The DataLoader with the data-loading knobs; the same seeded order in every burst.
+
+    A stream (``IterableDataset``) has no length to check and no sampler: each rank and loader worker reads
+    its own share of it (:func:`~accel_widgets.engine.streaming.split_stream`), and an epoch ends where the
+    stream does.
+    """
     batch_size = resolve_batch_size(config, workload)
-    per_rank = len(dataset) // world_size
-    if per_rank < batch_size:
-        raise ValueError(
-            f"the dataset has {len(dataset)} items ({per_rank} per rank), fewer than one batch of {batch_size}: "
-            "use a smaller batch_size or a larger dataset"
-        )
-    generator = torch.Generator().manual_seed(workload.seed)
-    if world_size > 1:
-        sampler: Any = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=workload.seed)
+    if isinstance(dataset, IterableDataset):
+        dataset, batching = _streaming(dataset, workload, batch_size, rank, world_size)
     else:
-        sampler = RandomSampler(dataset, generator=generator)
+        per_rank = len(dataset) // world_size
+        if per_rank < batch_size:
+            raise ValueError(
+                f"the dataset has {len(dataset)} items ({per_rank} per rank), fewer than one batch of {batch_size}: "
+                "use a smaller batch_size or a larger dataset"
+            )
+        batching = _batching(dataset, workload, batch_size, rank, world_size)
+    user = workload.loader
     workers = config.num_workers
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=sampler,
+        **batching,
         num_workers=workers,
         collate_fn=workload.collate_fn,
+        worker_init_fn=user.worker_init_fn if user is not None else None,
         # Why: pinned host memory lets the copy engine DMA batches to the GPU asynchronously.
         pin_memory=config.pin_memory and device.type == "cuda",
-        # Why: equal batch shapes keep compiled graphs and cuDNN plans valid for every step.
-        drop_last=True,
         prefetch_factor=config.prefetch_factor if workers else None,
         persistent_workers=config.persistent_workers if workers else False,
-        generator=generator,
         # Explicit: notebook-defined datasets need fork (spawn cannot import __main__ classes), and
         # Python 3.14 changes the Linux default to forkserver.
         multiprocessing_context="fork" if workers else None,
     )
+
+
+def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, rank: int,
+               world_size: int) -> tuple[IterableDataset, dict[str, Any]]:
+    """This rank's share of a stream, batched without a sampler (a sampler would index the stream).
+
+    Full batches as for map-style data: each loader worker batches its own share and drops its last
+    partial batch. The generator seeds the loader workers' RNG (augmentation) from the data seed.
+    """
+    from ..engine.streaming import split_stream
+
+    generator = torch.Generator().manual_seed(data_seed(workload))
+    batching = {"batch_size": batch_size, "drop_last": True, "generator": generator}
+    return split_stream(dataset, rank, world_size), batching
+
+
+def _batching(dataset: Dataset, workload: Workload, batch_size: int, rank: int, world_size: int) -> dict[str, Any]:
+    """How items become batches: the user's own sampler or batch sampler when they gave a DataLoader (a
+    sampler is sharded per DDP rank), else a shuffle seeded by the data seed; every batch full-sized.
+
+    Why full batches (drop_last): equal batch shapes keep compiled graphs and cuDNN plans valid every step.
+    """
+    seed = data_seed(workload)
+    generator = torch.Generator().manual_seed(seed)  # also seeds the loader workers' augmentation
+    user = workload.loader
+    if user is not None and _custom_batch_sampler(user):
+        return {"batch_sampler": user.batch_sampler, "generator": generator}  # DDP refused before launch
+    if user is not None and user.sampler is not None:
+        sampler: Any = user.sampler if world_size == 1 else RankShard(user.sampler, rank, world_size)
+    elif world_size > 1:
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    else:
+        sampler = RandomSampler(dataset, generator=generator)
+    return {"batch_size": batch_size, "sampler": sampler, "drop_last": True, "generator": generator}
+
+
+def _custom_batch_sampler(loader: DataLoader) -> bool:
+    return loader.batch_size is None and loader.batch_sampler is not None
+
+
+class RankShard(Sampler[int]):
+    """One DDP rank's share of a user's sampler: every ``world_size``-th index of its order, from ``rank``.
+
+    Every rank draws the same order (the sampler's own generator, or the global RNG every rank seeds the
+    same), so the shares are disjoint and cover the order, as DistributedSampler's do for a shuffle.
+    """
+
+    def __init__(self, sampler: Sampler[int], rank: int, world_size: int) -> None:
+        self.sampler, self.rank, self.world_size = sampler, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.sampler)
+        share = len(order) // self.world_size  # equal shares: ranks must take the same number of steps
+        return iter(order[self.rank::self.world_size][:share])
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.world_size
+
+
+def loader_notes(workload: Workload, config: Config) -> list[str]:
+    """What the knobs replaced in a user's own DataLoader, said before the burst starts.
+
+    Raises ValueError for what cannot be kept: a custom batch sampler under DDP has no per-rank split.
+    """
+    user = workload.loader
+    if user is None:
+        return []
+    if _custom_batch_sampler(user) and config.parallel == "ddp":
+        raise ValueError(f"your DataLoader's batch_sampler ({type(user.batch_sampler).__name__}) cannot be split "
+                         "across DDP ranks: pass its dataset and a per-sample sampler, or run one rank")
+    theirs = {"num_workers": user.num_workers, "pin_memory": user.pin_memory,
+              "prefetch_factor": user.prefetch_factor if user.num_workers else _PREFETCH_DEFAULT,
+              "persistent_workers": user.persistent_workers}
+    notes = [f"{name}={value!r}" for name, value in theirs.items() if value != getattr(config, name)]
+    if config.batch_size is not None and user.batch_size not in (None, config.batch_size):
+        notes.append(f"batch_size={user.batch_size}")
+    if not notes:
+        return []
+    return [f"your DataLoader's {', '.join(notes)} replaced by the knobs (the burst measures the knobs' values; "
+            "its dataset, sampler, collate_fn and worker_init_fn are kept)"]
 
 
 def to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:

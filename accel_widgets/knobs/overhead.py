@@ -74,9 +74,13 @@ def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Conf
     return cls(groups, **{**defaults, **flags})
 
 
-def prepare_loss(workload: Workload, config: Config) -> Callable[[Any, Any], torch.Tensor]:
+def prepare_loss(workload: Workload, config: Config) -> Callable[[Any, Any], torch.Tensor] | None:
+    """The workload's loss function, or its TorchScript compilation (None: the model computes the loss)."""
     if not config.script_loss:
         return workload.loss_fn
+    if workload.loss_fn is None:
+        raise ValueError("script_loss=True compiles the workload's loss_fn, and this workload has none (the model "
+                         "or its step computes the loss): turn script_loss off")
     # Legacy path, kept for comparison: TorchScript is deprecated in favour of torch.compile.
     try:
         return torch.jit.script(workload.loss_fn)

@@ -103,8 +103,16 @@ class MixedPrecision:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step (skipped by GradScaler when fp16 gradients overflowed), then adapt the loss scale."""
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, max_grad_norm: float | None = None) -> None:
+        """Clip, step (skipped by GradScaler when fp16 gradients overflowed), then adapt the loss scale.
+
+        Why unscale before clipping: under fp16 the gradients are still multiplied by the loss scale, and
+        a norm measured on them would clip the real gradients to a tiny fraction of ``max_grad_norm``.
+        """
+        if max_grad_norm is not None:
+            self.scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         self.scaler.step(optimizer)
         self.scaler.update()
 
