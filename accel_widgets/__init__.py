@@ -17,6 +17,7 @@ from .engine.forkserver import prestart_on_import
 
 prestart_on_import()  # first, so the server imports torch while this process does too
 
+from . import export
 from .config import Config
 from .demos import DEMO_NAMES, demo_workload
 from .device import DeviceInfo, probe_device
@@ -88,6 +89,7 @@ __all__ = [
     "check_training",
     "classic_ladder",
     "demo_workload",
+    "export",
     "find_baseline",
     "probe_device",
     "report",

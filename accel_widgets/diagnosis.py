@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .guard import GuardVerdict, check_training
+from .guard import GuardVerdict, check_training, frozen_augmentation
 from .knobs import KNOBS
 from .presentation import si
 from .results import BurstResult
@@ -78,8 +78,17 @@ def diagnose(result: BurstResult, baseline: BurstResult | None = None, *,
         findings += _math(result)
         if baseline is not None and baseline is not result:
             findings += _against_baseline(result, baseline, verdict or check_training(result, baseline))
-    findings += [Finding("warn", "Engine warning", warning) for warning in result.warnings]
+    findings += _engine_warnings(result)
     return sorted(findings, key=lambda f: _ORDER[f.severity])
+
+
+def _engine_warnings(result: BurstResult) -> list[Finding]:
+    """The engine's warnings; a cache that froze random augmentation gets its own finding and knob, since the
+    speed it buys is the data_cache knob's trade (the guard marks such a run as changing training)."""
+    frozen = frozen_augmentation(result)
+    findings = [Finding("warn", "Cache froze augmentation", detail, "data_cache") for detail in frozen]
+    return findings + [Finding("warn", "Engine warning", warning) for warning in result.warnings
+                       if not any(warning.endswith(detail) for detail in frozen)]
 
 
 # -- outcome --------------------------------------------------------------------------------------

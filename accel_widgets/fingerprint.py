@@ -43,8 +43,16 @@ def dataset_fingerprint(dataset: Any) -> str:
     except Exception as exc:  # cloudpickle raises whatever the object's reducer raises
         raise FingerprintError(f"cannot fingerprint {type(dataset).__name__}: it does not pickle ({exc})") from exc
     digest = hashlib.sha256(buffer.getvalue())
-    digest.update(f"len={len(dataset)}".encode())
+    digest.update(f"len={length_of(dataset)}".encode())
     return digest.hexdigest()
+
+
+def length_of(dataset: Any) -> int | None:
+    """``len(dataset)``, or None for a stream (an IterableDataset without ``__len__``)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 class _ContentPickler(cloudpickle.Pickler):

@@ -178,7 +178,7 @@ def find_baseline(run: BurstResult, candidates: Sequence[BurstResult]) -> BurstR
     """
     eligible = [c for c in candidates if c is not run and c.ok and _precision(c) == "fp32"
                 and not _batch_mismatch(run, c) and _finite_losses(c) and not _nonfinite_reasons(c)
-                and not _frozen_reasons(c)]
+                and not frozen_augmentation(c)]
     if not eligible:
         return None
     micro = _micro_batch(run)
@@ -219,7 +219,7 @@ def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseB
     :func:`measure_noise`), and never less than the precision's own (``TOLERANCE_AT_START``, widening with the
     step by ``GROWTH_SQRT_STEPS``), which is all there is without ``noise``.
     """
-    reasons = _nonfinite_reasons(run) + _scaler_reasons(run) + _frozen_reasons(run)
+    reasons = _nonfinite_reasons(run) + _scaler_reasons(run) + frozen_augmentation(run)
     if baseline is None:
         return GuardVerdict("changes_training" if reasons else "no_baseline", tuple(reasons) or (
             "no finished fp32 run of this workload with the same batch size and world size to compare with",))
@@ -368,7 +368,7 @@ def _nonfinite_reasons(result: BurstResult) -> list[str]:
     return result.nonfinite_losses()
 
 
-def _frozen_reasons(result: BurstResult) -> list[str]:
+def frozen_augmentation(result: BurstResult) -> list[str]:
     """The data cache's warning that it froze random augmentation (see :class:`FrozenAugmentationWarning`).
 
     A frozen cache trains on one draw per item in every epoch: faster, perhaps, but another training, and
@@ -437,8 +437,8 @@ class _Comparison:
         noise = self._noise_tolerance(position)
         if noise > tolerance(self.precision, self.steps[position]):
             moved = _percent(noise / NOISE_MARGIN)
-            return f"{NOISE_MARGIN:g}x the {moved} a baseline with reseeded data moves"
-        return f"for {self.precision}"
+            return f": {NOISE_MARGIN:g}x the {moved} a baseline with reseeded data moves"
+        return f" for {self.precision}"
 
     def reasons(self, fp16: bool) -> list[str]:
         """The worst step beyond tolerance (and the first), in words; empty when the run stays inside."""
@@ -450,7 +450,7 @@ class _Comparison:
         first = f"; first beyond tolerance at step {self.steps[beyond[0]]}" if beyond[0] != worst else ""
         direction = "above" if self.run[worst] > self.base[worst] else "below"
         reason = (f"loss deviates {_percent(deviations[worst])} ({direction}) from the {self.baseline_precision} "
-                  f"baseline at step {self.steps[worst]} (tolerance {_percent(tolerances[worst])} there "
+                  f"baseline at step {self.steps[worst]} (tolerance {_percent(tolerances[worst])} there"
                   f"{self._explain_tolerance(worst)}){first}")
         return [reason + (self.stall_hint() if fp16 else "")]
 

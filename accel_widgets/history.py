@@ -26,6 +26,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -35,7 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .fingerprint import FingerprintError, dataset_fingerprint
+from .fingerprint import FingerprintError, dataset_fingerprint, length_of
 from .results import BurstResult
 from .workload import Workload
 
@@ -161,7 +162,7 @@ def _dataset_digest(dataset: Any) -> str:
     try:
         return dataset_fingerprint(dataset)
     except FingerprintError:
-        return f"unpicklable {_qualname(type(dataset))} len={len(dataset)}"
+        return f"unpicklable {_qualname(type(dataset))} len={length_of(dataset)}"
 
 
 def _qualname(obj: Any) -> str:
@@ -299,11 +300,31 @@ def _open(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     try:
         with _sqlite_errors(path, "opening"):
-            _prepare(conn, path)
+            _prepare_when_free(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _prepare_when_free(conn: sqlite3.Connection, path: Path) -> None:
+    """Prepare the file, retrying while another process holds it, up to the busy timeout.
+
+    SQLite answers some lock conflicts at once instead of waiting (switching a new file to WAL while
+    another connection opens it; a lock upgrade it judges a deadlock), so two notebooks opening one
+    history together must retry here rather than rely on the busy handler alone.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            _prepare(conn, path)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            time.sleep(0.05)
 
 
 def _refuse_non_sqlite(path: Path) -> None:

@@ -18,10 +18,14 @@ How a candidate is judged on a machine whose speed drifts (other jobs, clocks, c
   stop going further in a direction at the first value that does not win;
 - a failed burst is a loss with the error as its reason; with ``guard=True`` a candidate whose losses
   leave the fp32 baseline's (:func:`~accel_widgets.guard.check_training`) is rejected however fast it is.
+  "Leave" is judged against what reseeding the baseline's data moves its loss by, measured only when the
+  precision's tolerance alone would reject a candidate (random augmentation: loader workers change which
+  draw each item gets), once per workload (:func:`~accel_widgets.guard.measure_noise`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import threading
@@ -33,7 +37,16 @@ from typing import Any
 from .config import Config
 from .device import DeviceInfo, probe_device
 from .engine.launcher import BurstError, run_burst
-from .guard import check_training, find_baseline
+from .guard import (
+    NOISE_RESEEDS,
+    GuardVerdict,
+    NoiseBand,
+    cached_noise,
+    check_training,
+    find_baseline,
+    measure_noise,
+)
+from .history import RunHistory, workload_fingerprint
 from .knobs import GROUPS, KNOBS
 from .knobs.data import resolve_batch_size
 from .results import BurstResult
@@ -91,6 +104,8 @@ class TuneResult:
     ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over all bursts of those configs
     (``None`` when none finished). They ran at different times; :attr:`speedup` chains the interleaved
     comparisons instead, which is the number to trust on a machine whose speed drifts.
+    ``noise`` is the band the guard judged a candidate by, when one needed it (its reseeded baseline bursts
+    count in ``wall_s`` and the budget, but are not in ``bursts``: they trained on other data).
     """
 
     best: Config
@@ -100,6 +115,7 @@ class TuneResult:
     bursts: list[BurstResult]
     wall_s: float
     stopped_reason: str
+    noise: NoiseBand | None = None
 
     @property
     def speedup(self) -> float:
@@ -130,6 +146,7 @@ def tune(
     guard: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
     stop: threading.Event | None = None,
+    history: RunHistory | None = None,
 ) -> TuneResult:
     """Search ``knobs`` for the config with the highest samples/s, starting from ``base`` (``Config()``).
 
@@ -143,12 +160,14 @@ def tune(
     ``label`` and ``stop``). No burst starts once it would end past ``budget_s`` on ``clock`` (at the
     median burst duration so far); the starting config's burst always runs. Setting ``stop`` ends the
     running burst and the search. A failing burst never raises: it is recorded and the candidate loses.
+    ``history`` keeps the guard's noise band for later searches of the same workload (it is kept in this
+    process either way).
     """
     device = device or probe_device()
     base = base or Config()
     check_config(base, device)  # a start that cannot run here, or a knob that does not exist, is the caller's
     plan = _plan(knobs)  # error: both raise before any burst
-    search = _Search(workload, engine, steps, device, clock, budget_s, guard, on_step, stop)
+    search = _Search(workload, engine, steps, device, clock, budget_s, guard, on_step, stop, history)
     best = base
     if search.can_run(1):
         start = search.run(base)
@@ -159,7 +178,8 @@ def tune(
             break
         best = search.tune_knob(name, values, best, named=knobs is not None)
     return TuneResult(best, _median_rate(search.bursts, best), _median_rate(search.bursts, base), search.ladder,
-                      search.bursts, clock() - search.started, search.stopped or "done: every knob was searched")
+                      search.bursts, clock() - search.started, search.stopped or "done: every knob was searched",
+                      search.noise)
 
 
 def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> list[tuple[str, tuple[Any, ...] | None]]:
@@ -180,9 +200,12 @@ class _Search:
 
     def __init__(self, workload: Workload, engine: Callable[..., BurstResult], steps: int, device: DeviceInfo,
                  clock: Callable[[], float], budget_s: float, guard: bool,
-                 on_step: Callable[[TuneStep], None] | None, stop: threading.Event | None) -> None:
+                 on_step: Callable[[TuneStep], None] | None, stop: threading.Event | None,
+                 history: RunHistory | None) -> None:
         self.workload, self.engine, self.steps, self.device = workload, engine, steps, device
         self.clock, self.budget_s, self.guard, self.on_step, self.stop = clock, budget_s, guard, on_step, stop
+        self.history = history
+        self.noise: NoiseBand | None = None
         self.started = clock()
         self.bursts: list[BurstResult] = []
         self.durations: list[float] = []
@@ -204,16 +227,47 @@ class _Search:
         return True
 
     def run(self, config: Config) -> BurstResult:
-        """One burst; a BurstError becomes its (failed) result."""
-        before = self.clock()
-        try:
-            result = self.engine(self.workload, config, steps=self.steps, label=f"tune: {config.label()}",
-                                 stop=self.stop)
-        except BurstError as exc:
-            result = exc.result
-        self.durations.append(self.clock() - before)
+        """One burst of the search; a BurstError becomes its (failed) result."""
+        result = self.timed(self.workload, config, steps=self.steps, label=f"tune: {config.label()}", stop=self.stop)
         self.bursts.append(result)
         return result
+
+    def timed(self, workload: Workload, config: Config, *, steps: int, label: str,
+              stop: threading.Event | None) -> BurstResult:
+        """A burst through the engine, its duration counted for the budget; a BurstError becomes its result."""
+        before = self.clock()
+        try:
+            return self.engine(workload, config, steps=steps, label=label, stop=stop)
+        except BurstError as exc:
+            return exc.result
+        finally:
+            self.durations.append(self.clock() - before)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """The workload's, for the guard's noise band: computed (it builds the model) only once one is needed."""
+        return workload_fingerprint(self.workload)
+
+    def guard_verdict(self, run: BurstResult) -> GuardVerdict | None:
+        """The guard's verdict on ``run``; ``None`` when it needs a noise band whose bursts do not fit the budget.
+
+        The precision's tolerance is asked first: what passes it passes any band (a band only widens the
+        tolerance), so the band's bursts are spent only on a candidate it would reject, and once per workload.
+        """
+        baseline = find_baseline(run, self.bursts)
+        verdict = check_training(run, baseline)
+        if baseline is None or not verdict.beyond_tolerance:
+            return verdict
+        noise = cached_noise(self.fingerprint, baseline, self.history)
+        if noise is None:
+            if not self.can_run(NOISE_RESEEDS + 1):  # the reseeded bursts, then the round's closing burst
+                return None
+            noise = measure_noise(self.workload, baseline, engine=self.timed, history=self.history,
+                                  fingerprint=self.fingerprint, stop=self.stop)
+        if noise is None:
+            return verdict
+        self.noise = noise
+        return check_training(run, baseline, noise)
 
     def record(self, step: TuneStep) -> TuneStep:
         self.ladder.append(step)
@@ -286,7 +340,9 @@ class _Search:
             if not _measured(challenger):
                 return TuneStep(name, value, False, None, f"burst {challenger.status}: {_error(challenger)}", results)
             if self.guard:
-                verdict = check_training(challenger, find_baseline(challenger, self.bursts))
+                verdict = self.guard_verdict(challenger)
+                if verdict is None:
+                    return None
                 if verdict.status == "changes_training":
                     return TuneStep(name, value, False, None, "changes training: " + "; ".join(verdict.reasons),
                                     results)

@@ -34,9 +34,11 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
 class Workload:
     """What to train, in the shapes people already have.
 
-    ``dataset`` is map-style (``__getitem__`` + ``__len__``), a tuple of tensors, or a ``DataLoader``
-    the user already tuned (its dataset, sampler, collate_fn, batch size and worker_init_fn are kept;
-    the data-loading knobs replace only workers, pinning, prefetching and persistence).
+    ``dataset`` is map-style (``__getitem__`` + ``__len__``), a tuple of tensors, a streaming
+    ``IterableDataset`` (a WebDataset pipeline too; each rank and loader worker reads its own share),
+    or a ``DataLoader`` the user already tuned (its dataset, sampler, collate_fn, batch size and
+    worker_init_fn are kept; the data-loading knobs replace only workers, pinning, prefetching and
+    persistence).
 
     The loss, in the first form that fits:
     - ``step(model, batch) -> loss``: the user's own code for what the loop cannot guess;

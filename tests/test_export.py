@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import accel_widgets as aw
 from accel_widgets import Config, run_burst
 from accel_widgets.export import export_script
 from accel_widgets.workload import WorkloadReferenceError
@@ -47,6 +48,7 @@ def test_the_exported_script_trains_exactly_as_the_burst_did(config, short_tmp):
 
 
 def test_the_script_names_every_knob_and_the_multi_machine_launch(tmp_path):
+    assert aw.export.export_script is export_script  # as the README writes it
     text = export_script(REFERENCE, Config(parallel="ddp", world_size=2, precision="bf16"),
                          tmp_path / "train.py").read_text()
     assert text.index("    parallel='ddp',") < text.index("    num_workers=0,")  # what the burst changed first

@@ -6,37 +6,19 @@ caught here rather than on the device.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import pytest
 
 from accel_widgets import BurstResult, Config, RankSummary, StepRecord, TelemetrySample
 from accel_widgets.results import OperatorTime, ProfileCapture
+from tests.benchmark_scripts import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _load_gpu_check() -> ModuleType:
-    """Import the script from its path; it imports ``_common`` from its own directory, as when run."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_check", BENCHMARKS / "gpu_check.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
-
-
-gc = _load_gpu_check()
+gc = load_benchmark("gpu_check")
 GiB = 2**30
 
 

