@@ -15,10 +15,11 @@ baseline's and says ``"changes_training"`` when:
 Why a measured band: with random augmentation, a config that changes only speed still changes which
 random draw each item gets (loader workers draw from their own seeded generators), so its loss moves by
 as much as the data's randomness moves it -- 2.5-3.1% where the precision table allows fp32 1.2%. What
-that randomness moves is a property of the workload, not of the precision: :func:`measure_noise` runs the
-baseline again with another data seed (same weights, other data order and augmentation draws), once per
-workload, and keeps the result in this process and in the run history. The precision table stays as the
-floor, so a near-deterministic workload is not judged on a hair trigger.
+that randomness moves is a property of the workload, not of the precision: the baseline runs again with
+another data seed (same weights, other data order and augmentation draws), once per workload
+(:func:`~accel_widgets.tuner.measure_noise`, which runs the bursts: the guard itself only reads results), and
+the band is kept in this process and in the run history (:func:`keep_noise`, :func:`cached_noise`). The
+precision table stays as the floor, so a near-deterministic workload is not judged on a hair trigger.
 
 Where no such baseline exists, or the two runs read different batches (DDP shards, another batch size),
 the verdict says so instead of guessing.
@@ -26,23 +27,22 @@ the verdict says so instead of guessing.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from .engine.datacache import FrozenAugmentationWarning
-from .history import RunHistory, workload_fingerprint
-from .knobs.data import data_seed
+from .knobs.data import FrozenAugmentationWarning
 from .results import BurstResult
-from .workload import Workload
+
+if TYPE_CHECKING:
+    from .history import RunHistory
 
 GuardStatus = Literal["ok", "changes_training", "not_comparable", "no_baseline"]
 
-#: Relative deviation allowed at step 0, by the effective precision of the less precise of the two runs.
+#: The tolerance's floor (a measured noise band only widens it): relative deviation allowed at step 0, by the
+#: effective precision of the less precise of the two runs.
 #: Why these sizes: bf16 keeps 8 significant bits (unit roundoff 2^-8 = 0.4% per rounding) and gets the
 #: widest band; fp16 under autocast keeps 11 bits but stores activations in half precision and lives in a
 #: narrow range; TF32 rounds only matmul inputs to 11 bits; fp32 only absorbs reordered reductions
@@ -106,7 +106,8 @@ class GuardVerdict:
     ``max_relative_deviation`` is the largest smoothed deviation from the baseline over the
     ``compared_steps`` steps both runs reported (``None`` when nothing was compared).
     ``beyond_tolerance`` says the trajectory left the tolerance: the one finding that a wider, measured
-    noise band (:func:`measure_noise`) can overturn, so callers know when measuring it is worth bursts.
+    noise band (:func:`~accel_widgets.tuner.measure_noise`) can overturn, so callers know when measuring it is
+    worth bursts.
     """
 
     status: GuardStatus
@@ -216,8 +217,9 @@ def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseB
     means (``SMOOTHING_WINDOW``) of rank 0's losses step by step over the steps both runs reported, warmup
     included (the data order is the same from step 0), as ``|run - base| / max(|base|, floor)`` against a
     tolerance: ``NOISE_MARGIN`` times what reseeding the baseline's data moves it (``noise``, see
-    :func:`measure_noise`), and never less than the precision's own (``TOLERANCE_AT_START``, widening with the
-    step by ``GROWTH_SQRT_STEPS``), which is all there is without ``noise``.
+    :func:`~accel_widgets.tuner.measure_noise`), and never less than the precision's own
+    (``TOLERANCE_AT_START``, widening with the step by ``GROWTH_SQRT_STEPS``), which is all there is without
+    ``noise``.
     """
     reasons = _nonfinite_reasons(run) + _scaler_reasons(run) + frozen_augmentation(run)
     if baseline is None:
@@ -237,7 +239,7 @@ def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseB
 
 
 def tolerance(precision: str, step: int) -> float:
-    """Relative deviation allowed at ``step`` for runs in ``precision`` (a key of ``TOLERANCE_AT_START``)."""
+    """Relative deviation ``precision`` (a key of ``TOLERANCE_AT_START``) explains at ``step``: the floor."""
     return TOLERANCE_AT_START[precision] * (1 + math.sqrt(step) / GROWTH_SQRT_STEPS)
 
 
@@ -290,44 +292,13 @@ def cached_noise(fingerprint: str, baseline: BurstResult, history: RunHistory | 
     return band if band is not None and band.steps >= len(_finite_losses(baseline)) else None
 
 
-def measure_noise(
-    workload: Workload, baseline: BurstResult, *, engine: Callable[..., BurstResult] | None = None,
-    history: RunHistory | None = None, fingerprint: str | None = None, stop: threading.Event | None = None,
-) -> NoiseBand | None:
-    """What reseeding ``baseline``'s data moves its loss by: the cached band (:func:`cached_noise`), or one
-    measured now and kept in this process and in ``history``.
-
-    Measuring runs ``NOISE_RESEEDS`` bursts of the baseline's config, each with another data seed next to the
-    workload's (same weights, other data order and augmentation draws), as long as the baseline's whole
-    trajectory. ``engine`` is called like :func:`~accel_widgets.run_burst` (that is the default: a worker
-    process per burst). A burst that fails is left out; ``None`` when none finished or ``stop`` was set, and
-    the precision's tolerance then stands alone. ``fingerprint`` saves recomputing
-    :func:`~accel_widgets.history.workload_fingerprint` (it builds the model).
-    """
-    from .engine.launcher import BurstError, run_burst  # the one place the guard runs bursts
-
-    fingerprint = fingerprint or workload_fingerprint(workload)
-    band = cached_noise(fingerprint, baseline, history)
-    if band is not None:
-        return band
-    engine = engine or run_burst
-    steps = len(_finite_losses(baseline))  # measured steps: warm-up comes on top, so they cover the baseline's
-    reseeded: dict[int, BurstResult] = {}
-    for seed in (data_seed(workload) + k for k in range(1, NOISE_RESEEDS + 1)):
-        if stop is not None and stop.is_set():
-            return None
-        try:
-            reseeded[seed] = engine(dataclasses.replace(workload, data_seed=seed), baseline.config, steps=steps,
-                                    label=f"guard: baseline, data seed {seed}", stop=stop)
-        except BurstError as exc:
-            reseeded[seed] = exc.result
-    band = noise_band(baseline, reseeded)
-    if band is not None:
-        key = noise_key(baseline)
-        _NOISE_BANDS[(fingerprint, key)] = band
-        if history is not None:
-            history.save_measurement(fingerprint, _HISTORY_KEY + key, band.to_dict())
-    return band
+def keep_noise(fingerprint: str, baseline: BurstResult, band: NoiseBand, history: RunHistory | None = None) -> None:
+    """Keep ``band``, measured for the workload ``fingerprint`` against ``baseline``, for :func:`cached_noise`:
+    in this process, and in ``history`` when one is in use (a later session then need not measure it again)."""
+    key = noise_key(baseline)
+    _NOISE_BANDS[(fingerprint, key)] = band
+    if history is not None:
+        history.save_measurement(fingerprint, _HISTORY_KEY + key, band.to_dict())
 
 
 # -- the pieces -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .config import Config
-from .guard import GuardVerdict, check_training
+from .guard import GuardVerdict, NoiseBand, check_training
 from .results import BurstResult, StepRecord, TelemetrySample
 
 if TYPE_CHECKING:
@@ -245,25 +245,31 @@ class RunRow:
 
 
 def run_rows(results: Sequence[BurstResult], *, loaded: Mapping[int, str] | None = None,
-             judged: Sequence[RunRow] = ()) -> list[RunRow]:
+             judged: Sequence[RunRow] = (),
+             noise_of: Callable[[BurstResult], NoiseBand | None] | None = None) -> list[RunRow]:
     """Every run's table row, each judged by the guard against the baseline of its own speed-up.
 
     ``loaded`` maps the index of each run loaded from the run history to its hover note. ``judged`` are
     rows built before from the same runs (the panel's table before its latest run): a run whose baseline
     is still the same keeps its verdict, so the guard judges each run once, not once per table update.
+    ``noise_of(baseline)`` gives the baseline's measured noise band when one is known (the guard then
+    tolerates what reseeding the data moves the loss by, not only the precision's floor).
     """
     notes = loaded or {}
     baselines = _baselines(results, None)
-    return [RunRow(result, chosen, values, _verdict(result, chosen, judged[i] if i < len(judged) else None),
+    return [RunRow(result, chosen, values, _verdict(result, chosen, judged[i] if i < len(judged) else None,
+                                                    noise_of),
                    notes.get(i))
             for i, (result, chosen, values) in enumerate(zip(results, baselines, _rows(results, baselines),
                                                              strict=True))]
 
 
-def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow | None) -> GuardVerdict:
+def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow | None,
+             noise_of: Callable[[BurstResult], NoiseBand | None] | None) -> GuardVerdict:
     if before is not None and before.result is result and before.baseline is baseline:
         return before.verdict
-    return check_training(result, baseline)
+    noise = noise_of(baseline) if noise_of is not None and baseline is not None else None
+    return check_training(result, baseline, noise)
 
 
 # -- table columns ---------------------------------------------------------------------------------

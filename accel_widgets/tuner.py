@@ -20,11 +20,12 @@ How a candidate is judged on a machine whose speed drifts (other jobs, clocks, c
   leave the fp32 baseline's (:func:`~accel_widgets.guard.check_training`) is rejected however fast it is.
   "Leave" is judged against what reseeding the baseline's data moves its loss by, measured only when the
   precision's tolerance alone would reject a candidate (random augmentation: loader workers change which
-  draw each item gets), once per workload (:func:`~accel_widgets.guard.measure_noise`).
+  draw each item gets), once per workload (:func:`measure_noise`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -44,11 +45,12 @@ from .guard import (
     cached_noise,
     check_training,
     find_baseline,
-    measure_noise,
+    keep_noise,
+    noise_band,
 )
 from .history import RunHistory, workload_fingerprint
 from .knobs import GROUPS, KNOBS
-from .knobs.data import resolve_batch_size
+from .knobs.data import data_seed, resolve_batch_size
 from .results import BurstResult
 from .validation import ConfigError, check_config, knob_availability
 from .workload import Workload
@@ -72,8 +74,8 @@ LEFT_OUT: dict[str, str] = {
     "world_size": "it changes how many processes and devices train (compare with scaling_efficiency)",
 }
 
-#: Candidate values of the numeric knobs without a device-dependent ladder (see ``_builtin_values``).
-LADDERS: dict[str, tuple[int, ...]] = {
+#: Candidate values of the numeric knobs without device-dependent candidates (see ``_builtin_values``).
+CANDIDATES: dict[str, tuple[int, ...]] = {
     "prefetch_factor": (2, 4),
     "sync_every": (1, 0),
     "grad_accum_steps": (1, 2, 4, 8),
@@ -99,7 +101,7 @@ class TuneStep:
 
 @dataclass
 class TuneResult:
-    """The best config found, every decision on the way (``ladder``) and every burst run (``bursts``).
+    """The best config found, every decision on the way (``decisions``) and every burst run (``bursts``).
 
     ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over all bursts of those configs
     (``None`` when none finished). They ran at different times; :attr:`speedup` chains the interleaved
@@ -111,7 +113,7 @@ class TuneResult:
     best: Config
     best_samples_per_s: float | None
     baseline_samples_per_s: float | None
-    ladder: list[TuneStep]
+    decisions: list[TuneStep]
     bursts: list[BurstResult]
     wall_s: float
     stopped_reason: str
@@ -120,7 +122,7 @@ class TuneResult:
     @property
     def speedup(self) -> float:
         """Product of the accepted steps' speedups: what the best config gains over the starting one."""
-        return math.prod(s.speedup for s in self.ladder if s.accepted and s.speedup is not None)
+        return math.prod(s.speedup for s in self.decisions if s.accepted and s.speedup is not None)
 
     def summary(self) -> str:
         """Lines a person reads: the result, then each decision (+ marks the accepted ones)."""
@@ -130,7 +132,7 @@ class TuneResult:
         head = (f"best: {self.best.label()} ({self.speedup:.2f}x by interleaved comparison; {rates}), "
                 f"{len(self.bursts)} bursts in {self.wall_s:.1f} s; {self.stopped_reason}")
         return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
-                                  for s in self.ladder)])
+                                  for s in self.decisions)])
 
 
 def tune(
@@ -150,11 +152,11 @@ def tune(
 ) -> TuneResult:
     """Search ``knobs`` for the config with the highest samples/s, starting from ``base`` (``Config()``).
 
-    ``knobs``: knob names (their values come from the registry: the choices, or a small ladder such as
+    ``knobs``: knob names (their values come from the registry: the choices, or a few candidates such as
     num_workers 0, 1, 2, 4 ... up to the cores), or a mapping of names to the values to try; values named
     in a mapping are measured even where ``check_config`` warns (fp16 on a CPU without fp16 units), which
     are otherwise skipped. ``None`` searches every knob except those in ``LEFT_OUT``. Knobs that cannot act
-    on ``device`` and values ``check_config`` rejects are skipped with the reason in the ladder.
+    on ``device`` and values ``check_config`` rejects are skipped with the reason in the decisions.
 
     Every burst runs ``steps`` measured steps through ``engine`` (called like ``run_burst`` with ``steps``,
     ``label`` and ``stop``). No burst starts once it would end past ``budget_s`` on ``clock`` (at the
@@ -177,9 +179,44 @@ def tune(
         if search.stopped:
             break
         best = search.tune_knob(name, values, best, named=knobs is not None)
-    return TuneResult(best, _median_rate(search.bursts, best), _median_rate(search.bursts, base), search.ladder,
+    return TuneResult(best, _median_rate(search.bursts, best), _median_rate(search.bursts, base), search.decisions,
                       search.bursts, clock() - search.started, search.stopped or "done: every knob was searched",
                       search.noise)
+
+
+def measure_noise(
+    workload: Workload, baseline: BurstResult, *, engine: Callable[..., BurstResult] = run_burst,
+    history: RunHistory | None = None, fingerprint: str | None = None, stop: threading.Event | None = None,
+) -> NoiseBand | None:
+    """What reseeding ``baseline``'s data moves its loss by (a :class:`~accel_widgets.guard.NoiseBand`, for
+    :func:`~accel_widgets.guard.check_training`): the band kept earlier (:func:`~accel_widgets.guard.cached_noise`),
+    or one measured now and kept in this process and in ``history``.
+
+    Measuring runs ``NOISE_RESEEDS`` bursts of the baseline's config, each with another data seed next to the
+    workload's (same weights, other data order and augmentation draws), long enough to cover the baseline's
+    trajectory. ``engine`` is called like :func:`~accel_widgets.run_burst` (the default: a worker process per
+    burst). A burst that fails is left out; ``None`` when none finished or ``stop`` was set: the precision's
+    tolerance then stands alone. ``fingerprint`` saves recomputing
+    :func:`~accel_widgets.history.workload_fingerprint`, which builds the model.
+    """
+    fingerprint = fingerprint or workload_fingerprint(workload)
+    band = cached_noise(fingerprint, baseline, history)
+    if band is not None:
+        return band
+    steps = len(baseline.losses())  # as measured steps, with warm-up on top: they cover the baseline's
+    reseeded: dict[int, BurstResult] = {}
+    for seed in (data_seed(workload) + k for k in range(1, NOISE_RESEEDS + 1)):
+        if stop is not None and stop.is_set():
+            return None
+        try:
+            reseeded[seed] = engine(dataclasses.replace(workload, data_seed=seed), baseline.config, steps=steps,
+                                    label=f"guard: baseline, data seed {seed}", stop=stop)
+        except BurstError as exc:
+            reseeded[seed] = exc.result
+    band = noise_band(baseline, reseeded)
+    if band is not None:
+        keep_noise(fingerprint, baseline, band, history)
+    return band
 
 
 def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> list[tuple[str, tuple[Any, ...] | None]]:
@@ -196,7 +233,7 @@ def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> list[tup
 
 
 class _Search:
-    """The state of one tuning run: bursts so far, their durations on the clock, the ladder, why it stopped."""
+    """The state of one tuning run: bursts so far, their durations on the clock, the decisions, why it stopped."""
 
     def __init__(self, workload: Workload, engine: Callable[..., BurstResult], steps: int, device: DeviceInfo,
                  clock: Callable[[], float], budget_s: float, guard: bool,
@@ -209,7 +246,7 @@ class _Search:
         self.started = clock()
         self.bursts: list[BurstResult] = []
         self.durations: list[float] = []
-        self.ladder: list[TuneStep] = []
+        self.decisions: list[TuneStep] = []
         self.stopped = ""
 
     # -- bursts and the budget ------------------------------------------------------------------
@@ -252,11 +289,12 @@ class _Search:
         """The guard's verdict on ``run``; ``None`` when it needs a noise band whose bursts do not fit the budget.
 
         The precision's tolerance is asked first: what passes it passes any band (a band only widens the
-        tolerance), so the band's bursts are spent only on a candidate it would reject, and once per workload.
+        tolerance), so the band's bursts are spent only on a candidate it would reject for its trajectory
+        alone (not for NaN, a skipping scaler or frozen augmentation), and once per workload.
         """
         baseline = find_baseline(run, self.bursts)
         verdict = check_training(run, baseline)
-        if baseline is None or not verdict.beyond_tolerance:
+        if baseline is None or not verdict.beyond_tolerance or check_training(run, None).status == "changes_training":
             return verdict
         noise = cached_noise(self.fingerprint, baseline, self.history)
         if noise is None:
@@ -270,7 +308,7 @@ class _Search:
         return check_training(run, baseline, noise)
 
     def record(self, step: TuneStep) -> TuneStep:
-        self.ladder.append(step)
+        self.decisions.append(step)
         if self.on_step is not None:
             self.on_step(step)
         return step
@@ -396,7 +434,7 @@ def _relative_se(result: BurstResult) -> float:
 
 # -- candidate values ---------------------------------------------------------------------------------
 def _builtin_values(name: str, current: Config, workload: Workload, device: DeviceInfo) -> tuple[Any, ...]:
-    """The registry's choices, or a small ladder for numeric knobs, within the knob's range."""
+    """The registry's choices, or a few candidates for numeric knobs, within the knob's range."""
     knob = KNOBS[name]
     if knob.choices is not None:
         return knob.choices
@@ -410,7 +448,7 @@ def _builtin_values(name: str, current: Config, workload: Workload, device: Devi
         natural = resolve_batch_size(current, workload)
         values = (max(1, natural // 2), natural, natural * 2, natural * 4)
     else:
-        values = LADDERS.get(name, ())
+        values = CANDIDATES.get(name, ())
     return tuple(v for v in values if (knob.minimum is None or v >= knob.minimum)
                  and (knob.maximum is None or v <= knob.maximum))
 

@@ -124,9 +124,9 @@ def side_by_side(engine: QuietBursts, workload: aw.Workload, grid_best: aw.Confi
     return ratios
 
 
-def ladder(result: TuneResult) -> list[dict[str, Any]]:
+def decisions(result: TuneResult) -> list[dict[str, Any]]:
     return [{"knob": s.knob, "value": s.value, "accepted": s.accepted, "speedup": s.speedup, "reason": s.reason,
-             "bursts": len(s.results)} for s in result.ladder]
+             "bursts": len(s.results)} for s in result.decisions]
 
 
 def measure(engine: QuietBursts, name: str, tuner_runs: int, pairs: int, budget_share: float) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def measure(engine: QuietBursts, name: str, tuner_runs: int, pairs: int, budget_
         runs.append({"best": result.best.label(), "same_as_grid": same, "ratio_pairs": ratios, "ratio": ratio,
                      "wall_s": result.wall_s, "wall_share": result.wall_s / grid_wall, "bursts": len(result.bursts),
                      "measured_steps": tuner_steps * len(result.bursts), "stopped_reason": result.stopped_reason,
-                     "speedup_claimed": result.speedup, "ladder": ladder(result),
+                     "speedup_claimed": result.speedup, "decisions": decisions(result),
                      "burst_results": [describe(b) for b in result.bursts]})
         print(f"  tuner run {i + 1}: {result.best.label()} in {result.wall_s:.1f} s ({len(result.bursts)} bursts; "
               f"{result.stopped_reason}); vs grid best {'same config' if same else _fmt(ratio)}", flush=True)

@@ -60,11 +60,11 @@ def test_a_module_in_the_current_directory_is_found(workdir: Path) -> None:
 
 
 @pytest.mark.parametrize(("reference", "message"), [
-    ("mywl", "--workload 'mywl': use MODULE:FUNCTION, e.g. mypkg.train:make_workload"),
-    ("nosuchmodule:make", "--workload 'nosuchmodule:make': no module named 'nosuchmodule' in the current directory "
+    ("mywl", "workload 'mywl': use MODULE:FUNCTION, e.g. mypkg.train:make_workload"),
+    ("nosuchmodule:make", "workload 'nosuchmodule:make': no module named 'nosuchmodule' in the current directory "
                           "({cwd}) or on the Python path"),
-    ("mywl:make_it", "--workload 'mywl:make_it': module 'mywl' ({cwd}/mywl.py) has no 'make_it'"),
-    ("mywl:not_a_workload", "--workload 'mywl:not_a_workload' must return an accel_widgets.Workload, got int"),
+    ("mywl:make_it", "workload 'mywl:make_it': module 'mywl' ({cwd}/mywl.py) has no 'make_it'"),
+    ("mywl:not_a_workload", "workload 'mywl:not_a_workload' must return an accel_widgets.Workload, got int"),
 ])
 def test_a_bad_reference_says_which_part_is_wrong(workdir: Path, reference: str, message: str) -> None:
     with pytest.raises(WorkloadReferenceError) as info:
@@ -80,7 +80,7 @@ def test_a_missing_dependency_of_the_module_is_named_as_such(workdir: Path) -> N
 def test_a_bad_reference_exits_non_zero_with_one_line(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--workload", "mywl:make_it", "--steps", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("accel-widgets: error: --workload 'mywl:make_it'") and "Traceback" not in err
+    assert err.startswith("accel-widgets: error: workload 'mywl:make_it'") and "Traceback" not in err
 
 
 def test_the_command_runs_a_workload_module_from_its_current_directory(workdir: Path) -> None:

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from accel_widgets import BurstResult, Config, Workload, guard, run_burst
 from accel_widgets.diagnosis import diagnose
-from accel_widgets.engine.datacache import FrozenAugmentationWarning, cache_dataset, first_random_item
+from accel_widgets.engine.datacache import cache_dataset, first_random_item
 from accel_widgets.engine.training import build_loop
 from accel_widgets.guard import (
     NOISE_MARGIN,
@@ -28,11 +28,12 @@ from accel_widgets.guard import (
     cached_noise,
     check_training,
     find_baseline,
-    measure_noise,
     noise_band,
     tolerance,
 )
 from accel_widgets.history import RunHistory, workload_fingerprint
+from accel_widgets.knobs.data import FrozenAugmentationWarning
+from accel_widgets.tuner import measure_noise
 from tests.test_guard import HugeActivations, falling, result
 from tests.workloads import CLASSES, FEATURES, TinyNet, tensors
 

@@ -47,6 +47,7 @@ from numpy.lib.format import open_memmap
 from torch.utils.data import Dataset, IterableDataset
 
 from ..fingerprint import FingerprintError, dataset_fingerprint
+from ..knobs.data import FrozenAugmentationWarning
 
 #: Bumped whenever the on-disk layout changes; caches of another version count as damaged and are rebuilt.
 FORMAT_VERSION = 1
@@ -65,13 +66,6 @@ Leaves = list[tuple[str, Any]]
 
 class DataCacheError(ValueError):
     """The dataset cannot be cached as asked; the message says what to change (often: set data_cache='none')."""
-
-
-class FrozenAugmentationWarning(UserWarning):
-    """A cache stores one draw of items that differ between reads: random augmentation is frozen per item.
-
-    Every epoch then trains on the same augmented items, which is faster but trains another model.
-    """
 
 
 @dataclass(frozen=True)
@@ -185,9 +179,9 @@ def _fingerprint(dataset: Any) -> str:
 def warn_if_random(dataset: Any, mode: str) -> bool:
     """Warn (:class:`FrozenAugmentationWarning`) when caching ``dataset`` in ``mode`` would freeze random items.
 
-    Every cache mode stores one draw per item, so each mode calls this; it is checked on every call, a
-    reused cache included, because the warning belongs on every run that trains on frozen draws. Returns
-    whether it warned.
+    Every cache mode stores one draw per item, so :func:`cache_dataset` calls this for each (shards too); it
+    is checked on every call, a reused cache included, because the warning belongs on every run that trains
+    on frozen draws. Returns whether it warned.
     """
     index = first_random_item(dataset)
     if index is None:

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 
 DEFAULT_BATCH_SIZE = 64
 
+
+class FrozenAugmentationWarning(UserWarning):
+    """A data cache stores one draw of items that differ between reads: random augmentation is frozen per item.
+
+    Every epoch then trains on the same augmented items: faster, but another training. The cache warns
+    (:func:`~accel_widgets.engine.datacache.warn_if_random`); the burst's result carries the warning, and the
+    correctness guard reads it there.
+    """
+
+
 GROUP = "data"
 TITLE = "Data loading"
 

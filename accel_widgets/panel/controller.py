@@ -21,6 +21,7 @@ from typing import Any, Literal
 from ..config import Config
 from ..device import DeviceInfo
 from ..engine.launcher import BurstError
+from ..guard import NoiseBand, cached_noise
 from ..history import HistoryError, RunHistory, workload_fingerprint
 from ..ladder import classic_ladder
 from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
@@ -187,10 +188,12 @@ class PanelController:
         self.history, problem = open_history(history)
         self._history_off_why = problem or "the panel was opened with history=False"
         self._fingerprint: str | None = None
+        self._noise_fingerprint: str | None = None
         self._shown_ids: set[int] = set()  # history ids already in the table (recorded here or loaded)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
+        state.noise_of = self._known_noise
         state.set_history(self.history is not None, problem)
         state.set_status("Ready." if self.history is not None else "Ready (no run history).")
 
@@ -386,6 +389,16 @@ class PanelController:
         self.history = None
         self._history_off_why = str(exc)
         self.state.set_history(False, str(exc))
+
+    def _known_noise(self, baseline: BurstResult) -> NoiseBand | None:
+        """The noise band measured for this workload and baseline earlier (by Tune, in this process or the
+        run history), so the table's guard uses it too; looking it up runs no burst."""
+        if self._noise_fingerprint is None:
+            try:
+                self._noise_fingerprint = self._workload_fingerprint() or workload_fingerprint(self.workload)
+            except Exception:  # a workload that cannot be fingerprinted has no band: the precision floor stands
+                return None
+        return cached_noise(self._noise_fingerprint, baseline, self.history)
 
     def _workload_fingerprint(self) -> str | None:
         """Computed once, on the action thread (it builds the model); None when the history is off."""

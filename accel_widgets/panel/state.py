@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..config import Config
 from ..device import DeviceInfo
 from ..diagnosis import Finding, diagnose
+from ..guard import NoiseBand
 from ..knobs import KNOBS, Knob
 from ..presentation import LOADED_MARK, RunRow, run_name, run_rows
 from ..results import BurstResult, ProfileCapture, StepRecord, TelemetrySample
@@ -194,6 +195,8 @@ class PanelState:
         self.reading: Reading | None = None
         self.profile: ProfileShown | None = None
         self.tune_result: TuneResult | None = None
+        #: The baseline's measured noise band, when one is known (the controller looks it up; no bursts).
+        self.noise_of: Callable[[BurstResult], NoiseBand | None] | None = None
         self.lock = threading.RLock()
         self._listeners: list[Listener] = []
 
@@ -318,7 +321,7 @@ class PanelState:
 
     # -- internals --------------------------------------------------------------------------------
     def _rejudge(self) -> None:
-        self.rows = run_rows(self.results, loaded=self.loaded, judged=self.rows)
+        self.rows = run_rows(self.results, loaded=self.loaded, judged=self.rows, noise_of=self.noise_of)
 
     def _changed(self, part: Part) -> None:
         for listener in self._listeners:

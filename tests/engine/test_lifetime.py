@@ -4,9 +4,11 @@ Ctrl-C, user code that exits, stuck loaders. Each test attacks the engine from o
 from __future__ import annotations
 
 import _thread
+import contextlib
 import glob
 import json
 import os
+import queue
 import stat
 import statistics
 import subprocess
@@ -115,10 +117,13 @@ def test_restarting_a_real_kernel_mid_burst_leaves_nothing(short_tmp, monkeypatc
         kernel = psutil.Process(manager.provisioner.process.pid)
         client.execute("import accel_widgets as aw\nfrom tests.workloads import tiny_workload\n"
                        "aw.run_burst(tiny_workload(), aw.Config(num_workers=1), seconds=120)")
-        deadline = time.perf_counter() + 60
+        deadline, said = time.perf_counter() + 60, []
         while len(kernel.children(recursive=True)) < 4:  # forkserver, resource tracker, rank, loader worker
-            assert time.perf_counter() < deadline, "the burst did not start"
-            time.sleep(0.1)
+            assert time.perf_counter() < deadline, f"the burst did not start: {said}"
+            with contextlib.suppress(queue.Empty):
+                message = client.get_iopub_msg(timeout=0.1)
+                if message["msg_type"] in ("error", "stream"):
+                    said.append(message["content"])
         family = kernel.children(recursive=True)
         manager.restart_kernel(now=True)
         _gone_within([kernel, *family], 3.0)

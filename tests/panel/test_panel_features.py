@@ -220,7 +220,7 @@ class FakeTuner:
             raise self.raises
         engine, stop, base = kwargs["engine"], kwargs["stop"], kwargs["base"]
         bursts = [engine(workload, base, steps=kwargs["steps"], label=f"tune: {base.label()}", stop=stop)]
-        ladder = []
+        decisions = []
         while True:
             for candidate in self.candidates:
                 if stop.is_set():
@@ -231,12 +231,12 @@ class FakeTuner:
                 accepted = candidate == self.candidates[0]
                 step = TuneStep("num_workers", 1, accepted, 1.5 if accepted else 0.9, "faster" if accepted else
                                 "slower", [bursts[0], burst])
-                ladder.append(step)
+                decisions.append(step)
                 kwargs["on_step"](step)
             if not self.until_stop or stop.is_set():
                 break
         reason = "stopped: the stop event was set" if stop.is_set() else "every knob tried"
-        return TuneResult(self.candidates[0], 150.0, 100.0, ladder, bursts, 1.0, reason)
+        return TuneResult(self.candidates[0], 150.0, 100.0, decisions, bursts, 1.0, reason)
 
 
 def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp_path: Path) -> None:
