@@ -104,3 +104,35 @@ class RankFailed:
 
 WorkerEvent = StepRecord | StepBatch | RankLosses | RankDone | RankFailed
 Emit = Callable[[WorkerEvent], None]
+
+
+class EventChannel:
+    """The ranks' messages to the launcher: one pipe, written by the sending thread itself.
+
+    A ``multiprocessing.Queue`` pickles and writes from a feeder thread that wakes on every message; on
+    a 2-core machine each wake-up preempts one of the rank's two intra-op threads, and the whole step
+    then waits at the next barrier. Here the rank's own thread writes, under a lock the ranks share so
+    their messages never interleave; the launcher polls with a timeout. Picklable while processes are
+    being started, like any multiprocessing pipe and lock.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._reader, self._writer = context.Pipe(duplex=False)
+        self._lock = context.Lock()
+
+    def put(self, event: WorkerEvent) -> None:
+        with self._lock:
+            self._writer.send(event)
+
+    def get(self, timeout: float) -> WorkerEvent | None:
+        """The next message, waiting up to ``timeout`` seconds for one; None if none came."""
+        return self._reader.recv() if self._reader.poll(timeout) else None
+
+    def close_writer(self) -> None:
+        """The launcher's copy of the write end: closed once the ranks hold theirs, so that a read
+        after every rank is gone ends with EOFError instead of waiting forever."""
+        self._writer.close()
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()

@@ -38,7 +38,7 @@ from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, Telemetry
 from ..validation import ConfigError, check_burst_request, check_config
 from ..workload import Workload
 from .datacache import cache_root
-from .events import Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
+from .events import EventChannel, Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
 from .forkserver import MP_DIR_PREFIX, START_METHOD, forkserver_context, warm_up
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
@@ -275,7 +275,7 @@ def _run_in_workers(
     sampler = TelemetrySampler(clock_origin=called_at, on_sample=samples.put,
                                gpus=[(g.index, g.nvml_key) for g in device.gpus_for(spec.config)])
     mp_context = forkserver_context()
-    events = mp_context.Queue()
+    events = EventChannel(mp_context)
     phases = mp_context.Array("b", spec.config.ranks, lock=False)  # one Phase per rank, written by the rank
     context: ProcessContext | None = None
     collected = _Collected(oom_kills_before=oom_kill_count())
@@ -287,12 +287,12 @@ def _run_in_workers(
             _drain(events, collected, None)
             _remove_error_files(context)
         events.close()
-        events.join_thread()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
     try:
         payload = pickle_workload(workload, spec)
         context = _start_ranks(payload, events, phases, spec.config.ranks)
+        events.close_writer()
         for pid in context.pids():
             sampler.watch(pid)
         sampler.start()
@@ -324,7 +324,7 @@ def _shielded(cleanup: Callable[[], None], *, reraise_interrupt: bool) -> None:
         raise KeyboardInterrupt
 
 
-def _start_ranks(payload: bytes, events: Any, phases: Any, ranks: int) -> ProcessContext:
+def _start_ranks(payload: bytes, events: EventChannel, phases: Any, ranks: int) -> ProcessContext:
     try:
         return torch_mp.start_processes(worker_main, args=(payload, events, phases), nprocs=ranks, join=False,
                                         start_method=START_METHOD)
@@ -337,7 +337,7 @@ def _start_ranks(payload: bytes, events: Any, phases: Any, ranks: int) -> Proces
 
 
 def _collect(
-    context: ProcessContext, events: Any, phases: Any, samples: queue.SimpleQueue[TelemetrySample],
+    context: ProcessContext, events: EventChannel, phases: Any, samples: queue.SimpleQueue[TelemetrySample],
     collected: _Collected, on_event: Callable[[Event], None] | None, stop: threading.Event | None, deadline: float,
 ) -> str:
     """Pump events to the caller until every rank is done; returns how the burst ended."""
@@ -370,16 +370,17 @@ def _ended_unfinished(codes: list[int | None], collected: _Collected) -> bool:
     return any(code is not None and (code != 0 or rank not in collected.ranks) for rank, code in enumerate(codes))
 
 
-def _drain(events: Any, collected: _Collected, on_event: Callable[[Event], None] | None,
+def _drain(events: EventChannel, collected: _Collected, on_event: Callable[[Event], None] | None,
            timeout: float = 0.0) -> None:
-    """Handle every queued event; wait up to ``timeout`` for the first one."""
-    block = timeout > 0
+    """Handle every waiting event; wait up to ``timeout`` for the first one."""
     while True:
         try:
-            event = events.get(block, timeout) if block else events.get_nowait()
-        except (queue.Empty, OSError, ValueError, EOFError):
+            event = events.get(timeout)
+        except (OSError, ValueError, EOFError):  # every rank is gone and the pipe is empty, or closed
             return
-        block = False
+        if event is None:
+            return
+        timeout = 0.0
         collected.handle(event, on_event, time.perf_counter())
 
 

@@ -407,7 +407,7 @@ class TrainingLoop:
         self.mixed_precision.optimizer_step(self.optimizer, self.max_grad_norm)
         overhead.zero_grad(self.optimizer, config)
         self._tokens.append(tokens or None)
-        self._pending_losses.append(step_loss / micro_batches)
+        self._pending_losses.append(step_loss if micro_batches == 1 else step_loss / micro_batches)
         if overhead.loss_read_due(len(self._pending_losses), config):
             self._read_losses()
         clock.end_step()

@@ -33,10 +33,11 @@ from ..device import probe_device
 from ..knobs import global_flags
 from ..results import StepRecord
 from ..workload import Workload
-from .events import Emit, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
+from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
 from .training import TrainingLoop, build_loop, rank_summary
 
 STEP_BATCH_S = 0.025  # step records leave at most this late: live plots stay live, fast steps stay cheap
+HANG_FLUSH_S = 0.1  # ... and at most this late when the rank stops sending (blocked in a collective, a loader)
 LOOPBACK = "127.0.0.1"
 
 
@@ -63,7 +64,7 @@ class BurstSpec:
     sync_debug: bool = False
 
 
-def worker_main(rank: int, payload: bytes, events: Any, phases: Any) -> None:
+def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) -> None:
     """Rank process entry point (started by ``torch.multiprocessing.start_processes``).
 
     The workload arrives cloudpickled so that classes defined in a notebook's ``__main__`` work.
@@ -89,17 +90,17 @@ def worker_main(rank: int, payload: bytes, events: Any, phases: Any) -> None:
     finally:
         emit.flush()
         events.close()
-        events.join_thread()
 
 
 class _BatchedEmit:
     """Sends step records a few at a time, at most ``STEP_BATCH_S`` after they happened; anything else at once.
 
     Each queue message wakes the queue's feeder thread here and the caller's pump there; on a 2-core
-    machine both steal time from the rank's intra-op threads, so fast steps are sent in batches. A
-    flusher thread bounds the delay even when the rank then blocks (in a collective, in the loader):
-    the records of the steps before a hang must still reach the caller. Every put happens under one
-    lock, so a rank's messages keep their order.
+    machine both steal time from the rank's intra-op threads, so fast steps are sent in batches: a
+    record goes at once when the last message left ``STEP_BATCH_S`` ago (the first step always does),
+    else with the next one due. A flusher thread bounds the delay when the rank then blocks (in a
+    collective, in the loader): the records of the steps before a hang must still reach the caller.
+    Every put happens under one lock, so a rank's messages keep their order.
     """
 
     def __init__(self, put: Callable[[WorkerEvent], None]) -> None:
@@ -108,36 +109,43 @@ class _BatchedEmit:
         self._lock = threading.Lock()
         self._pending = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._sent_at = -STEP_BATCH_S
 
     def __call__(self, event: WorkerEvent) -> None:
-        if isinstance(event, StepRecord):
+        if not isinstance(event, StepRecord):
             with self._lock:
-                self._buffer.append(event)
-            if self._flusher is None:
-                self._flusher = threading.Thread(target=self._flush_forever, name="accel-widgets-events",
-                                                 daemon=True)
-                self._flusher.start()
-            self._pending.set()
+                self._send_buffer()
+                self._put(event)
             return
         with self._lock:
-            self._send_buffer()
-            self._put(event)
+            self._buffer.append(event)
+            if time.monotonic() - self._sent_at >= STEP_BATCH_S:
+                self._send_buffer()
+                return
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_forever, name="accel-widgets-events", daemon=True)
+            self._flusher.start()
+        self._pending.set()
 
     def flush(self) -> None:
         with self._lock:
             self._send_buffer()
 
     def _flush_forever(self) -> None:
+        """Wake rarely (each wake-up preempts an intra-op thread); send only what the rank has not."""
         while True:
             self._pending.wait()
-            time.sleep(STEP_BATCH_S)
-            self._pending.clear()
-            self.flush()
+            time.sleep(HANG_FLUSH_S)
+            with self._lock:
+                if time.monotonic() - self._sent_at >= HANG_FLUSH_S:
+                    self._pending.clear()
+                    self._send_buffer()
 
     def _send_buffer(self) -> None:
         if self._buffer:
             records, self._buffer = tuple(self._buffer), []
             self._put(records[0] if len(records) == 1 else StepBatch(records))
+            self._sent_at = time.monotonic()
 
 
 def _die_with_owner(owner_pid: int, owner_started: float) -> None:

@@ -32,5 +32,9 @@ def micro_batches(config: Config) -> int:
 
 
 def scale_for_accumulation(loss: torch.Tensor, config: Config) -> torch.Tensor:
-    """Why /k: the accumulated gradient then equals that of one batch of k x the size."""
-    return loss / config.grad_accum_steps
+    """Why /k: the accumulated gradient then equals that of one batch of k x the size.
+
+    Without accumulation nothing is divided: a division by 1 would still cost a kernel and an autograd
+    node on every step, and the plain loop a user compares with has neither.
+    """
+    return loss if config.grad_accum_steps == 1 else loss / config.grad_accum_steps
