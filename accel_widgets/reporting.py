@@ -150,7 +150,7 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr:not(.ok) td, tr.changes-training td { background: #fdecea; }
+table.runs tbody tr:not(.ok) td, table.runs tr.changes-training td { background: #fdecea; }
 .figure { margin: 1.5em 0; }
 pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; }
 """
@@ -205,7 +205,7 @@ def _table_html(rows: Sequence[RunRow]) -> str:
     head = "".join(f'<th title="{html.escape(meaning)}">{html.escape(name)}</th>' for name, meaning in headers)
     body = "".join(_row_html(row) for row in rows)
     note = "<p><small>~ after a step time: noisy (IQR/median &ge; 10% or fewer than 4 steps).</small></p>"
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+    return f"<table class=\"runs\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
 def _row_html(row: RunRow) -> str:
