@@ -71,6 +71,8 @@ def prestart_on_import() -> None:
     """Start the server when the package is imported by a user's process (not by the server itself)."""
     if os.environ.get("ACCEL_WIDGETS_PRESTART", "1") == "0" or _INSIDE_A_FORKSERVER:
         return
+    if multiprocessing.parent_process() is not None:
+        return  # a worker of someone's multiprocessing (a spawned loader worker...): it launches no bursts
     try:
         warm_up()
     except Exception:  # importing must never fail for this: the first burst starts it and reports why not
