@@ -55,6 +55,8 @@ def test_whatif_notebook_sweeps_and_plots(tmp_path: Path) -> None:
     text, mimes = execute("whatif.ipynb", tmp_path)
     assert text.count("samples/s") >= 4 and "speedup" in text
     assert PLOTLY in mimes
+    assert "streaming, num_workers=0" in text and "streaming, num_workers=2" in text
+    assert "data_cache=shards" in text
 
 
 @pytest.mark.slow
