@@ -372,15 +372,22 @@ def _ended_unfinished(codes: list[int | None], collected: _Collected) -> bool:
 
 def _drain(events: EventChannel, collected: _Collected, on_event: Callable[[Event], None] | None,
            timeout: float = 0.0) -> None:
-    """Handle every waiting event; wait up to ``timeout`` for the first one."""
+    """Handle every waiting event; wait up to ``timeout`` for the first one.
+
+    Everything waiting is read out of the pipe before any of it is handed to ``on_event``: a slow
+    callback must never leave the pipe full, or the ranks would block writing and train slower.
+    """
+    waiting: list[WorkerEvent] = []
     while True:
         try:
             event = events.get(timeout)
         except (OSError, ValueError, EOFError):  # every rank is gone and the pipe is empty, or closed
-            return
+            break
         if event is None:
-            return
+            break
+        waiting.append(event)
         timeout = 0.0
+    for event in waiting:
         collected.handle(event, on_event, time.perf_counter())
 
 
