@@ -18,6 +18,7 @@ from .engine.forkserver import prestart_on_import
 prestart_on_import()  # first, so the server imports torch while this process does too
 
 from . import export
+from .batchsize import BatchSizeSearch, BatchTry, find_batch_size
 from .config import Config
 from .demos import DEMO_NAMES, demo_workload
 from .device import DeviceInfo, probe_device
@@ -39,6 +40,7 @@ from .ladder import classic_ladder, run_ladder
 from .reporting import write_report as report
 from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .stats import Summary, summarize
+from .sweep import SweepResult, sweep
 from .tuner import TuneResult, TuneStep, tune
 from .validation import BurstRequestError, ConfigError, check_config
 from .workload import Workload
@@ -59,6 +61,8 @@ __all__ = [
     "DEMO_NAMES",
     "GROUPS",
     "KNOBS",
+    "BatchSizeSearch",
+    "BatchTry",
     "BurstError",
     "BurstRequestError",
     "BurstResult",
@@ -77,6 +81,7 @@ __all__ = [
     "StepRecord",
     "StoredRun",
     "Summary",
+    "SweepResult",
     "TelemetrySample",
     "TuneResult",
     "TuneStep",
@@ -91,11 +96,13 @@ __all__ = [
     "demo_workload",
     "export",
     "find_baseline",
+    "find_batch_size",
     "probe_device",
     "report",
     "run_burst",
     "run_ladder",
     "summarize",
+    "sweep",
     "tune",
     "warm_up",
     "workload_fingerprint",

@@ -21,10 +21,11 @@ from .demos import DEMO_NAMES, demo_workload
 from .device import probe_device
 from .engine.launcher import BurstError, run_burst
 from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError
-from .ladder import classic_ladder, run_ladder
+from .ladder import Rung, classic_ladder, run_ladder
+from .progress import ProgressSeries, result_line
 from .results import BurstResult
 from .validation import ConfigError
-from .workload import load_workload
+from .workload import Workload, load_workload
 
 DEFAULT_REPORT = "accel_widgets_report.html"
 
@@ -58,16 +59,31 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def _print_result_line(result: BurstResult, baseline: BurstResult | None) -> None:
-    name = result.label or result.config.label()
-    if not result.ok:
-        message = result.error.message if result.error else result.status
-        print(f"  {name:<10} {result.status}: {message.splitlines()[0]}", flush=True)
-        return
-    speedup = result.speedup_over(baseline) if baseline is not None and baseline.ok else None
-    ratio = f"{speedup:5.2f}x" if speedup is not None else "     -"
-    step = result.step_time
-    step_text = f"{step.median * 1e3:8.2f} ms/step" if step is not None else ""
-    print(f"  {name:<10} {result.samples_per_s:10,.1f} samples/s {ratio} {step_text}", flush=True)
+    print(result_line(result, baseline), flush=True)
+
+
+def _run_ladder_with_progress(workload: Workload, rungs: list[Rung], *, steps: int,
+                              timeout_s: float) -> list[BurstResult]:
+    """The ladder with a live progress line per rung, each replaced by the rung's result line when it ends."""
+    progress = ProgressSeries("rung", len(rungs), steps=steps)
+    upcoming = iter(rungs[1:])
+    baseline: list[BurstResult] = []
+
+    def show(rung: Rung, result: BurstResult) -> None:
+        progress.end()
+        _print_result_line(result, baseline[0] if baseline else None)
+        if not baseline:
+            baseline.append(result)
+        following = next(upcoming, None)
+        if following is not None:
+            progress.begin(following.name, following.config)
+
+    progress.begin(rungs[0].name, rungs[0].config)
+    try:
+        return run_ladder(workload, rungs, on_result=show, on_event=progress.on_event, steps=steps,
+                          timeout_s=timeout_s)
+    finally:
+        progress.end()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -81,14 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         workload = demo_workload(name.strip(), size=args.size)
         rungs = classic_ladder(workload, device, compile_mode=None if args.no_compile else "default")
         print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
-        baseline: list[BurstResult] = []
-
-        def show(rung: Any, result: BurstResult, baseline: list[BurstResult] = baseline) -> None:
-            _print_result_line(result, baseline[0] if baseline else None)
-            if not baseline:
-                baseline.append(result)
-
-        results += run_ladder(workload, rungs, on_result=show, steps=args.steps, timeout_s=args.timeout)
+        results += _run_ladder_with_progress(workload, rungs, steps=args.steps, timeout_s=args.timeout)
     rows = comparison_rows(results)
     print("\n" + format_table(rows))
     notes = [f"Each rung keeps the knobs of the rungs before it; {args.steps} measured steps per burst after "
@@ -107,13 +116,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     results = []
     configs = [Config(), config] if args.compare and config != Config() else [config]
-    for each in configs:
-        try:
-            results.append(run_burst(workload, each, steps=args.steps, seconds=args.seconds, timeout_s=args.timeout,
-                                     profile_steps=args.profile_steps))
-        except BurstError as exc:
-            results.append(exc.result)
-            print(str(exc), file=sys.stderr)
+    # Progress goes to stderr: stdout keeps the results, for whoever reads them from a pipe.
+    progress = ProgressSeries("run", len(configs), steps=args.steps, seconds=args.seconds, stream=sys.stderr)
+    try:
+        for each in configs:
+            progress.begin(each.label(), each)
+            try:
+                results.append(run_burst(workload, each, steps=args.steps, seconds=args.seconds,
+                                         timeout_s=args.timeout, profile_steps=args.profile_steps,
+                                         on_event=progress.on_event))
+            except BurstError as exc:
+                results.append(exc.result)
+                progress.end()
+                print(str(exc), file=sys.stderr)
+    finally:
+        progress.end()
     for result in results:
         print(result.summary())
         if result.profile is not None:

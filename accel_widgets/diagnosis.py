@@ -283,7 +283,7 @@ def _math(result: BurstResult) -> list[Finding]:
 
 # -- against the baseline --------------------------------------------------------------------------
 def _against_baseline(result: BurstResult, baseline: BurstResult, verdict: GuardVerdict) -> list[Finding]:
-    return _guard(result, verdict) + _compile_payback(result, baseline)
+    return _guard(result, verdict) + _compile_payback(result, baseline) + _energy_saving(result, baseline)
 
 
 def _guard(result: BurstResult, verdict: GuardVerdict) -> list[Finding]:
@@ -307,3 +307,24 @@ def _compile_payback(result: BurstResult, baseline: BurstResult) -> list[Finding
     detail = (f"{compile_s:.1f} s of compiling is repaid after ~{payback:,.0f} steps ({gain * 1e3:.2f} ms saved "
               f"per step); this burst measured {measured}.")
     return [Finding(severity, "Compile payback", detail)]
+
+
+def _energy_saving(result: BurstResult, baseline: BurstResult) -> list[Finding]:
+    """Time and energy per sample against the baseline. A speed-up usually saves energy too, but not always
+    in proportion: a knob that keeps the device busier draws more power while it saves time. Where either
+    run's energy was not measured there is no finding (the table's hover says why)."""
+    mine, theirs = result.joules_per_sample, baseline.joules_per_sample
+    speedup = result.speedup_over(baseline)
+    if mine is None or theirs is None or speedup is None:
+        return []
+    time_saved, energy_saved = 1 - 1 / speedup, 1 - mine / theirs
+    changes = result.config.label(baseline.config)
+    detail = (f"{changes}: {_change(time_saved)} time and {_change(energy_saved)} energy per sample than the "
+              f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {result.energy_note}).")
+    severity: Severity = "good" if time_saved > 0 and energy_saved > 0 else "info"
+    return [Finding(severity, "Energy per sample", detail)]
+
+
+def _change(saved: float) -> str:
+    """"23% less" or "5% more": a share of the baseline's."""
+    return f"{saved:.0%} less" if saved >= 0 else f"{-saved:.0%} more"

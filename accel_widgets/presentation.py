@@ -179,6 +179,10 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "compile_s": result.compile_s,
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
         "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
+        "joules_per_sample": result.joules_per_sample,
+        "samples_per_joule": result.samples_per_joule,
+        "mean_power_w": result.mean_power_w,
+        "energy_note": result.energy_note,
         "error": _first_line(result.error.message) if result.error is not None else "",
     }
 
@@ -290,6 +294,15 @@ def _noise_note(row: Row) -> str:
     return "noisy: IQR/median ≥ 10% or fewer than 4 steps" if row.get("noisy") else ""
 
 
+def _energy_note(row: Row) -> str:
+    """How the energy was read (or why it was not), then samples per joule and the mean power."""
+    note = str(row.get("energy_note") or "")
+    if row.get("joules_per_sample") is None:
+        return note
+    power = f", {significant(row['mean_power_w'])} W mean" if row.get("mean_power_w") is not None else ""
+    return f"{note}\n{significant(row['samples_per_joule'])} samples/J{power}"
+
+
 TITLE = ("changes from baseline", "what differs from the baseline run (a ladder rung's name first)")
 STATUS = ("status", "ok, stopped, or failed with the error's first line; 'diverged' when a loss went NaN/inf (numbers "
                     "measured, but it did not train); 'changes training' when the losses leave the baseline run's "
@@ -312,10 +325,15 @@ COLUMNS: dict[str, Column] = {
                       lambda r: number(r["compile_s"], ".1f")),
     "flops": Column("FLOP/s (MFU)", "model math sustained (forward + backward), summed over ranks; MFU, the share "
                     "of the GPUs' dense peak, in brackets where the peak is known", flops_text),
+    "energy": Column("J/sample", "energy per trained sample over the measured window: NVML on a GPU (summed over "
+                     "the GPUs in use), RAPL on the CPU (the whole package, every process on it, not only the "
+                     "burst); hover for how it was read or why it was not",
+                     lambda r: MISSING if r["joules_per_sample"] is None else significant(r["joules_per_sample"]),
+                     _energy_note),
 }
 #: The numeric columns each face shows, in order, between the title and the status.
-PANEL_COLUMNS = ("samples", "speedup", "step", "util", "data_wait", "peak", "compile", "flops")
-REPORT_COLUMNS = ("samples", "tokens", "speedup", "step", "util", "data_wait", "peak", "compile", "flops")
+PANEL_COLUMNS = ("samples", "speedup", "step", "util", "data_wait", "peak", "compile", "flops", "energy")
+REPORT_COLUMNS = ("samples", "tokens", "speedup", "step", "util", "data_wait", "peak", "compile", "flops", "energy")
 TEXT_COLUMNS = ("samples", "speedup", "step", "util", "data_wait", "peak", "compile")
 
 
@@ -339,6 +357,12 @@ _DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
 _LOG_TICKS = [m * 10.0**e for e in range(-2, 7) for m in (1, 2, 5)]
 _STEPS_AT = {"row": 1, "col": 2}
 _UTILISATION_AT = {"row": 1, "col": 1}
+#: The step axis spans at least this many decades (a flat line still gets two labelled ticks), padded by the other.
+_MIN_DECADES = 0.5
+_PAD_DECADES = 0.05
+#: Tick mantissas by the decades the step axis spans: finer labels on a zoomed axis, sparser on a wide one.
+_MANTISSAS = ((1.5, (1, 1.5, 2, 3, 5, 7)), (4.0, (1, 2, 5)), (math.inf, (1,)))
+STEP_AXIS = "step"  # the step subplot's x title; a note on warm-up steps off the top joins it
 
 
 def utilisation_title(sources: Collection[str]) -> str:
@@ -366,7 +390,7 @@ def timeline_figure(utilisation: str) -> Figure:
     )
     figure.update_xaxes(title_text="time since launch (s)", **_UTILISATION_AT)
     figure.update_yaxes(title_text=utilisation, range=[0, 105], **_UTILISATION_AT)
-    figure.update_xaxes(title_text="step", **_STEPS_AT)
+    figure.update_xaxes(title_text=STEP_AXIS, **_STEPS_AT)
     # Log scale: a compile step can be 1000x a steady one. Plain 1-2-5 labels, not plotly's digit-only ones.
     figure.update_yaxes(title_text="step time (ms, log)", type="log", tickvals=_LOG_TICKS,
                         ticktext=[f"{v:g}" for v in _LOG_TICKS], **_STEPS_AT)
@@ -455,7 +479,58 @@ def timeline(results: Sequence[BurstResult], names: Sequence[str]) -> Figure:
         for (rank, warmup), steps in step_groups(result.steps).items():
             add_step_trace(figure, run, name, rank=rank, ranks=max(1, result.world_size), warmup=warmup,
                            steps=steps)
+    fit_step_axis(figure)
     return figure
+
+
+def step_axis_range(measured_ms: Collection[float]) -> tuple[float, float]:
+    """The step axis's range in log10 units (plotly's for a log axis): the measured steps, padded, never
+    narrower than :data:`_MIN_DECADES`. Warm-up steps are left out: one 30 s compile step would flatten
+    every steady step onto one line."""
+    low, high = math.log10(min(measured_ms)), math.log10(max(measured_ms))
+    widen = max(0.0, _MIN_DECADES - (high - low)) / 2
+    return low - widen - _PAD_DECADES, high + widen + _PAD_DECADES
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """1-2-5 style tick values (ms) inside the log10 range [low, high], finer the narrower it is."""
+    mantissas = next(m for span, m in _MANTISSAS if high - low <= span)
+    return [m * 10.0**e for e in range(math.floor(low), math.ceil(high) + 1) for m in mantissas
+            if low <= math.log10(m * 10.0**e) <= high]
+
+
+def fit_step_axis(figure: Figure) -> None:
+    """Zoom the step axis to the visible runs' measured steps and say how many warm-up steps lie above it.
+
+    Warm-up points stay in the figure (zoom out or double-click to see them); a note in the step axis's title
+    (below the plot, where it hides no point) names how many lie above and the slowest. Until a measured step
+    exists, the axis autoranges over whatever there is. Called
+    after every change (the panel calls it per flush), it touches the layout only when the range moves, so
+    streaming points does not resend the layout.
+    """
+    measured = _visible_points(figure, "step")
+    if not measured:
+        return
+    low, high = step_axis_range(measured)
+    above = [ms for ms in _visible_points(figure, "warmup") if math.log10(ms) > high]
+    note = (f" (▲ {len(above)} warm-up/compile step{'s' if len(above) > 1 else ''} above the plot, slowest "
+            f"{_duration(max(above))})" if above else "")
+    if figure.layout.yaxis2.range != (low, high):
+        ticks = log_ticks(low, high)
+        figure.update_yaxes(range=[low, high], autorange=False, tickvals=ticks, ticktext=[f"{v:g}" for v in ticks],
+                            **_STEPS_AT)
+    if figure.layout.xaxis2.title.text != STEP_AXIS + note:
+        figure.update_xaxes(title_text=STEP_AXIS + note, **_STEPS_AT)
+
+
+def _visible_points(figure: Figure, kind: str) -> list[float]:
+    return [y for trace in figure.data if trace.meta and trace.meta.get("kind") == kind
+            and trace.visible in (True, None) for y in (trace.y or ()) if y is not None and y > 0]
+
+
+def _duration(ms: float) -> str:
+    return f"{significant(ms / 1e3)} s" if ms >= 1e3 else f"{significant(ms)} ms"
+
 
 
 def _scatter(**kwargs: Any) -> Any:

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import pathlib
-import statistics
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -28,7 +27,6 @@ from .presentation import (
     TITLE,
     Row,
     RunRow,
-    comparison_rows,
     findings_html,
     row_title,
     run_colour,
@@ -37,6 +35,7 @@ from .presentation import (
     shorten,
     timeline,
 )
+from .presentation import comparison_rows as comparison_rows  # re-exported: the rows the table functions take
 from .results import BurstResult
 
 if TYPE_CHECKING:
@@ -96,52 +95,25 @@ def _line(cells: Sequence[str], widths: Sequence[int], right: set[int]) -> str:
 
 # -- figures ---------------------------------------------------------------------------------------
 def build_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
-    """The report's three figures: "timeline" (the panel's figure), "throughput" and "breakdown".
+    """The report's figures, in the order it shows them: "speedup" (per workload, ± IQR, noisy runs hatched),
+    "waterfall" (what each ladder rung added), "breakdown" (where the median step goes, 100% stacked),
+    "timeline" (the panel's figure: step times on a log axis zoomed to the measured steps) and "utilisation"
+    (one small panel per run). "waterfall" is left out when no workload has a run besides its baseline, and
+    "utilisation" when no run has telemetry: an empty chart is only noise. The figures themselves are
+    :mod:`.figures`' and :mod:`.presentation`'s.
 
-    Every trace carries ``meta={"run": i, "kind": ...}`` so a test (or a notebook) can find a run's traces
-    without relying on names or order.
+    Every trace carries ``meta={"kind": ..., "run": i}`` (or ``"runs": [...]`` for a trace of several runs) so
+    a test (or a notebook) can find a run's traces without relying on names or order.
     """
-    rows = comparison_rows(results)
+    from .figures import comparison_figures
+
+    compared = comparison_figures(results)
     several_workloads = len({r.workload for r in results}) > 1
-    names = [run_name(row["run"], str(row["label"]), row["workload"] if several_workloads else None) for row in rows]
-    return {
-        "timeline": timeline(results, names),
-        "throughput": _throughput(rows, names),
-        "breakdown": _breakdown(results, names),
-    }
-
-
-def _throughput(rows: Sequence[Row], names: Sequence[str]) -> Figure:
-    """Samples/s per run with the speed-up over its workload's baseline written on the bar."""
-    import plotly.graph_objects as go
-
-    shown = [(row, name) for row, name in zip(rows, names, strict=True) if row["samples_per_s"] is not None]
-    fig = go.Figure(go.Bar(
-        x=[row["samples_per_s"] for row, _ in shown], y=[name for _, name in shown], orientation="h",
-        text=[COLUMNS["speedup"].text(row) if row["speedup"] is not None else "" for row, _ in shown],
-        textposition="auto", marker_color=[run_colour(row["run"]) for row, _ in shown],
-        meta={"kind": "throughput", "runs": [row["run"] for row, _ in shown]},
-    ))
-    fig.update_layout(title="Throughput (speed-up over the workload's baseline)", xaxis_title="samples/s",
-                      height=160 + 36 * max(len(shown), 1), yaxis={"autorange": "reversed"})
-    return fig
-
-
-def _breakdown(results: Sequence[BurstResult], names: Sequence[str]) -> Figure:
-    """Median data wait / host-to-device copy / compute per step: where a steady step's time goes."""
-    import plotly.graph_objects as go
-
-    shown = [(i, name, steps) for i, (r, name) in enumerate(zip(results, names, strict=True))
-             if (steps := r.measured_steps())]
-    fig = go.Figure()
-    for attribute, label in (("data_s", "data wait"), ("h2d_s", "h2d copy"), ("compute_s", "compute")):
-        fig.add_trace(go.Bar(
-            x=[name for _, name, _ in shown], name=label,
-            y=[statistics.median(getattr(s, attribute) for s in steps) * 1e3 for _, _, steps in shown],
-            meta={"kind": attribute, "runs": [i for i, _, _ in shown]},
-        ))
-    fig.update_layout(barmode="stack", title="Median step breakdown", yaxis_title="ms per step", height=440)
-    return fig
+    names = [run_name(i, r.label or r.config.label(), r.workload if several_workloads else None)
+             for i, r in enumerate(results)]
+    order = ("speedup", "waterfall", "breakdown", "timeline", "utilisation")
+    figures = {**compared, "timeline": timeline(results, names)}
+    return {key: figures[key] for key in order if key in figures}
 
 
 # -- HTML report -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .config import Config
+from .energy import counter_energy_j, integrated_energy_j
 from .flops import peak_flops
 from .knobs import Facts
 from .knobs import facts as knob_facts
@@ -40,6 +41,10 @@ class StepRecord:
     tokens: int | None = None  # real tokens (attention mask) this rank's step trained on, when known
 
 
+#: What a telemetry sample's power and energy readings cover (see :class:`TelemetrySample`).
+EnergyScope = Literal["gpu", "mig", "cpu_package"]
+
+
 @dataclass(frozen=True)
 class TelemetrySample:
     """Device (NVML) or host-process (psutil) reading on the burst's clock.
@@ -50,6 +55,11 @@ class TelemetrySample:
     ``host_util_pct`` is the whole machine's CPU use, every process included: the gap to the workers'
     share is load the burst did not cause, which makes its timings unreliable. Per-core use, I/O wait
     and the DataLoader workers' share tell "the loader is starved of cores" or "the disk is the limit".
+    ``energy_j`` is the device's cumulative energy counter where it has one (NVML's total energy since the
+    driver loaded; RAPL's packages since the sampler started), and ``energy_scope`` what the power and
+    energy readings cover: "gpu" this GPU; "mig" a MIG instance, for which NVML's power is the whole GPU's,
+    so no energy is derived from it; "cpu_package" RAPL's CPU packages, every process on them; None
+    nothing (no counter readable, or a result stored before energy was measured).
     """
 
     t: float
@@ -64,6 +74,24 @@ class TelemetrySample:
     cpu_per_core_pct: list[float] | None = None
     iowait_pct: float | None = None
     loader_util_pct: float | None = None  # the ranks' DataLoader worker processes, % of the machine
+    energy_j: float | None = None
+    energy_scope: EnergyScope | None = None
+
+
+#: What a rank is doing, as the launcher sees it: it starts, sets up (model, loader, process group), then
+#: steps (warm-up first, then the measured window; waiting for data counts as stepping), then finishes
+#: (profiling, FLOP counting).
+PhaseName = Literal["starting", "setup", "step", "finishing"]
+
+
+@dataclass(frozen=True)
+class BurstPhase:
+    """Rank ``rank`` entered ``phase`` at ``t`` (the burst's clock): sent to ``on_event`` on each change,
+    so a progress display can say "starting" or "compiling" before the first step record exists."""
+
+    t: float
+    rank: int
+    phase: PhaseName
 
 
 @dataclass(frozen=True)
@@ -330,6 +358,64 @@ class BurstResult:
                 if t.source == "psutil" and t.host_util_pct is not None and t.util_pct is not None]
         return max(0.0, sum(gaps) / len(gaps)) if gaps else None
 
+    @property
+    def energy_j(self) -> float | None:
+        """Joules the devices used over the measured window, summed over every GPU in use (or the CPU
+        packages); None where it was not measured (:attr:`energy_note` says why)."""
+        return self._energy()[0]
+
+    @property
+    def energy_note(self) -> str:
+        """What :attr:`energy_j` covers and how it was read, or why there is none: the table's hover."""
+        return self._energy()[1]
+
+    @property
+    def joules_per_sample(self) -> float | None:
+        """Energy per trained sample over the measured window: the measured steps' energy over their samples."""
+        energy, samples = self.energy_j, sum(s.samples for s in self.measured_steps())
+        return energy / samples if energy is not None and samples > 0 else None
+
+    @property
+    def samples_per_joule(self) -> float | None:
+        per_sample = self.joules_per_sample
+        return 1.0 / per_sample if per_sample else None
+
+    @property
+    def mean_power_w(self) -> float | None:
+        """Mean power over the measured window: :attr:`energy_j` over the window's length."""
+        energy, window = self.energy_j, self.measured_window()
+        return energy / (window[1] - window[0]) if energy is not None and window and window[1] > window[0] else None
+
+    def _energy(self) -> tuple[float | None, str]:
+        """(joules over the measured window, what they cover or why there are none), from every device's
+        readings on both sides of the window: each device's energy counter where it spans the window, else
+        its power readings integrated; no number unless every device in use has one."""
+        window = self.measured_window()
+        if window is None:
+            return None, "energy not measured: no measured steps"
+        scopes = {t.energy_scope for t in self.telemetry}
+        if "mig" in scopes:
+            return None, "energy not measured: NVML reports power for the whole GPU, not per MIG instance"
+        if not scopes - {None}:
+            return None, "energy not measured here (no NVML, RAPL not readable)"
+        total, methods, devices = 0.0, set[str](), _by_device(self.telemetry)
+        for device, samples in devices.items():
+            counter = [(t.t, t.energy_j) for t in samples if t.energy_j is not None]
+            power = [(t.t, t.power_w) for t in samples if t.power_w is not None]
+            joules = counter_energy_j(counter, *window)
+            method = "NVML's energy counter"
+            if joules is None:
+                joules, method = integrated_energy_j(power, *window), "NVML's power readings integrated"
+            if joules is None:
+                return None, f"energy not measured: {device}'s readings do not cover the measured window"
+            total += joules
+            methods.add(method)
+        if scopes == {"cpu_package"}:
+            return total, ("CPU packages' energy (RAPL) over the measured window: the whole package, every "
+                           "process on it, not only the burst")
+        gpus = f", summed over {len(devices)} GPUs" if len(devices) > 1 else ""
+        return total, f"GPU energy over the measured window{gpus}, from {' and '.join(sorted(methods))}"
+
     def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
         """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
         mine, theirs = self.samples_per_s, single_rank.samples_per_s
@@ -365,6 +451,8 @@ class BurstResult:
             lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
         if self.peak_memory_bytes is not None:
             lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")
+        if self.joules_per_sample is not None:
+            lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
         lines.extend(f"  warning     {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -410,6 +498,13 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
         operators = [OperatorTime(**o) for o in profile["top_operators"]]
         data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators)}
     return RankSummary(**data)
+
+
+def _by_device(samples: list[TelemetrySample]) -> dict[str, list[TelemetrySample]]:
+    groups: dict[str, list[TelemetrySample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.device, []).append(sample)
+    return groups
 
 
 def _spell(value: float) -> str:

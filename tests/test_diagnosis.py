@@ -211,3 +211,40 @@ def test_a_diverged_run_in_reduced_precision_points_at_precision_once() -> None:
     finding = by_title(findings, "Training diverged")
     assert finding.knob == "precision" and "Check precision='bf16' overflowing, the learning rate" in finding.detail
     assert "Faster but changes training" not in titles(findings)  # the guard's NaN reason is not said twice
+
+
+# -- energy against the baseline --
+
+def with_energy(result, watts: float):
+    """The result's GPU read by an energy counter rising at ``watts``, from well before its window to well after."""
+    result.telemetry = [dataclasses.replace(t, source="nvml", device="cuda:0", energy_j=watts * t.t,
+                                            energy_scope="gpu") for t in (result.telemetry[0], result.telemetry[-1])]
+    result.telemetry[-1] = dataclasses.replace(result.telemetry[-1], t=100.0, energy_j=watts * 100.0)
+    return result
+
+
+def test_a_run_against_its_baseline_says_what_it_saved_in_time_and_energy() -> None:
+    # Twice as fast (25 ms steps vs 50 ms, 32 samples each) at 1.5x the power: half the time, 3/4 the energy.
+    baseline = with_energy(synthetic_result(step_s=0.05), watts=240.0)
+    run = with_energy(synthetic_result(Config(precision="bf16"), step_s=0.025), watts=360.0)
+    finding = by_title(diagnose(run, baseline, verdict=GuardVerdict("ok")), "Energy per sample")
+    assert finding.severity == "good"
+    assert finding.detail == ("precision=bf16: 50% less time and 25% less energy per sample than the baseline "
+                              "(0.375 → 0.281 J/sample; GPU energy over the measured window, from NVML's energy "
+                              "counter).")
+
+
+def test_a_faster_run_that_costs_more_energy_says_so() -> None:
+    baseline = with_energy(synthetic_result(step_s=0.05), watts=200.0)
+    run = with_energy(synthetic_result(Config(precision="bf16"), step_s=0.025), watts=500.0)
+    finding = by_title(diagnose(run, baseline, verdict=GuardVerdict("ok")), "Energy per sample")
+    assert finding.severity == "info"
+    assert finding.detail.startswith("precision=bf16: 50% less time and 25% more energy per sample")
+
+
+def test_no_energy_finding_where_either_run_was_not_measured() -> None:
+    measured = with_energy(synthetic_result(step_s=0.05), watts=200.0)
+    unmeasured = synthetic_result(Config(precision="bf16"), step_s=0.025)  # CPU telemetry without RAPL
+    assert unmeasured.energy_j is None
+    assert "Energy per sample" not in titles(diagnose(unmeasured, measured, verdict=GuardVerdict("ok")))
+    assert "Energy per sample" not in titles(diagnose(measured, unmeasured, verdict=GuardVerdict("ok")))

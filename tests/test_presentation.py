@@ -92,3 +92,40 @@ def test_status_cells_and_colours() -> None:
     assert stopped.status_colour() == "#8a6d00"
     (loaded,) = run_rows([synthetic_result(label="mine")], loaded={0: "recorded on Monday"})
     assert loaded.title() == ("⟲ mine (baseline)", "⟲ mine (baseline)\nrecorded on Monday")
+
+
+# -- the timeline's step axis ------------------------------------------------------------------------
+def test_step_axis_spans_the_measured_steps_at_least_half_a_decade() -> None:
+    from accel_widgets.presentation import log_ticks, step_axis_range
+
+    low, high = step_axis_range([10.0, 10.0])
+    assert (low + high) / 2 == pytest.approx(1.0) and high - low == pytest.approx(0.6)  # 0.5 decades + padding
+    low, high = step_axis_range([0.1, 100.0])
+    assert (low, high) == pytest.approx((-1.05, 2.05))
+    assert log_ticks(0.7, 1.3) == pytest.approx([7, 10, 15])  # a narrow axis gets finer ticks
+    assert log_ticks(-1.05, 2.05) == pytest.approx([0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100])
+    assert log_ticks(-2, 5) == pytest.approx([0.01, 0.1, 1, 10, 100, 1e3, 1e4, 1e5])
+
+
+def test_step_axis_refits_as_steps_stream_in_and_to_the_shown_runs_only() -> None:
+    """As the panel builds its live figure: warm-up first (autorange), then measured steps, then a hidden run."""
+    from accel_widgets.presentation import add_step_trace, fit_step_axis, timeline_figure
+
+    fast, slow = synthetic_result(step_s=0.01), synthetic_result(step_s=0.1)
+    figure = timeline_figure("utilisation %")
+    warm = add_step_trace(figure, 0, "#0", rank=0, ranks=1, warmup=True,
+                          steps=[dataclasses.replace(s, total_s=20.0) for s in fast.steps if s.warmup])
+    fit_step_axis(figure)
+    assert figure.layout.yaxis2.range is None  # nothing measured yet: plotly autoranges over the warm-up
+    add_step_trace(figure, 0, "#0", rank=0, ranks=1, warmup=False, steps=fast.measured_steps())
+    add_step_trace(figure, 1, "#1", rank=0, ranks=1, warmup=False, steps=slow.measured_steps())
+    fit_step_axis(figure)
+    assert figure.layout.yaxis2.range == pytest.approx((1 - 0.05, 2 + 0.05))  # 10 ms to 100 ms, padded
+    note = f"step (▲ {len(warm.y)} warm-up/compile steps above the plot, slowest 20.0 s)"
+    assert figure.layout.xaxis2.title.text == note
+    figure.data[-1].visible = False  # the slow run is hidden
+    fit_step_axis(figure)
+    assert figure.layout.yaxis2.range == pytest.approx((1 - 0.25 - 0.05, 1 + 0.25 + 0.05))
+    warm.visible = False
+    fit_step_axis(figure)
+    assert figure.layout.xaxis2.title.text == "step"

@@ -179,18 +179,62 @@ def test_timeline_gpu_axis_and_per_rank_traces() -> None:
     assert sorted(t.meta["rank"] for t in _traces(fig, "warmup")) == [0, 1]
 
 
-def test_throughput_and_breakdown(runs: list[BurstResult]) -> None:
+def test_timeline_zooms_the_step_axis_to_measured_steps_and_counts_warmups_above() -> None:
+    compiled = make_result(config=Config(compile_mode="default"), step_ms=[9.0, 10.0, 11.0, 10.0], warmup=2)
+    compiled.steps[0] = dataclasses.replace(compiled.steps[0], total_s=30.0)  # the compile step
+    fig = build_figures([make_result(step_ms=20.0), compiled])["timeline"]
+    axis = fig.layout.yaxis2
+    low, high = axis.range
+    assert axis.type == "log" and axis.autorange is False
+    assert 10**low < 9.0 and 10**high > 20.0 and 10**high < 30.0  # the measured steps only, padded
+    assert all(10**low <= v <= 10**high for v in axis.tickvals) and len(axis.tickvals) >= 2
+    assert [t.meta["run"] for t in _traces(fig, "warmup")] == [0, 1]  # warm-up points stay in the data
+    assert max(_traces(fig, "warmup")[1].y) == pytest.approx(30_000.0)
+    assert fig.layout.xaxis2.title.text == "step (▲ 4 warm-up/compile steps above the plot, slowest 30.0 s)"
+
+
+def test_speedup_waterfall_and_breakdown(runs: list[BurstResult]) -> None:
     figures = build_figures(runs)
-    (bar,) = figures["throughput"].data
-    assert bar.orientation == "h" and bar.meta["runs"] == [0, 1, 2, 3]  # the failed run has no bar
-    assert list(bar.x) == pytest.approx([200.0, 100.0, 150.0, 180.0])
-    assert list(bar.text) == ["2.00×", "1.00×", "1.50×", "1.80×"]
+    assert list(figures) == ["speedup", "waterfall", "breakdown", "timeline", "utilisation"]
+    (bars,) = _traces(figures["speedup"], "speedup")
+    assert bars.orientation == "h" and bars.meta["runs"] == [1, 0, 2, 3]  # the baseline first; the failed run has none
+    assert list(bars.x) == pytest.approx([1.0, 2.0, 1.5, 1.8])
+    assert bars.meta["noisy"] == [False, False, True, False] and bars.text[2] == "1.50× ~ noisy"
+    (steps,) = _traces(figures["waterfall"], "waterfall")
+    assert list(steps.x[:4]) == pytest.approx([1.0, 1.0, -0.5, 0.3])
     breakdown = figures["breakdown"]
     assert breakdown.layout.barmode == "stack"
     by_kind = {t.meta["kind"]: t for t in breakdown.data}
-    assert list(by_kind["data_s"].y) == pytest.approx([0.5, 2.0, 2.0, 2.0])
-    assert list(by_kind["h2d_s"].y) == pytest.approx([1.0] * 4)
-    assert list(by_kind["compute_s"].y) == pytest.approx([3.5, 7.0, 4.5, 7.0])
+    assert by_kind["data_s"].meta["runs"] == [0, 1, 2, 3]
+    assert list(by_kind["data_s"].customdata) == pytest.approx([0.5, 2.0, 2.0, 2.0])  # ms, on hover
+    assert list(by_kind["data_s"].x) == pytest.approx([10.0, 20.0, 2.0 / 7.5 * 100, 20.0])  # % of the median step
+    assert list(by_kind["compute_s"].customdata) == pytest.approx([3.5, 7.0, 4.5, 7.0])
+    assert [t.meta["run"] for t in _traces(figures["utilisation"], "util")] == [0, 1, 2, 3]
+
+
+def test_single_run_report_leaves_out_empty_figures() -> None:
+    figures = build_figures([make_result(util=())])
+    assert list(figures) == ["speedup", "breakdown", "timeline"]
+
+
+def test_library_warnings_are_dropped_where_they_are_raised(tmp_path: Path) -> None:
+    """A warning raised from torch's own files (its internal deprecations) never reaches the result; the user's
+    and accel_widgets' own (from any file) do."""
+    import warnings
+
+    import torch
+
+    from accel_widgets.engine.datacache import FrozenAugmentationWarning
+    from accel_widgets.engine.worker import _collected_warnings
+
+    inside_torch = compile("import warnings\nwarnings.warn('script_method is deprecated', DeprecationWarning)",
+                           str(Path(torch.__file__).parent / "jit" / "_script.py"), "exec")
+    with _collected_warnings() as caught:
+        exec(inside_torch, {})
+        warnings.warn("your model does something odd", UserWarning, stacklevel=1)  # from this file
+        exec(compile("import warnings\nwarnings.warn('frozen', W)", torch.__file__, "exec"),
+             {"W": FrozenAugmentationWarning})
+    assert caught == ["UserWarning: your model does something odd", "FrozenAugmentationWarning: frozen"]
 
 
 # -- HTML report ---------------------------------------------------------------------------------------
@@ -227,7 +271,7 @@ def test_report_is_one_offline_file(report: tuple[Path, str]) -> None:
     path, text = report
     assert path.is_file() and [p.name for p in path.parent.iterdir()] == ["report.html"]  # no temp file left
     assert text.count("* plotly.js v") == 1
-    assert text.count("Plotly.newPlot") == 3
+    assert text.count("Plotly.newPlot") == 5
     parser = _Parser()
     parser.feed(text)
     parser.close()

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..results import RankSummary, StepRecord
+from ..results import PhaseName, RankSummary, StepRecord
 
 PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
 COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")
@@ -28,6 +28,13 @@ class Phase(IntEnum):
     DATA = 2
     STEP = 3
     FINISHING = 4
+
+    @property
+    def public_name(self) -> PhaseName:
+        """The coarse phase callers see (``BurstPhase``): waiting for data is part of stepping, so a fast
+        loop does not send two events per step."""
+        return {Phase.STARTING: "starting", Phase.SETUP: "setup", Phase.DATA: "step", Phase.STEP: "step",
+                Phase.FINISHING: "finishing"}[self]
 
     def describe(self) -> str:
         return {

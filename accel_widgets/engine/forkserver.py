@@ -11,6 +11,11 @@ Importing the server's modules takes ~2.7 s here, longer than the first burst ma
 :mod:`accel_widgets` starts the server (stdlib only, before this process imports torch itself), and
 the server imports in the background while the user builds a model and a dataset. The server exits
 when its owner does. ``ACCEL_WIDGETS_PRESTART=0`` turns the early start off; bursts then start it.
+
+The server does not run the caller's main script again in a rank, as multiprocessing does by default
+(it re-imports ``__main__`` in every child so that functions pickled by reference can be found): a
+rank needs nothing from it, since the workload travels by value, and a script that calls run_burst at
+top level, with no ``if __name__ == "__main__":`` guard, would otherwise train again in every rank.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from typing import Any
 # package as a preload, which must not start a server of its own.
 _INSIDE_A_FORKSERVER = "multiprocessing.forkserver" in sys.modules
 
-from multiprocessing import forkserver, util  # noqa: E402
+from multiprocessing import forkserver, spawn, util  # noqa: E402
 
 START_METHOD = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
                       "accel_widgets.engine.worker"]
 MP_DIR_PREFIX = "accel-widgets-mp-"  # + the owner's pid: the next burst removes it if the owner was killed
+#: The process name of every rank (+ its rank): what tells the server a child is a rank.
+RANK_NAME_PREFIX = "accel-widgets-rank-"
+_MAIN_SCRIPT_KEYS = ("init_main_from_path", "init_main_from_name")
 _MAX_SOCKET_DIR = 80  # + "/listener-xxxxxxxx" stays within AF_UNIX's path limit
 
 
@@ -77,3 +85,16 @@ def prestart_on_import() -> None:
         warm_up()
     except Exception:  # importing must never fail for this: the first burst starts it and reports why not
         return
+
+
+def prepare_rank(preparation_data: dict[str, Any]) -> None:
+    """``multiprocessing.spawn.prepare`` for the server's children: a rank is prepared without the
+    caller's main script (see the module's docstring); any other child exactly as multiprocessing would."""
+    if str(preparation_data.get("name", "")).startswith(RANK_NAME_PREFIX):
+        preparation_data = {k: v for k, v in preparation_data.items() if k not in _MAIN_SCRIPT_KEYS}
+    _stock_prepare(preparation_data)
+
+
+_stock_prepare = spawn.prepare
+if _INSIDE_A_FORKSERVER:  # the server's own copy: it prepares each forked child with spawn.prepare
+    spawn.prepare = prepare_rank

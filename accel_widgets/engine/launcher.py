@@ -27,19 +27,18 @@ from typing import Any, Literal
 
 import cloudpickle
 import psutil
-import torch.multiprocessing as torch_mp
 from torch import nn
-from torch.multiprocessing.spawn import ProcessContext
+from torch.multiprocessing.spawn import ProcessContext, _wrap  # torch's rank wrapper: tracebacks to an error file
 
 from ..config import Config
 from ..device import DeviceInfo, probe_device, worker_env
 from ..knobs import compiling, data, facts
-from ..results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from ..results import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from ..validation import ConfigError, check_burst_request, check_config
 from ..workload import Workload
 from .datacache import cache_root
 from .events import EventChannel, Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
-from .forkserver import MP_DIR_PREFIX, START_METHOD, forkserver_context, warm_up
+from .forkserver import MP_DIR_PREFIX, RANK_NAME_PREFIX, START_METHOD, forkserver_context, warm_up
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
 
@@ -51,7 +50,7 @@ TEARDOWN_GRACE_S = 0.5
 COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
 FOREIGN_LOAD_WARN_PCT = 25.0
 
-Event = StepRecord | TelemetrySample
+Event = StepRecord | TelemetrySample | BurstPhase
 
 
 class BurstError(RuntimeError):
@@ -217,7 +216,9 @@ def run_burst(
 
     Runs ``steps`` measured steps (default 40) or for ``seconds``, after ``warmup_steps`` unmeasured
     ones (default 2, or 3 when compiling). ``on_event`` receives every step record and telemetry sample
-    live, on the calling thread. Setting ``stop`` ends the burst early (status "stopped").
+    live, on the calling thread, and a :class:`~accel_widgets.results.BurstPhase` when a rank starts,
+    sets up, steps or finishes (worker isolation), so a progress display can name a long first step.
+    Setting ``stop`` ends the burst early (status "stopped").
     ``profile_steps`` > 0 records that many extra steady-state steps with torch.profiler after the
     measured window (rank 0) and writes the trace under ``profile_dir`` (``result.profile``).
     ``sync_debug=True`` runs the measured steps under torch's CUDA sync-debug mode "error": a hidden
@@ -285,18 +286,18 @@ def _run_in_workers(
         if context is not None:
             _terminate(context)
             _drain(events, collected, None)
-            _remove_error_files(context)
         events.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
     try:
         payload = pickle_workload(workload, spec)
-        context = _start_ranks(payload, events, phases, spec.config.ranks)
+        context = _start_ranks(payload, events, phases, spec.config.ranks, temp_dir)
         events.close_writer()
         for pid in context.pids():
             sampler.watch(pid)
         sampler.start()
-        outcome = _collect(context, events, phases, samples, collected, on_event, stop, called_at + timeout_s)
+        watch = _PhaseWatch(phases, called_at)
+        outcome = _collect(context, events, watch, samples, collected, on_event, stop, called_at + timeout_s)
     except BaseException:
         _shielded(tear_down, reraise_interrupt=False)
         raise
@@ -324,25 +325,37 @@ def _shielded(cleanup: Callable[[], None], *, reraise_interrupt: bool) -> None:
         raise KeyboardInterrupt
 
 
-def _start_ranks(payload: bytes, events: EventChannel, phases: Any, ranks: int) -> ProcessContext:
+def _start_ranks(payload: bytes, events: EventChannel, phases: Any, ranks: int, temp_dir: str) -> ProcessContext:
+    """Fork every rank from the preloaded server, the way ``torch.multiprocessing.start_processes`` does
+    (its ``_wrap`` writes a rank's traceback to an error file, its ``ProcessContext`` holds the ranks), but
+    with each process named as a rank: the server then does not run the caller's main script again in
+    it (:func:`.forkserver.prepare_rank`), so a script may call run_burst at top level, with no main guard.
+    The error files live in the burst's temp dir, which teardown removes."""
+    context = forkserver_context()
+    processes, error_files = [], []
     try:
-        return torch_mp.start_processes(worker_main, args=(payload, events, phases), nprocs=ranks, join=False,
-                                        start_method=START_METHOD)
-    except (BrokenPipeError, EOFError, ConnectionError) as exc:
-        raise RuntimeError(
-            "the worker process could not start. If this runs from a script, put the code that calls run_burst "
-            "under `if __name__ == '__main__':` -- multiprocessing re-imports the main script in each worker "
-            "(notebooks need nothing)."
-        ) from exc
+        for rank in range(ranks):
+            error_file = os.path.join(temp_dir, f"rank-{rank}.error")
+            process = context.Process(target=_wrap, name=f"{RANK_NAME_PREFIX}{rank}",
+                                      args=(worker_main, rank, (payload, events, phases), error_file))
+            process.start()
+            processes.append(process)
+            error_files.append(error_file)
+    except BaseException:
+        for process in processes:
+            process.kill()
+            process.join()
+        raise
+    return ProcessContext(processes, error_files)
 
 
 def _collect(
-    context: ProcessContext, events: EventChannel, phases: Any, samples: queue.SimpleQueue[TelemetrySample],
+    context: ProcessContext, events: EventChannel, watch: _PhaseWatch, samples: queue.SimpleQueue[TelemetrySample],
     collected: _Collected, on_event: Callable[[Event], None] | None, stop: threading.Event | None, deadline: float,
 ) -> str:
     """Pump events to the caller until every rank is done; returns how the burst ended."""
     while True:
-        _drain(events, collected, on_event, timeout=POLL_S)
+        _drain(events, collected, on_event, timeout=POLL_S, watch=watch)
         while not samples.empty():
             sample = samples.get()
             if on_event is not None:
@@ -352,16 +365,16 @@ def _collect(
         # Exit codes and phases are read at the first failure, before teardown blurs who died first.
         codes = [process.exitcode for process in context.processes]
         if _ended_unfinished(codes, collected):
-            _drain(events, collected, on_event, timeout=0.2)  # its last events may still be in the pipe
+            _drain(events, collected, on_event, timeout=0.2, watch=watch)  # its last events may still be in the pipe
             if _ended_unfinished(codes, collected):
-                collected.exit_codes, collected.phases = codes, [Phase(p) for p in phases]
+                collected.exit_codes, collected.phases = codes, watch.now()
                 return "failed"
         if all(code == 0 for code in codes):
-            _drain(events, collected, on_event)
+            _drain(events, collected, on_event, watch=watch)
             collected.exit_codes = codes
             return "exited"
         if time.perf_counter() > deadline:
-            collected.exit_codes, collected.phases = codes, [Phase(p) for p in phases]
+            collected.exit_codes, collected.phases = codes, watch.now()
             return "timeout"
 
 
@@ -371,12 +384,17 @@ def _ended_unfinished(codes: list[int | None], collected: _Collected) -> bool:
 
 
 def _drain(events: EventChannel, collected: _Collected, on_event: Callable[[Event], None] | None,
-           timeout: float = 0.0) -> None:
+           timeout: float = 0.0, watch: _PhaseWatch | None = None) -> None:
     """Handle every waiting event; wait up to ``timeout`` for the first one.
 
     Everything waiting is read out of the pipe before any of it is handed to ``on_event``: a slow
     callback must never leave the pipe full, or the ranks would block writing and train slower.
+    Phase changes keep the order they happened in: a rank enters a phase before it sends what that phase
+    produces, so they go first (read before and after the pipe); it sends its last step records before it
+    finishes, so "finishing" goes after them, and only once it was seen before the pipe was read.
     """
+    watch = watch if on_event is not None else None  # nobody to tell: the phases are read at the end
+    finishing = watch.changes(finishing=True) if watch is not None else []
     waiting: list[WorkerEvent] = []
     while True:
         try:
@@ -387,8 +405,38 @@ def _drain(events: EventChannel, collected: _Collected, on_event: Callable[[Even
             break
         waiting.append(event)
         timeout = 0.0
+    entered = [change for change in finishing if change.phase != "finishing"]
+    entered += watch.changes(finishing=False) if watch is not None else []
+    for change in entered:
+        on_event(change)  # type: ignore[misc]  # there are changes only with on_event
     for event in waiting:
         collected.handle(event, on_event, time.perf_counter())
+    for change in finishing:
+        if change.phase == "finishing":
+            on_event(change)  # type: ignore[misc]
+
+
+class _PhaseWatch:
+    """The ranks' shared phase array read as events: one ``BurstPhase`` per change of a rank's phase."""
+
+    def __init__(self, phases: Any, clock_origin: float) -> None:
+        self._phases, self._origin = phases, clock_origin
+        self._seen: list[str | None] = [None] * len(phases)
+
+    def now(self) -> list[Phase]:
+        return [Phase(value) for value in self._phases]
+
+    def changes(self, *, finishing: bool) -> list[BurstPhase]:
+        """The phases entered since the last call; with ``finishing=False`` a finishing rank is left to a
+        later call (its last events may not have been read yet)."""
+        t = time.perf_counter() - self._origin
+        changed = []
+        for rank, phase in enumerate(self.now()):
+            name = phase.public_name
+            if name != self._seen[rank] and (finishing or name != "finishing"):
+                self._seen[rank] = name
+                changed.append(BurstPhase(t, rank, name))
+        return changed
 
 
 def _terminate(context: ProcessContext) -> None:
@@ -432,13 +480,6 @@ def _running(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _remove_error_files(context: ProcessContext) -> None:
-    """torch's per-rank error files live in the system temp dir; they are ours to delete."""
-    for path in context.error_files:
-        with contextlib.suppress(OSError):
-            os.remove(path)
 
 
 def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at: float,
@@ -501,9 +542,9 @@ def _crash_message(rank: int | None, exit_code: int | None, collected: _Collecte
     if exit_code is None:
         return f"{who} died without raising an exception"
     if rank is not None and rank < len(collected.phases) and collected.phases[rank] == Phase.STARTING:
-        return (f"{who} died while starting, before the burst's code ran (exit code {exit_code}). From a script, "
-                "put the code that calls run_burst under `if __name__ == '__main__':` -- each worker re-imports "
-                "the main script (notebooks need nothing)")
+        return (f"{who} died while starting, before the burst's code ran (exit code {exit_code}). If this process "
+                "started a multiprocessing forkserver before importing accel_widgets, the ranks come from that "
+                "server, which runs your main script again in each of them: import accel_widgets first")
     if exit_code == 0:
         return (f"{who} exited (code 0) before finishing its burst, without raising an exception: the workload "
                 "or a library it calls ended the process (os._exit(0)?)")

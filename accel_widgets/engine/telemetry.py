@@ -5,6 +5,10 @@ GPUs are read through NVML (``pynvml`` never creates a CUDA context) and, where 
 the workers' CPU and memory use is read through psutil. Timestamps are ``time.perf_counter()`` minus the
 burst's ``clock_origin``; on Linux perf_counter is CLOCK_MONOTONIC, shared by every process on the
 machine, so samples line up with the step events the workers stamp on the same clock.
+
+Energy rides along as raw readings: each GPU sample carries NVML's total energy counter (Volta and newer)
+and its power, each CPU sample the RAPL packages' counter where it is readable; the result turns them into
+joules over its measured window (:mod:`accel_widgets.energy`).
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import importlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 import psutil
 
 from ..device import usable_cpu_count
+from ..energy import POWERCAP, RaplCounter
 from ..results import TelemetrySample
 
 THREAD_NAME = "accel-widgets-telemetry"
@@ -37,6 +43,12 @@ class TelemetrySampler:
     NVML index); the two differ under CUDA_VISIBLE_DEVICES. Each sample is labelled ``cuda:{ordinal}``,
     so ``cuda:0`` is the device rank 0 trains on. Where a GPU does not report utilisation (a MIG device)
     its samples carry ``util_pct=None`` and still carry memory.
+
+    Energy: a GPU sample carries NVML's energy counter where the GPU has one, except on a MIG device
+    (``energy_scope="mig"``: NVML's power and energy there are the whole GPU's, not the instance's). Without
+    GPUs, each sample carries the CPU packages' RAPL counter read under ``powercap`` when that is readable
+    (usually for root only); with GPUs asked for it is not read, even when NVML fails, since the packages'
+    energy is not what a GPU burst spends.
 
     ``clock`` only stamps samples; the tick schedule runs on ``time.monotonic`` so a fake clock in tests
     cannot stall or race the thread. A tick that falls behind (a stalled machine) re-aligns instead of
@@ -58,6 +70,7 @@ class TelemetrySampler:
         on_sample: Callable[[TelemetrySample], None] | None = None,
         nvml: Any | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        powercap: Path = POWERCAP,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -83,6 +96,8 @@ class TelemetrySampler:
         # NVML state: a module with NVML open, and the (CUDA ordinal, handle) pairs to read.
         self._nvml: Any | None = None
         self._handles: list[tuple[int, Any]] = []
+        self._mig = {ordinal for ordinal, key in gpus if isinstance(key, str) and key.startswith("MIG-")}
+        self._rapl = None if gpus else RaplCounter.open(powercap)
         use_nvml = bool(gpus) and self._open_nvml(nvml, gpus)
         self.source: Literal["nvml", "psutil"] = "nvml" if use_nvml else "psutil"
 
@@ -189,11 +204,14 @@ class TelemetrySampler:
         host = self._host_fields()
         for ordinal, handle in self._handles:
             device = f"cuda:{ordinal}"
+            mig = ordinal in self._mig
             try:
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
                 util = _unless_unsupported(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)  # None on MIG
                 power_mw = _unless_unsupported(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
                 sm_clock = _unless_unsupported(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+                energy_mj = None if mig else _unless_unsupported(nvml, nvml.nvmlDeviceGetTotalEnergyConsumption,
+                                                                 handle)
                 readings.append(
                     TelemetrySample(
                         t=t,
@@ -204,6 +222,8 @@ class TelemetrySampler:
                         power_w=None if power_mw is None else power_mw / 1000.0,
                         sm_clock_mhz=None if sm_clock is None else float(sm_clock),
                         device=device,
+                        energy_j=None if energy_mj is None else energy_mj / 1000.0,
+                        energy_scope="mig" if mig else "gpu",
                         **host,
                     )
                 )
@@ -251,6 +271,7 @@ class TelemetrySampler:
                 rated = True
         self._known = known
         self._loader_pct = loader_pct / self._cpus if rated else None
+        energy_j = self._read_rapl()  # every tick, rated or not, so no counter wraps twice unseen
         if not rated:
             return []
         return [
@@ -261,9 +282,21 @@ class TelemetrySampler:
                 mem_used_bytes=rss,
                 mem_total_bytes=self._mem_total,
                 device="cpu",
+                energy_j=energy_j,
+                energy_scope=None if self._rapl is None else "cpu_package",
                 **self._host_fields(),
             )
         ]
+
+    def _read_rapl(self) -> float | None:
+        """The CPU packages' energy in joules since the sampler was made, or None (no RAPL, a failed read)."""
+        if self._rapl is None:
+            return None
+        try:
+            return self._rapl.read_j()
+        except (OSError, ValueError) as exc:
+            self._record(f"RAPL: {_describe(exc)}")
+            return None
 
     def _walk_family(self) -> dict[int, psutil.Process]:
         """The watched ranks and all their descendants (DataLoader workers).

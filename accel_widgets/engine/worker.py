@@ -14,7 +14,9 @@ import os
 import platform
 import select
 import signal
+import site
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -82,7 +84,13 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
         _use_environment(spec.environment)
         _use_private_temp_dir(spec.temp_dir)
         _use_inductor_cache(spec.inductor_cache_dir)
-        run_rank(rank, workload, spec, emit, set_phase=lambda phase: phases.__setitem__(rank, int(phase)))
+
+        def set_phase(phase: Phase) -> None:
+            if phase == Phase.FINISHING:
+                emit.flush()  # every step record is in the pipe before the launcher can see "finishing"
+            phases[rank] = int(phase)
+
+        run_rank(rank, workload, spec, emit, set_phase=set_phase)
     except BaseException as exc:
         origin = spec.clock_origin if spec is not None else 0.0
         emit(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
@@ -323,14 +331,48 @@ def _process_group(spec: BurstSpec, rank: int, device: torch.device) -> Iterator
 
 @contextlib.contextmanager
 def _collected_warnings() -> Iterator[list[str]]:
-    """Record warnings the workload raises (e.g. deprecations) so they reach the result, once each."""
+    """Record the warnings that concern the user's code or config (e.g. a deprecated call in their model) so
+    they reach the result, once each.
+
+    Python attributes a warning to a file: the caller its ``stacklevel`` points at. One attributed to torch or
+    another installed library is about that library's own calls (torch.compile's internal deprecations) and
+    says nothing the user can act on, yet it was listed under every compiled run; it is dropped here, where
+    its origin is still known exactly (the result keeps only text). accel_widgets' own warnings always pass.
+    """
     messages: list[str] = []
+    libraries = _library_dirs()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
             yield messages
         finally:
-            messages.extend(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught)
+            messages.extend(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught
+                            if not _from_library(w, libraries))
+
+
+_PACKAGE = __name__.split(".")[0]
+_PACKAGE_DIR = os.path.join(os.path.realpath(os.path.dirname(os.path.dirname(__file__))), "")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed code lives: the standard library, every site-packages, and torch's own directory (a
+    source build of torch may sit outside site-packages)."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs.update(site.getsitepackages())
+    dirs.update((site.getusersitepackages(), os.path.dirname(torch.__file__)))
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+def _from_library(caught: warnings.WarningMessage, libraries: tuple[str, ...]) -> bool:
+    """Whether the warning was raised from library code ("<frozen ...>" is the import system's) and is not
+    one of accel_widgets' own, which may live in site-packages too."""
+    if caught.category.__module__.split(".")[0] == _PACKAGE:
+        return False
+    if caught.filename.startswith("<frozen "):
+        return True
+    path = os.path.realpath(caught.filename)
+    return path.startswith(libraries) and not path.startswith(_PACKAGE_DIR)
 
 
 def _device_name(device: torch.device) -> str:

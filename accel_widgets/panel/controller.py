@@ -13,18 +13,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..batchsize import BatchTry, find_batch_size
 from ..config import Config
 from ..device import DeviceInfo
 from ..engine.launcher import BurstError
 from ..guard import NoiseBand, cached_noise
 from ..history import HistoryError, RunHistory, workload_fingerprint
 from ..ladder import classic_ladder
-from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
+from ..progress import BurstProgress
+from ..results import BurstPhase, BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..tuner import TuneResult, TuneStep
 from ..validation import ConfigError
 from ..workload import Workload
@@ -33,9 +35,12 @@ from .state import PanelState, ProfileShown
 Engine = Callable[..., BurstResult]
 Tuner = Callable[..., TuneResult]
 HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
-Event = StepRecord | TelemetrySample
+Event = StepRecord | TelemetrySample | BurstPhase
 
 FLUSH_INTERVAL_S = 0.25  # ~4 Hz: smooth enough to watch, rare enough not to flood the comm channel
+#: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
+#: starts one burst, not one per keystroke.
+LIVE_DELAY_S = 0.5
 
 
 # -- plans -----------------------------------------------------------------------------------------
@@ -111,51 +116,6 @@ class EventBatcher:
             return batch
 
 
-class ProgressTracker:
-    """How far one burst is, from the step events alone (rank 0 speaks for the group)."""
-
-    def __init__(self, steps: int | None, seconds: float | None) -> None:
-        self.steps, self.seconds = steps, seconds
-        self.warmup_seen = 0
-        self.measured_seen = 0
-        self._first_t: float | None = None
-        self._last_t: float | None = None
-
-    def observe(self, steps: Sequence[StepRecord]) -> None:
-        for record in steps:
-            if record.rank != 0:
-                continue
-            if record.warmup:
-                self.warmup_seen += 1
-                continue
-            self.measured_seen += 1
-            start = record.t - record.total_s
-            self._first_t = start if self._first_t is None else min(self._first_t, start)
-            self._last_t = record.t if self._last_t is None else max(self._last_t, record.t)
-
-    @property
-    def measured_s(self) -> float:
-        if self._first_t is None or self._last_t is None:
-            return 0.0
-        return self._last_t - self._first_t
-
-    @property
-    def fraction(self) -> float:
-        """Share of the measured part done: warm-up and compile steps are not counted as progress."""
-        if self.steps:
-            return min(1.0, self.measured_seen / self.steps)
-        if self.seconds:
-            return min(1.0, self.measured_s / self.seconds)
-        return 0.0
-
-    def describe(self) -> str:
-        if self.measured_seen == 0:
-            return f"warm-up step {self.warmup_seen} done" if self.warmup_seen else "starting the workers"
-        if self.steps:
-            return f"step {self.measured_seen}/{self.steps}"
-        return f"{self.measured_s:.1f} s of {self.seconds:g} s ({self.measured_seen} steps)"
-
-
 # -- the controller --------------------------------------------------------------------------------
 def open_history(history: HistoryArg) -> tuple[RunHistory | None, str]:
     """The run history to record to, or ``None`` and why it cannot be used ("" when it was turned off)."""
@@ -193,7 +153,11 @@ class PanelController:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
+        self._live_timer: threading.Timer | None = None
+        self._live_length: Callable[[], dict[str, Any]] = lambda: {"steps": 20, "seconds": None}
+        self._live_restart = threading.Lock()  # one restart at a time: stop, wait, start
         state.noise_of = self._known_noise
+        state.subscribe(self._edited)
         state.set_history(self.history is not None, problem)
         state.set_status("Ready." if self.history is not None else "Ready (no run history).")
 
@@ -218,10 +182,37 @@ class PanelController:
         base = self.state.runnable_config()
         self._start("Tune", lambda: self._run_tune(base, budget_s, steps))
 
+    def find_batch_size(self, steps: int) -> None:
+        config = self.state.runnable_config()
+        self._start("Batch size", lambda: self._run_batch_search(config, steps))
+
     def load_history(self) -> None:
         if self.history is None:
             raise RuntimeError(f"no run history: {self._history_off_why}")
         self._start("Load", self._run_load)
+
+    def set_live(self, on: bool, length: Callable[[], dict[str, Any]]) -> None:
+        """Live mode: while on, every edit of the knobs stops the burst in flight and, once the knobs have
+        been still for LIVE_DELAY_S, starts a burst of the new settings (``length()`` long) that replaces
+        the previous live run. Turning it on starts one; turning it off lets the running burst finish."""
+        self._live_length = length
+        self.state.set_live(on)
+        if on:
+            self._schedule_live()
+        else:
+            self._cancel_live()
+
+    def pin(self) -> None:
+        """Keep the live run in the table and the plots: the next live burst adds a run of its own."""
+        run = self.state.live_run
+        if run is not None:
+            self.state.pin(run)
+
+    def close(self) -> None:
+        """Stop live mode and the running action, and wait for it: nothing of the panel keeps running."""
+        self.set_live(False, self._live_length)
+        self.stop()
+        self.wait()
 
     def stop(self) -> None:
         if self.running and not self._stop.is_set():
@@ -234,6 +225,44 @@ class PanelController:
         if thread is not None:
             thread.join(timeout)
         return not self.running
+
+    # -- live mode --------------------------------------------------------------------------------
+    def _edited(self, part: str) -> None:
+        """State listener: in live mode an edit of the knobs (re)starts the countdown to a new burst."""
+        if part == "draft" and self.state.live:
+            self._schedule_live()
+
+    def _schedule_live(self) -> None:
+        self._cancel_live()
+        timer = threading.Timer(LIVE_DELAY_S, self._restart_live)
+        timer.name, timer.daemon = "accel-widgets-live", True
+        self._live_timer = timer
+        timer.start()
+
+    def _cancel_live(self) -> None:
+        timer, self._live_timer = self._live_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _restart_live(self) -> None:
+        """The knobs have been still: stop what runs, then start a live burst of the settings they show."""
+        with self._live_restart:
+            if not self.state.live:
+                return
+            self.stop()
+            self.wait()
+            if not self.state.live:
+                return
+            try:
+                plan = [PlanItem("live", self.state.runnable_config())]
+            except ValueError as exc:
+                self.state.set_status(f"Live: waiting for settings that can run ({exc}).")
+                return
+            length = self._live_length()
+            try:
+                self._start("Live", lambda: self._run_plan("Live", plan, length, live=True))
+            except RuntimeError:  # the user started an action in the meantime: it wins
+                return
 
     # -- the action thread ------------------------------------------------------------------------
     def _start(self, what: str, body: Callable[[], str]) -> None:
@@ -256,14 +285,14 @@ class PanelController:
         finally:
             self.state.end_action()
 
-    def _run_plan(self, what: str, plan: list[PlanItem], length: dict[str, Any]) -> str:
-        """Run each planned burst in turn (Run burst, Run ladder)."""
+    def _run_plan(self, what: str, plan: list[PlanItem], length: dict[str, Any], *, live: bool = False) -> str:
+        """Run each planned burst in turn (Run burst, Run ladder, a live burst)."""
         for index, item in enumerate(plan):
             if self._stop.is_set():
                 break
             position = f" {index + 1}/{len(plan)}" if len(plan) > 1 else ""
             self._burst(f"{what}{position}", item, length,
-                        lambda fraction, index=index: (index + fraction) / len(plan))
+                        lambda fraction, index=index: (index + fraction) / len(plan), live=live)
         return self._final_status(what, len(plan))
 
     def _run_profile(self, config: Config, length: dict[str, Any]) -> str:
@@ -315,6 +344,29 @@ class PanelController:
                 f"({len(outcome.bursts)} bursts in {outcome.wall_s:.0f} s; {outcome.stopped_reason}). "
                 "The controls now show it.")
 
+    def _run_batch_search(self, config: Config, steps: int) -> str:
+        """Grow the batch size from the current settings in worker processes until it no longer fits (on a CPU,
+        the finder's RSS cap); each try is reported on the status line, the curve is shown at the end. The
+        tries are not runs of the table: they measure the batch size, not the knobs."""
+        self.state.show_batch_search(None)
+
+        def on_try(tried: BatchTry) -> None:
+            verdict = "fits" if tried.fits else f"does not fit ({tried.why_not})" if tried.why_not else "does not fit"
+            rate = f", {tried.samples_per_s:,.0f} samples/s" if tried.samples_per_s else ""
+            self.state.set_status(f"Batch size: {tried.batch_size:,} {verdict}{rate}", busy=not self._stop.is_set())
+
+        try:
+            search = find_batch_size(self.workload, config, steps=steps, device=self.state.device,
+                                     engine=self._engine, on_try=on_try, stop=self._stop)
+        except Exception as exc:  # a config or workload the finder refuses: the panel must survive it
+            return f"Batch size search failed: {type(exc).__name__}: {exc}"
+        self.state.set_progress(1.0)
+        self.state.show_batch_search(search)
+        if search.largest_fitting is None:
+            return f"Batch size: no size fit ({search.stopped_reason})."
+        return (f"Batch size: the largest that fits is {search.largest_fitting:,}, the fastest {search.fastest:,} "
+                f"({len(search.tries)} tries in {search.wall_s:.0f} s). Set batch_size to try it.")
+
     def _run_load(self) -> str:
         """Add the stored runs of this workload's fingerprint, oldest first, skipping those already shown."""
         self.state.set_status("Load: reading the run history", busy=True)
@@ -336,25 +388,29 @@ class PanelController:
         already = f" ({skipped} already shown)" if skipped else ""
         return f"Loaded {len(fresh)} earlier run{'s' if len(fresh) != 1 else ''} of this workload{already}."
 
-    def _burst(self, what: str, item: PlanItem, length: dict[str, Any], progress: Callable[[float], float],
-               **extra: Any) -> BurstResult:
-        """One burst through the engine, streamed into the state, then finished there and recorded."""
-        run = self.state.begin_run(item.label or item.config.label(), item.config.ranks)
+    def _burst(self, what: str, item: PlanItem, length: dict[str, Any], progress: Callable[[float], float], *,
+               live: bool = False, **extra: Any) -> BurstResult:
+        """One burst through the engine, streamed into the state, then finished there and recorded (a live
+        burst that was stopped by the next edit is not: it measured nothing the user asked for)."""
+        label = f"live: {item.config.label()}" if live else item.label or item.config.label()
+        run = self.state.begin_run(label, item.config.ranks, live=live)
         prefix = f"{what} · {self.state.runs[run].name}"
         batcher = EventBatcher()
-        tracker = ProgressTracker(length["steps"], length["seconds"])
+        tracker = BurstProgress.for_burst(item.config, steps=length["steps"], seconds=length["seconds"])
+        started = time.monotonic()
 
         def flush() -> None:
             batch = batcher.take()
-            tracker.observe(batch.steps)
             if batch:
                 self.state.add_events(run, batch.steps, batch.samples)
-            self.state.set_progress(progress(tracker.fraction))
+            view = tracker.view(time.monotonic() - started)  # the CLI's progress line, in words
+            self.state.set_progress(progress(view.fraction))
             if not self._stop.is_set():
-                self.state.set_status(f"{prefix}: {tracker.describe()}", busy=True)
+                self.state.set_status(f"{prefix}: {view.text()}", busy=True)
 
         def on_event(event: Event) -> None:
-            if batcher.add(event):
+            phase_changed = tracker.update(event)
+            if batcher.add(event) or phase_changed:
                 flush()
 
         self.state.set_status(f"{prefix}: starting", busy=True)
@@ -367,7 +423,8 @@ class PanelController:
             result = failed_result(self.workload, item, exc)
         flush()
         self.state.finish_run(run, result)
-        self._record(result)
+        if not (live and result.status == "stopped"):
+            self._record(result)
         return result
 
     def _final_status(self, what: str, planned: int) -> str:

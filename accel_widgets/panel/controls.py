@@ -20,10 +20,10 @@ from ..knobs import GROUP_TITLES, GROUPS, KNOBS, Group, Knob
 from ..presentation import COLOURS
 from .state import Draft, Note, control_kind, value_note
 
-NAME_WIDTH = "138px"
-INPUT_WIDTH = "125px"
-COLUMN_PX = 300
-COLUMN_WIDTH = f"{COLUMN_PX}px"
+INPUT_WIDTH = "125px"  # "None (default)" with room to spare; a drop-down grows to its longest choice
+INFO_WIDTH = "28px"
+COLUMN_PX = 300  # one column of controls with the gap after it: the panel picks how many fit by this
+COLUMN_GAP = "10px"
 NOTE_STYLE = "font-size: 0.8em; line-height: 1.2; white-space: normal;"
 _NOTE_MARKS = {"unavailable": ("", COLOURS["muted"]), "warning": ("⚠ ", COLOURS["warning"]),
                "error": ("✗ ", COLOURS["error"])}
@@ -88,15 +88,26 @@ class KnobControl:
         self.input = self._make_input(knob, draft)
         self.input.tooltip = knob.what
         self.input.disabled = not draft.available(knob.name)
-        label = w.HTML(html.escape(knob.name), tooltip=knob.what, layout=w.Layout(width=NAME_WIDTH, overflow="hidden"))
+        label = w.HTML(f'<span style="white-space: nowrap;">{html.escape(knob.name)}</span>', tooltip=knob.what,
+                       layout=w.Layout(flex="0 0 auto"))
         self.info = w.ToggleButton(icon="info", tooltip=f"What {knob.name} does, why and when it helps",
-                                   layout=w.Layout(width="32px", padding="0"))
+                                   layout=w.Layout(width=INFO_WIDTH, padding="0", flex="0 0 auto"))
         self.help = w.HTML(self._help_html(), layout=w.Layout(display="none", margin="0 0 6px 0"))
-        self.note = w.HTML(layout=w.Layout(margin="-4px 0 2px 0"))
+        self.note = w.HTML(layout=w.Layout(margin="0 0 4px 0"))
         self.info.observe(self._toggle_help, names="value")
         self.input.observe(lambda change: on_edit(knob.name, change["new"]), names="value")
-        self.box = w.VBox([w.HBox([label, self.input, self.info]), self.note, self.help],
-                          layout=w.Layout(width=COLUMN_WIDTH))
+        # The name left, the input and its ⓘ right (inputs line up down a column); where the name and the input
+        # do not fit on one line (a long drop-down, a big font), the input and its ⓘ wrap under the name
+        # instead of being squeezed, clipped or pushed under the next column.
+        entry = w.HBox([self.input, self.info], layout=w.Layout(flex="0 0 auto", margin="0 0 0 auto",
+                                                                 overflow="visible"))
+        row = w.HBox([label, entry], layout=w.Layout(flex_flow="row wrap", align_items="center",
+                                                     overflow="visible"))
+        self.box = w.VBox([row, self.note, self.help], layout=w.Layout(overflow="visible"))
+        # CSS hooks for browser tests and user styling, as the panel's own (``aw-panel``, ``aw-run-burst``...).
+        for widget, hook in ((self.box, "knob"), (label, "knob-name"), (self.input, "knob-input"),
+                             (self.info, "knob-info"), (self.note, "knob-note")):
+            widget.add_class(f"aw-{hook}")
 
     def render(self, draft: Draft) -> None:
         """Show the draft's value and note for this knob."""
@@ -111,13 +122,14 @@ class KnobControl:
 
     @staticmethod
     def _make_input(knob: Knob, draft: Draft) -> w.ValueWidget:
-        kind, layout, value = control_kind(knob), w.Layout(width=INPUT_WIDTH), draft.raw[knob.name]
+        kind, layout, value = control_kind(knob), w.Layout(width=INPUT_WIDTH, flex="0 0 auto"), draft.raw[knob.name]
         if kind == "bool":
             return w.Checkbox(value=value, indent=False, layout=layout)
         if kind == "choice":
             notes = choice_notes(knob, draft.device)
             options = [(choice_label(c, notes.get(c)), c) for c in knob.choices or ()]
-            return w.Dropdown(options=options, value=value, layout=layout)
+            return w.Dropdown(options=options, value=value,
+                              layout=w.Layout(width="auto", min_width=INPUT_WIDTH, flex="0 0 auto"))
         if kind == "int":
             return w.BoundedIntText(value=value, min=int(knob.minimum or 0),
                                     max=int(knob.maximum if knob.maximum is not None else 2**31 - 1), layout=layout)
@@ -136,6 +148,9 @@ class KnobControls:
     """All knob controls, grouped as the registry groups them, in balanced columns (three until
     :meth:`arrange` says how many fit).
 
+    The columns never shrink: the browser wraps one that does not fit under the others, so a column count
+    picked from a stale width (the kernel busy, a side bar just opened) still leaves every control whole.
+
     ``on_edit(name, raw value)`` is called when the user changes a control.
     """
 
@@ -145,7 +160,9 @@ class KnobControls:
         self._heights = [1.2 + sum(1.0 + 0.5 * (not draft.available(k.name)) for k in KNOBS.in_group(group))
                          for group in groups]
         self._cards = [self._group_card(group) for group in groups]
-        self.widget = w.HBox(layout=w.Layout(align_items="flex-start", justify_content="space-between"))
+        self.widget = w.HBox(layout=w.Layout(flex_flow="row wrap", align_items="flex-start",
+                                             justify_content="space-between", overflow="visible"))
+        self.widget.add_class("aw-controls")
         self.columns = 0
         self.arrange(3)
         self.render(draft)
@@ -154,13 +171,19 @@ class KnobControls:
         """Lay the groups out in ``columns`` balanced columns, in the registry's order."""
         if columns != self.columns:
             self.columns = columns
-            self.widget.children = [w.VBox([self._cards[i] for i in column])
+            self.widget.children = [w.VBox([self._cards[i] for i in column], layout=self._column_layout(),
+                                           _dom_classes=("aw-column",))
                                     for column in balanced_columns(self._heights, columns)]
 
     def render(self, draft: Draft) -> None:
         for control in self.controls.values():
             control.render(draft)
 
+    @staticmethod
+    def _column_layout() -> w.Layout:
+        return w.Layout(width=f"{COLUMN_PX}px", flex="0 0 auto", padding=f"0 {COLUMN_GAP} 0 0", overflow="visible")
+
     def _group_card(self, group: Group) -> w.VBox:
         title = w.HTML(f"<b>{html.escape(GROUP_TITLES[group])}</b>", layout=w.Layout(margin="6px 0 2px 0"))
-        return w.VBox([title, *(self.controls[k.name].box for k in KNOBS.in_group(group))])
+        return w.VBox([title, *(self.controls[k.name].box for k in KNOBS.in_group(group))],
+                      layout=w.Layout(overflow="visible"))

@@ -4,8 +4,8 @@
 Built complete (both subplots, axes, titles) before anything displays it, then only extended: a run gets its
 legend entry when it starts, a trace when its first rank or device reports (built by the same functions
 as the report's), and its points in batches inside ``batch_update`` (one comm message per flush, not per
-event). Every trace carries ``meta={"run", "kind", ...}`` so the browser and tests find a run's traces
-without relying on names or order.
+event), the step axis refitted to the measured steps in the same update. Every trace carries
+``meta={"run", "kind", ...}`` so the browser and tests find a run's traces without relying on names or order.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..presentation import (
     add_step_trace,
     add_utilisation_trace,
     device_groups,
+    fit_step_axis,
     step_groups,
     step_points,
     timeline_figure,
@@ -33,7 +34,14 @@ from ..presentation import (
 from .state import Run
 
 WIDTH = 1180  # until the browser says how wide the panel is (see WidthProbe)
-MIN_WIDTH = 600  # two subplots and a legend need this much; narrower, the panel scrolls
+MIN_WIDTH = 460  # two readable subplots; narrower, the panel scrolls
+#: Narrower than this, the legend goes under the plots and the subplot titles shorten, so two subplots
+#: keep their room (the panel is ~570 px in a 1000 px JupyterLab with the file browser open).
+NARROW_PX = 820
+SHORT_TITLES = ("Utilisation", "Step time (log)")
+LEGEND_BESIDE = {"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top", "yref": "paper"}
+LEGEND_BELOW = {"orientation": "h", "x": 0, "y": 0, "xanchor": "left", "yanchor": "bottom", "yref": "container"}
+BELOW_EXTRA_PX = 70  # the legend's room under the plots
 MAX_TRACE_POINTS = 1500
 Key = tuple[int, str, Any]  # (run, "steps" or "util", (rank, warm-up) or device)
 
@@ -88,7 +96,9 @@ class LivePlots:
 
     def __init__(self, device: DeviceInfo) -> None:
         figure = timeline_figure(utilisation_title({"nvml" if device.has_cuda else "psutil"}))
-        figure.update_layout(width=WIDTH)
+        figure.update_layout(width=WIDTH, legend=LEGEND_BESIDE)
+        self._titles = tuple(annotation.text for annotation in figure.layout.annotations)
+        self._height, self._bottom = figure.layout.height, figure.layout.margin.b
         self.figure = go.FigureWidget(figure)
         self.probe = WidthProbe(layout=w.Layout(width="100%", height="0px"))
         self._traces: dict[Key, Any] = {}
@@ -140,17 +150,37 @@ class LivePlots:
                 trace.x, trace.y = _bounded((*trace.x, *x)), _bounded((*trace.y, *y))
                 if memory is not None:
                     trace.customdata = _bounded((*trace.customdata, *memory))
+            fit_step_axis(self.figure)
         self._retitle(sources)
 
+    def forget(self, run: int) -> None:
+        """Take ``run``'s traces out of the figure: a live run replaced by the next one; its slot is drawn
+        again from the new run's events."""
+        self.figure.data = tuple(trace for trace in self.figure.data if trace.meta["run"] != run)
+        self._traces = {key: trace for key, trace in self._traces.items() if key[0] != run}
+        self._drawn.pop(run, None)
+        self.sync_state()
+
     def show(self, hidden: Collection[int]) -> None:
-        """Show only the runs that are not hidden (the runs table's ticks)."""
+        """Show only the runs that are not hidden (the runs table's ticks); the step axis fits the shown ones."""
         with self.figure.batch_update():
             for trace in self.figure.data:
                 trace.visible = trace.meta["run"] not in hidden
+            fit_step_axis(self.figure)
 
     def fit(self, width: int) -> None:
-        """Draw the figure ``width`` pixels wide (what the probe measured), never narrower than MIN_WIDTH."""
-        self.figure.layout.width = max(MIN_WIDTH, width)
+        """Draw the figure ``width`` pixels wide (what the probe measured), never narrower than MIN_WIDTH;
+        narrower than NARROW_PX with the legend under the plots and short subplot titles."""
+        width = max(MIN_WIDTH, width)
+        narrow = width < NARROW_PX
+        with self.figure.batch_update():
+            self.figure.layout.width = width
+            self.figure.layout.legend.update(LEGEND_BELOW if narrow else LEGEND_BESIDE)
+            self.figure.layout.height = self._height + (BELOW_EXTRA_PX if narrow else 0)
+            self.figure.layout.margin.b = self._bottom + (BELOW_EXTRA_PX if narrow else 0)
+            for annotation, title, short in zip(self.figure.layout.annotations, self._titles, SHORT_TITLES,
+                                                strict=False):
+                annotation.text = short if narrow else title
         self.sync_state()  # a page reload's view starts from the widget state: it must have the width too
 
     def sync_state(self) -> None:

@@ -22,12 +22,14 @@ from ..guard import NoiseBand
 from ..knobs import KNOBS, Knob
 from ..presentation import LOADED_MARK, RunRow, run_name, run_rows
 from ..results import BurstResult, ProfileCapture, StepRecord, TelemetrySample
-from ..validation import ConfigError, check_config, knob_availability
+from ..validation import RULES, ConfigError, check_config, knob_availability
 
 if TYPE_CHECKING:
+    from ..batchsize import BatchSizeSearch
     from ..tuner import TuneResult
 
-Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile"]
+Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile", "live",
+               "replaced", "batch"]
 Listener = Callable[[Part], None]
 ControlKind = Literal["bool", "choice", "int", "optional"]
 
@@ -72,6 +74,24 @@ def value_note(name: str, value: Any, device: DeviceInfo) -> Note | None:
     return Note("warning", " ".join(added)) if added else None
 
 
+def rule_notes(config: Config, device: DeviceInfo) -> dict[str, Note]:
+    """What the rules say about the whole of ``config``, under the knobs that make each rule fire.
+
+    Judged on the whole config, not one value against the baseline, so every note follows every edit:
+    raising num_workers clears the note under prefetch_factor that num_workers=0 put there. A rule's message
+    goes under those of its knobs that ``config`` moves off their defaults (the user's doing); a rule that
+    fires with all of them at their defaults goes under all of them. Errors come before warnings.
+    """
+    found: dict[str, list[tuple[str, str]]] = {}
+    for rule in sorted(RULES, key=lambda rule: rule.severity != "error"):
+        if rule.applies(config, device):
+            moved = [name for name in rule.knobs if getattr(config, name) != KNOBS[name].default]
+            for name in moved or rule.knobs:
+                found.setdefault(name, []).append((rule.severity, rule.message(config, device)))
+    return {name: Note("error" if said[0][0] == "error" else "warning", " ".join(text for _, text in said))
+            for name, said in found.items()}
+
+
 @dataclass(frozen=True)
 class Validation:
     """Whether the edited config can run here: an error blocks Run, warnings only inform."""
@@ -92,7 +112,7 @@ class Draft:
         self.device = device
         self.raw: dict[str, Any] = {name: _raw(knob, knob.default) for name, knob in KNOBS.items()}
         self._availability = {name: knob_availability(name, device) for name in KNOBS}
-        self.notes: dict[str, Note | None] = {name: self._judge(name) for name in KNOBS}
+        self.notes: dict[str, Note | None] = self._judge()
         self.validation = self._validate()
 
     def available(self, name: str) -> bool:
@@ -107,7 +127,7 @@ class Draft:
         if self.raw[name] == raw:
             return False
         self.raw[name] = raw
-        self.notes[name] = self._judge(name)
+        self.notes = self._judge()  # every knob's: a rule's note can come or go with another knob's edit
         self.validation = self._validate()
         return True
 
@@ -119,14 +139,21 @@ class Draft:
         knob = KNOBS[name]
         return knob.parse(self.raw[name]) if control_kind(knob) == "optional" else self.raw[name]
 
-    def _judge(self, name: str) -> Note | None:
-        available, reason = self._availability[name]
-        if not available:
-            return Note("unavailable", reason)
-        try:
-            return value_note(name, self._value(name), self.device)
-        except ValueError as exc:  # KnobValueError from typed text
-            return Note("error", str(exc))
+    def _judge(self) -> dict[str, Note | None]:
+        """Each knob's note: why it is off here, else why its value is invalid, else what the rules say about
+        the config as a whole (judged with any invalid value at its default)."""
+        values: dict[str, Any] = {}
+        notes: dict[str, Note | None] = {}
+        for name, knob in KNOBS.items():
+            available, reason = self._availability[name]
+            if not available:
+                notes[name] = Note("unavailable", reason)
+            try:
+                values[name] = knob.check(self._value(name))
+            except ValueError as exc:  # KnobValueError from typed text or a value set from code
+                notes.setdefault(name, Note("error", str(exc)))
+        by_rules = rule_notes(Config(**values), self.device)
+        return {name: notes.get(name) or by_rules.get(name) for name in KNOBS}
 
     def _validate(self) -> Validation:
         try:
@@ -149,7 +176,8 @@ def _raw(knob: Knob, value: Any) -> Any:
 @dataclass
 class Run:
     """One run of the panel: its name, the events plotted so far, its result once it has finished, and the
-    hover note of a run loaded from the run history."""
+    hover note of a run loaded from the run history. ``live``: the live run, which the next live burst
+    replaces unless the user pins it."""
 
     index: int
     name: str
@@ -158,6 +186,7 @@ class Run:
     samples: list[TelemetrySample] = field(default_factory=list)
     result: BurstResult | None = None
     loaded: str | None = None
+    live: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,6 +224,9 @@ class PanelState:
         self.reading: Reading | None = None
         self.profile: ProfileShown | None = None
         self.tune_result: TuneResult | None = None
+        self.batch_search: BatchSizeSearch | None = None
+        self.live = False  # Live mode: every edit of the knobs starts a new burst (the controller's doing)
+        self.replaced: int | None = None  # the run whose slot the newest live run took (the plots drop it)
         #: The baseline's measured noise band, when one is known (the controller looks it up; no bursts).
         self.noise_of: Callable[[BurstResult], NoiseBand | None] | None = None
         self.lock = threading.RLock()
@@ -234,13 +266,45 @@ class PanelState:
                 self._changed("draft")
 
     # -- runs -------------------------------------------------------------------------------------
-    def begin_run(self, label: str, ranks: int) -> int:
-        """A new run, shown before its first event; returns its index."""
+    def begin_run(self, label: str, ranks: int, *, live: bool = False) -> int:
+        """A new run, shown before its first event; returns its index.
+
+        A live run takes the place of the previous live run when that is still the newest run (same
+        index, so the same colour and tick), which leaves the plots and the table; a live run with other
+        runs after it, or one the user pinned, stays. Any other run keeps every live run before it.
+        """
         with self.lock:
-            index = len(self.runs)
-            self.runs.append(Run(index, run_name(index, label), ranks))
+            if live and self.runs and self.runs[-1].live:
+                index = self.runs[-1].index
+                self.runs[index] = Run(index, run_name(index, label), ranks, live=True)
+                self.replaced = index
+                self._rejudge()
+                self._changed("replaced")
+            else:
+                for run in self.runs:
+                    run.live = False
+                index = len(self.runs)
+                self.runs.append(Run(index, run_name(index, label), ranks, live=live))
             self._changed("runs")
             return index
+
+    def set_live(self, on: bool) -> None:
+        with self.lock:
+            if on != self.live:
+                self.live = on
+                self._changed("live")
+
+    def pin(self, run: int) -> None:
+        """Keep ``run``: the next live burst gets a run of its own instead of replacing it."""
+        with self.lock:
+            if self.runs[run].live:
+                self.runs[run].live = False
+                self._changed("live")
+
+    @property
+    def live_run(self) -> int | None:
+        """The run the next live burst would replace, if any."""
+        return next((run.index for run in self.runs if run.live), None)
 
     def add_events(self, run: int, steps: Sequence[StepRecord], samples: Sequence[TelemetrySample]) -> None:
         with self.lock:
@@ -314,6 +378,11 @@ class PanelState:
         with self.lock:
             self.profile = shown
             self._changed("profile")
+
+    def show_batch_search(self, search: BatchSizeSearch | None) -> None:
+        with self.lock:
+            self.batch_search = search
+            self._changed("batch")
 
     def set_tune_result(self, outcome: TuneResult) -> None:
         with self.lock:

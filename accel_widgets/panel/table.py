@@ -16,7 +16,8 @@ import ipywidgets as w
 from ..presentation import COLUMNS, PANEL_COLUMNS, STATUS, TITLE, RunRow, run_colour
 
 _WIDTHS = {"title": "minmax(240px, 4fr)", "samples": "90px", "speedup": "80px", "step": "120px", "util": "60px",
-           "data_wait": "80px", "peak": "80px", "compile": "80px", "flops": "130px", "status": "minmax(90px, 1.5fr)"}
+           "data_wait": "80px", "peak": "80px", "compile": "80px", "flops": "130px",
+           "energy": "80px", "status": "minmax(90px, 1.5fr)"}
 _HEADERS = (("show", "tick to show the run in the plots", "64px"), (*TITLE, _WIDTHS["title"]),
             *((COLUMNS[key].header, COLUMNS[key].meaning, _WIDTHS[key]) for key in PANEL_COLUMNS),
             (*STATUS, _WIDTHS["status"]))

@@ -14,10 +14,12 @@ import os
 from typing import Any
 
 import ipywidgets as w
+import plotly.graph_objects as go
 
 from ..config import Config
 from ..device import DeviceInfo, probe_device
 from ..engine.launcher import run_burst, warm_up
+from ..figures import COMPARISONS, comparison_figures
 from ..history import RunHistory
 from ..presentation import COLOURS, findings_html
 from ..results import BurstResult, ProfileCapture
@@ -89,6 +91,10 @@ class TuningPanel:
         self._build_actions(steps)
         self.diagnosis = w.HTML(layout=w.Layout(margin="10px 0 0 0"))
         self.profile_view = w.HTML(layout=w.Layout(margin="6px 0 0 0", display="none"))
+        self.compare = w.Tab(children=[w.VBox() for _ in COMPARISONS], titles=list(COMPARISONS.values()),
+                             layout=w.Layout(display="none", margin="8px 0 0 0"))
+        self.compare.observe(lambda _: self._render_compare(), names="selected_index")
+        self._compared: dict[int, tuple[int, ...]] = {}  # tab -> the finished runs its figure shows
         self.root = self._assemble()
         with self.state.lock:
             self.state.subscribe(self._render)
@@ -149,6 +155,11 @@ class TuningPanel:
         steps = self._length()["steps"] or 20  # the tuner measures steps; a seconds length keeps its default
         self.controller.tune(float(self.budget.value), int(steps))
 
+    def find_batch_size(self) -> None:
+        """Start the batch-size finder from the current settings (the Find batch size button): tries growing
+        batch sizes in worker processes, then shows samples/s against batch size and the largest that fits."""
+        self.controller.find_batch_size(int(self._length()["steps"] or 8))
+
     def load_history(self) -> None:
         """Add the history's runs of this workload that the table does not show yet (Load earlier runs)."""
         self.controller.load_history()
@@ -156,6 +167,24 @@ class TuningPanel:
     def stop(self) -> None:
         """Ask the running burst to stop (the engine ends it within a second) and end a ladder or a tuning."""
         self.controller.stop()
+
+    @property
+    def live(self) -> bool:
+        """Live mode (the Live toggle): every change of a knob stops the burst in flight and, ~0.5 s after
+        the last change, runs the new settings; the newest live run replaces the previous one unless pinned."""
+        return self.state.live
+
+    @live.setter
+    def live(self, on: bool) -> None:
+        self.controller.set_live(on, self._length)
+
+    def pin(self) -> None:
+        """Keep the live run (the Pin button): the next live burst adds a run instead of replacing it."""
+        self.controller.pin()
+
+    def close(self) -> None:
+        """Turn live mode off, stop the running action and wait for it to end."""
+        self.controller.close()
 
     def reset(self) -> None:
         """Set every control back to the baseline config (the plain training loop)."""
@@ -177,8 +206,10 @@ class TuningPanel:
             self.controls.render(state.draft)
             self.validation.value = self._validation_html()
             self._render_buttons()
-        elif part == "action":
+        elif part in ("action", "live"):
             self._render_buttons()
+        elif part == "replaced" and state.replaced is not None:
+            self.plots.forget(state.replaced)
         elif part == "status":
             self.status.value = self._status_html()
         elif part == "progress":
@@ -189,6 +220,7 @@ class TuningPanel:
             self.plots.draw(state.runs, state.hidden)
             self.plots.sync_state()
             self.table.render(state.rows, state.hidden)
+            self._render_compare()
         elif part == "shown":
             self.plots.show(state.hidden)
             self.table.show(state.hidden)
@@ -196,6 +228,8 @@ class TuningPanel:
             self.diagnosis.value = (f'<div style="font-size: 0.9em; line-height: 1.3;"><b>Reading of '
                                     f"{html.escape(state.reading.name)}</b>{findings_html(state.reading.findings)}"
                                     "</div>")
+        elif part == "batch":
+            self._render_batch_search()
         elif part == "profile":
             self.profile_view.layout.display = "none" if state.profile is None else None
             self.profile_view.value = "" if state.profile is None else profile_html(state.profile)
@@ -212,15 +246,16 @@ class TuningPanel:
             self.plots.fit(width)
             columns = 3 if width >= 3 * COLUMN_PX + ACTIONS_PX else 2 if width >= 2 * COLUMN_PX + 10 else 1
             self.controls.arrange(columns)
-            self._controls_box.layout.min_width = f"{columns * COLUMN_PX - 20}px"
 
     def _render_buttons(self) -> None:
         running, ok = self.state.action is not None, self.state.draft.validation.ok
-        for button in (self.run_button, self.profile_button, self.tune_button):
+        for button in (self.run_button, self.profile_button, self.tune_button, self.batch_button):
             button.disabled = running or not ok
         self.ladder_button.disabled = running
         self.load_button.disabled = running or not self.state.history_on
         self.stop_button.disabled = not running
+        self.live_button.value = self.state.live
+        self.pin_button.disabled = self.state.live_run is None
 
     def _validation_html(self) -> str:
         """What this machine says about the current settings; an error disables Run burst."""
@@ -240,6 +275,40 @@ class TuningPanel:
             problem = (f'<div style="color: {COLOURS["warning"]}; font-size: 0.85em; line-height: 1.2;">⚠ Run '
                        f"history off: {html.escape(state.history_problem)}</div>")
         return f'<div style="font-size: 0.95em;">{spinner}{html.escape(state.status)}</div>{problem}'
+
+    def _render_compare(self) -> None:
+        """Draw the selected Compare tab's figure (the report's) from the finished runs, once per change: a
+        tab not looked at costs nothing, and a ladder's rungs do not rebuild four figures each."""
+        results = self.state.results
+        self.compare.layout.display = None if results else "none"
+        tab = self.compare.selected_index or 0
+        shown = tuple(id(result) for result in results)  # a live run replaced keeps the count, not the ids
+        if not results or self._compared.get(tab) == shown:
+            return
+        figure = comparison_figures(results).get(list(COMPARISONS)[tab])
+        if figure is None:
+            why = "needs a ladder (runs besides the baseline)" if tab == 1 else "has nothing to show yet"
+            self.compare.children[tab].children = (w.HTML(f"<i>This figure {why}.</i>"),)
+        else:
+            figure.update_layout(width=self.plots.figure.layout.width)
+            self.compare.children[tab].children = (go.FigureWidget(figure),)
+        self._compared = {tab: shown}
+
+    def _render_batch_search(self) -> None:
+        """The finder's curve and its table of tries, under the runs; hidden until a search has finished."""
+        search = self.state.batch_search
+        if search is None:
+            self.batch_view.children, self.batch_view.layout.display = (), "none"
+            return
+        figure = go.FigureWidget(search.figure())
+        figure.layout.width = self.plots.figure.layout.width
+        self.batch_view.children = (figure, w.HTML(f"<pre style='font-size: 0.85em;'>{html.escape(search.summary())}"
+                                                   "</pre>"))
+        self.batch_view.layout.display = None
+
+    def _live_toggled(self, change: dict[str, Any]) -> None:
+        if bool(change["new"]) != self.state.live:
+            self.live = bool(change["new"])
 
     def _length(self) -> dict[str, Any]:
         return length_kwargs(self.length_unit.value, self.length_value.value)
@@ -267,13 +336,23 @@ class TuningPanel:
                                             "that trains like the baseline, within the budget")
         self.budget = w.BoundedFloatText(value=60, min=5, max=86_400, step=10, layout=w.Layout(width="75px"),
                                          tooltip="the tuner starts no burst that would end past this many seconds")
+        self.batch_button = w.Button(description="Find batch size", icon="arrows-h",
+                                     tooltip="try growing batch sizes of the settings above in worker processes: "
+                                             "the largest that fits (on a CPU, under half the free RAM) and "
+                                             "samples/s at each size")
+        self.live_button = w.ToggleButton(description="Live", icon="bolt", value=False,
+                                          tooltip="every change of a knob re-runs the burst (~0.5 s after the last "
+                                                  "change); the newest live run replaces the previous one")
+        self.pin_button = w.Button(description="Pin", icon="thumb-tack", disabled=True,
+                                   tooltip="keep the live run: the next live burst adds a run of its own")
         self.load_button = w.Button(description="Load earlier runs", icon="history",
                                     tooltip="add this workload's runs recorded in the history file (⟲ in the "
                                             "table) that are not shown yet")
         for button in (self.run_button, self.ladder_button, self.stop_button, self.reset_button,
-                       self.profile_button, self.tune_button):
+                       self.profile_button, self.tune_button, self.live_button, self.pin_button):
             button.layout = w.Layout(width=BUTTON_WIDTH)
-        self.load_button.layout = w.Layout(width="300px")
+        self.load_button.layout = w.Layout(width="auto")
+        self.batch_button.layout = w.Layout(width="auto")  # the actions column's width, inside its border
         self.run_button.on_click(lambda _: self.run_burst())
         self.ladder_button.on_click(lambda _: self.run_ladder())
         self.stop_button.on_click(lambda _: self.stop())
@@ -281,6 +360,10 @@ class TuningPanel:
         self.profile_button.on_click(lambda _: self.profile())
         self.tune_button.on_click(lambda _: self.tune())
         self.load_button.on_click(lambda _: self.load_history())
+        self.live_button.observe(self._live_toggled, names="value")
+        self.pin_button.on_click(lambda _: self.pin())
+        self.batch_button.on_click(lambda _: self.find_batch_size())
+        self.batch_view = w.VBox(layout=w.Layout(display="none", margin="6px 0 0 0"))
         self.validation = w.HTML()
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="100%"))
         self.status = w.HTML()
@@ -298,28 +381,32 @@ class TuningPanel:
                          w.HTML("seconds", layout=w.Layout(margin="0 0 0 6px"))])
         actions = w.VBox(
             [length, w.HBox([self.run_button, self.ladder_button]), w.HBox([self.stop_button, self.reset_button]),
-             budget, w.HBox([self.profile_button, self.tune_button]), self.load_button,
+             budget, w.HBox([self.profile_button, self.tune_button]), w.HBox([self.live_button, self.pin_button]),
+             self.batch_button, self.load_button,
              self.progress, self.status, self.validation],
             layout=w.Layout(width=f"{ACTIONS_PX - 10}px", min_width=f"{ACTIONS_PX - 10}px", padding="0 0 0 10px",
                             border_left="1px solid #e0e0e0", margin="0 0 8px 0"),
         )
         # The controls and the actions side by side; when the controls' columns and the actions do not fit
         # on one line, the actions wrap *above* the controls (wrap-reverse, so "flex-end" is the top), where
-        # Run and the status line stay in sight.
-        self._controls_box = w.VBox([self.controls.widget],
-                                    layout=w.Layout(flex="1 1 0%", min_width=f"{3 * COLUMN_PX - 20}px"))
+        # Run and the status line stay in sight. The controls' own width (their columns side by side) decides
+        # that in the browser, so it holds even before the kernel has answered a resize.
+        self._controls_box = w.VBox([self.controls.widget], layout=w.Layout(flex="1 1 auto"))
         top = w.HBox([self._controls_box, actions], layout=w.Layout(width="100%", align_items="flex-end",
                                                                     flex_flow="row wrap-reverse"))
         runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>",
                             layout=w.Layout(margin="8px 0 0 0"))
         root = w.VBox([header, top, self.plots.probe, self.plots.figure, runs_title, self.table.widget,
-                       self.table.empty, self.diagnosis, self.profile_view],
+                       self.table.empty, self.diagnosis, self.compare, self.profile_view, self.batch_view],
                       layout=w.Layout(width="100%", max_width="1400px"))
         # Stable CSS hooks for browser tests and user styling; ipywidgets' own classes are generic.
         for widget, name in ((root, "panel"), (self.run_button, "run-burst"), (self.ladder_button, "run-ladder"),
                              (self.stop_button, "stop"), (self.status, "status"), (self.table.widget, "runs"),
                              (self.plots.figure, "plots"), (self.profile_button, "profile"),
                              (self.tune_button, "tune"), (self.load_button, "load-history"),
-                             (self.profile_view, "profile-view")):
+                             (self.live_button, "live"), (self.pin_button, "pin"),
+                             (self.batch_button, "find-batch-size"), (self.batch_view, "batch-view"),
+                             (self.compare, "compare"),
+                             (self.profile_view, "profile-view"), (actions, "actions")):
             widget.add_class(f"aw-{name}")
         return root

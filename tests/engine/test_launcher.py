@@ -22,6 +22,7 @@ from accel_widgets import (
     run_burst,
 )
 from accel_widgets.diagnosis import diagnose
+from accel_widgets.results import BurstPhase
 from tests.devices import cpu_device
 from tests.workloads import DivergesAt, FailAt, LockedDataset, TinyNet, conv_workload, tiny_workload
 
@@ -44,6 +45,21 @@ def test_burst_runs_in_a_worker_and_streams_every_step_live():
     assert 0 < result.time_to_first_step_s < finished - started
     assert min(arrival) < finished - 0.005  # events arrived while the burst ran, not after it
     assert BurstResult.from_json(result.to_json()).samples_per_s == result.samples_per_s
+
+
+def test_phase_changes_arrive_in_order_before_the_steps_they_produce():
+    events = []
+    run_burst(tiny_workload(), Config(world_size=2, parallel="ddp"), steps=5, on_event=events.append)
+    for rank in (0, 1):
+        mine = [e for e in events if getattr(e, "rank", None) == rank and isinstance(e, BurstPhase | StepRecord)]
+        phases = [e.phase for e in mine if isinstance(e, BurstPhase)]
+        assert phases[-2:] == ["step", "finishing"], phases
+        assert set(phases) <= {"starting", "setup", "step", "finishing"}
+        assert len(phases) <= 4  # one per change, never one per step
+        first_step = next(i for i, e in enumerate(mine) if isinstance(e, StepRecord))
+        assert any(isinstance(e, BurstPhase) and e.phase == "step" for e in mine[:first_step])
+        times = [e.t for e in mine if isinstance(e, BurstPhase)]
+        assert times == sorted(times) and times[0] >= 0
 
 
 def test_the_users_model_is_never_touched():

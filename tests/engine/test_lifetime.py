@@ -195,18 +195,6 @@ def test_stop_with_loader_workers_returns_at_once():
     assert statistics.median(latencies) < 0.3, latencies
 
 
-def test_a_script_without_a_main_guard_is_told_what_to_do(short_tmp):
-    tmp_path = short_tmp
-    script = tmp_path / "no_guard.py"
-    script.write_text("import accel_widgets as aw\nfrom tests.workloads import tiny_workload\n"
-                      "aw.run_burst(tiny_workload(), aw.Config(), steps=3)\n")
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0
-    assert "died while starting" in done.stderr and "if __name__ == '__main__':" in done.stderr
-
-
 def test_sigkill_is_blamed_on_the_oom_killer_only_with_evidence(monkeypatch):
     collected = _Collected(exit_codes=[-9], phases=[Phase.STEP], oom_kills_before=2)
     monkeypatch.setattr(launcher, "oom_kill_count", lambda: 2)

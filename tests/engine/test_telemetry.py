@@ -16,12 +16,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import psutil
 import pytest
 
+from accel_widgets import BurstResult, Config, StepRecord
 from accel_widgets.engine.telemetry import FAMILY_REFRESH_S, THREAD_NAME, TelemetrySampler
 from accel_widgets.results import TelemetrySample
 
@@ -52,6 +54,7 @@ class FakeNvml:
         no_power: frozenset[int] = frozenset(),
         lost: frozenset[int] = frozenset(),
         no_util: frozenset[int] = frozenset(),
+        no_energy: frozenset[int] = frozenset(),
         uuids: tuple[str, ...] = (),
     ) -> None:
         self.device_count = device_count
@@ -59,8 +62,10 @@ class FakeNvml:
         self.no_power = no_power
         self.lost = lost
         self.no_util = no_util
+        self.no_energy = no_energy
         self.uuids = uuids  # uuids[i] names handle i
         self.shutdown_calls = 0
+        self.energy_reads: dict[int, int] = {}
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -97,6 +102,13 @@ class FakeNvml:
     def nvmlDeviceGetClockInfo(self, handle: int, clock_type: int) -> int:
         assert clock_type == self.NVML_CLOCK_SM
         return 1980
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        """Millijoules since the driver loaded: 7,000 J, then 50 J more at each read (per handle)."""
+        if handle in self.no_energy:
+            raise FakeNotSupported("Not Supported")  # before Volta
+        reads = self.energy_reads[handle] = self.energy_reads.get(handle, 0) + 1
+        return 7_000_000 + 50_000 * (reads - 1)
 
 
 class FakeClock:
@@ -140,7 +152,7 @@ def _mean_util(samples: list[TelemetrySample]) -> float:
 
 # -- NVML backend (fake module) -------------------------------------------------------------------
 def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
-    nvml, clock, seen = FakeNvml(no_power=frozenset({1})), FakeClock(), []
+    nvml, clock, seen = FakeNvml(no_power=frozenset({1}), no_energy=frozenset({1})), FakeClock(), []
     sampler = TelemetrySampler(clock_origin=500.0, gpus=((0, 0), (1, 1)), nvml=nvml, clock=clock,
                                on_sample=seen.append)
     assert sampler.source == "nvml"
@@ -165,8 +177,11 @@ def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
     assert host_free == TelemetrySample(
         t=0.0, source="nvml", util_pct=40.0, mem_used_bytes=MiB, device="cuda:0",
         mem_total_bytes=80 * 1024 * MiB, power_w=pytest.approx(123.456), sm_clock_mhz=1980.0,
+        energy_j=pytest.approx(7000.0), energy_scope="gpu",
     )
+    assert [s.energy_j for s in gpu0] == pytest.approx([7000.0 + 50.0 * k for k in range(len(gpu0))])
     assert gpu1[0].power_w is None  # NotSupported on this board, not an error
+    assert {(s.energy_j, s.energy_scope) for s in gpu1} == {(None, "gpu")}  # no counter: power is integrated
     assert (gpu1[0].util_pct, gpu1[0].mem_used_bytes, gpu1[0].sm_clock_mhz) == (41.0, 2 * MiB, 1980.0)
 
 
@@ -187,6 +202,9 @@ def test_a_mig_device_without_utilisation_still_reports_its_memory() -> None:
     assert sampler.errors == []
     assert len(sampler.samples) >= 2
     assert {(s.device, s.util_pct, s.mem_used_bytes) for s in sampler.samples} == {("cuda:0", None, 2 * MiB)}
+    # NVML's power and energy on a MIG device are the whole GPU's: the counter is not read, the scope says so.
+    assert {(s.energy_j, s.energy_scope) for s in sampler.samples} == {(None, "mig")}
+    assert nvml.energy_reads == {}
 
 
 def test_an_unknown_uuid_falls_back_to_psutil() -> None:
@@ -319,6 +337,75 @@ def test_psutil_emits_nothing_until_a_watched_process_has_a_rate() -> None:
     with sampler:
         time.sleep(0.25)
     assert (sampler.samples, sampler.errors) == ([], [])
+
+
+# -- energy readings ------------------------------------------------------------------------------
+def _wait_for(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the sampler did not get there in time"
+        time.sleep(0.05)
+
+
+def test_gpu_counters_in_the_samples_give_the_bursts_joules_per_sample() -> None:
+    """End to end: the fake counter rises 50 J per 0.25 s tick (200 W) on each of two GPUs; a window of
+    0.75 s from 0.25 s on spans 3 ticks of both, so 300 J, over 3 steps of 10 samples."""
+    nvml = FakeNvml()
+    sampler = TelemetrySampler(clock_origin=500.0, gpus=((0, 0), (1, 1)), nvml=nvml, clock=FakeClock())
+    with sampler:
+        _wait_for(lambda: len(sampler.samples) >= 12)
+    steps = [StepRecord(0, 0, 0.25, 0.0, 0.0, 0.25, 0.25, 10, 1.0, warmup=True)]
+    steps += [StepRecord(0, k, 0.25 * (k + 1), 0.0, 0.0, 0.25, 0.25, 10, 1.0) for k in range(1, 4)]
+    result = BurstResult(workload="w", config=Config(), status="ok", steps=steps, telemetry=sampler.samples)
+    assert result.measured_window() == (0.25, 1.0)
+    assert result.energy_j == pytest.approx(300.0)
+    assert result.joules_per_sample == pytest.approx(10.0)
+    assert "summed over 2 GPUs" in result.energy_note
+
+
+def _rapl_tree(root: Path, energy_uj: int = 1_000_000) -> Path:
+    package = root / "intel-rapl:0"
+    package.mkdir(parents=True)
+    (package / "name").write_text("package-0\n")
+    (package / "max_energy_range_uj").write_text("262143328850\n")
+    (package / "energy_uj").write_text(f"{energy_uj}\n")
+    return package
+
+
+def test_cpu_samples_carry_the_rapl_packages_energy(tmp_path: Path) -> None:
+    package = _rapl_tree(tmp_path)
+    with _child("import time; time.sleep(60)") as worker:
+        sampler = TelemetrySampler(clock_origin=time.perf_counter(), powercap=tmp_path)
+        sampler.watch(worker.pid)
+        with sampler:
+            _wait_for(lambda: len(sampler.samples) >= 2)
+            (package / "energy_uj").write_text("1500000\n")  # 0.5 J later
+            count = len(sampler.samples)
+            _wait_for(lambda: len(sampler.samples) >= count + 2)
+    assert sampler.errors == []
+    assert {s.energy_scope for s in sampler.samples} == {"cpu_package"}
+    energies = [s.energy_j for s in sampler.samples]
+    assert energies[0] == 0.0 and energies[-1] == pytest.approx(0.5) and energies == sorted(energies)
+
+
+def test_rapl_is_not_read_for_a_gpu_burst_nor_where_it_is_unreadable(tmp_path: Path) -> None:
+    _rapl_tree(tmp_path / "readable")
+    unreadable = _rapl_tree(tmp_path / "unreadable")
+    (unreadable / "energy_uj").unlink()
+    (unreadable / "energy_uj").mkdir()  # unreadable, even for root
+    nvml_failed = FakeNvml(init_error=FakeNVMLError("Driver Not Loaded"))
+    with _child("import time; time.sleep(60)") as worker:
+        samplers = [TelemetrySampler(clock_origin=0.0, gpus=((0, 0),), nvml=nvml_failed,
+                                     powercap=tmp_path / "readable"),
+                    TelemetrySampler(clock_origin=0.0, powercap=tmp_path / "unreadable")]
+        for sampler in samplers:
+            sampler.watch(worker.pid)
+            with sampler:
+                _wait_for(lambda sampler=sampler: len(sampler.samples) >= 2)
+    # The GPU burst fell back to psutil: the packages' energy is not what it spent, so none is recorded.
+    for sampler in samplers:
+        assert {(s.source, s.energy_j, s.energy_scope) for s in sampler.samples} == {("psutil", None, None)}
+    assert samplers[1].errors == []
 
 
 # -- real pynvml ----------------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 Widget logic is tested without a browser elsewhere; this test covers what only a front end shows: that
 the FigureWidget inside the panel renders, receives live points while the burst runs (read from
-plotly's own ``.data`` in the page, since autoranged SVG paths can look unchanged), and that the runs
-table gains a row. It needs Debian's chromium (``apt-get install -y chromium``) and skips without it.
-Everything Jupyter writes goes to a temp dir; the server and its kernels are stopped in a finally.
+plotly's own ``.data`` in the page, since autoranged SVG paths can look unchanged), that the runs
+table gains a row, and that the controls lay out whole (nothing clipped, nothing overlapping, columns
+wrapping) in JupyterLab with its file browser open and in Notebook 7. It needs Debian's chromium
+(``apt-get install -y chromium``) and skips without it. Everything Jupyter writes goes to a temp dir; the
+server and its kernels are stopped in a finally.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1400, "height": 1900}
 NARROW_WIDTH = 1000
+LAYOUT_WIDTHS = (1400, NARROW_WIDTH)  # the panel's layout is checked at these window widths, file browser open
+LAYOUT_SETTLE_MS = 5_000  # a resize reaches the kernel (the width probe) and its relayout comes back
 SERVER_START_S = 60.0
 KERNEL_READY_MS = 120_000
 BURST_S = 4  # long enough to see several live pushes to the figure
@@ -97,15 +101,89 @@ JS_WIDTHS = """() => {
 }"""
 
 
+# Every control of the panel (a knob's name, input, ⓘ and note; the actions' buttons and inputs) against
+# its column, the panel and every other control, by the boxes the browser drew: returns what is wrong,
+# one line each, empty when the layout is whole. Text is measured with the element's own font.
+JS_LAYOUT = """() => {
+  const panel = document.querySelector('.aw-panel');
+  if (!panel) return ['no panel'];
+  const problems = [];
+  const rect = el => el.getBoundingClientRect();
+  const fmt = r => `[${Math.round(r.left)},${Math.round(r.top)} ${Math.round(r.width)}x${Math.round(r.height)}]`;
+  const inside = (r, o) => r.left >= o.left - 0.5 && r.right <= o.right + 0.5 && r.top >= o.top - 0.5
+                           && r.bottom <= o.bottom + 0.5;
+  const canvas = document.createElement('canvas').getContext('2d');
+  const textWidth = (el, text) => { canvas.font = getComputedStyle(el).font; return canvas.measureText(text).width; };
+  const room = el => { const s = getComputedStyle(el);
+                       return el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); };
+  const shown = el => el.getClientRects().length > 0;
+  const leaves = [];  // [what, element, column]
+  for (const column of panel.querySelectorAll('.aw-column, .aw-actions')) {
+    const where = column.classList.contains('aw-actions') ? 'actions' : 'column';
+    for (const knob of column.querySelectorAll('.aw-knob')) {
+      const name = knob.querySelector('.aw-knob-name').innerText.trim();
+      const span = knob.querySelector('.aw-knob-name span');
+      leaves.push([`${name} label`, span, column]);
+      for (const field of knob.querySelectorAll('.aw-knob-input input, .aw-knob-input select'))
+        leaves.push([`${name} ${field.tagName.toLowerCase()}`, field, column]);
+      leaves.push([`${name} ⓘ`, knob.querySelector('.aw-knob-info'), column]);
+      const note = knob.querySelector('.aw-knob-note');
+      if (shown(note)) leaves.push([`${name} note`, note, column]);
+    }
+    if (where === 'actions')
+      for (const field of column.querySelectorAll('button, input, select'))
+        leaves.push([`actions ${field.tagName.toLowerCase()} "${(field.innerText || field.value || '').trim()}"`,
+                     field, column]);
+  }
+  if (!leaves.length) return ['no controls found'];
+  for (const [what, el, column] of leaves) {
+    if (!shown(el)) { problems.push(`${what} is not displayed`); continue; }
+    el.scrollIntoView({block: 'nearest', inline: 'nearest'});  // the notebook scrolls; the status bar covers
+    const box = rect(el), panelBox = rect(panel);
+    if (!inside(box, panelBox)) problems.push(`${what} ${fmt(box)} is outside the panel ${fmt(panelBox)}`);
+    if (!inside(box, rect(column))) problems.push(`${what} ${fmt(box)} is outside its column ${fmt(rect(column))}`);
+    const x = box.left + box.width / 2, y = box.top + box.height / 2;
+    const top = document.elementFromPoint(x, y);
+    if (!(top && (el.contains(top) || top.contains(el))))
+      problems.push(`${what} is covered by ${top ? top.className || top.tagName : 'nothing'} at its centre`);
+    if (el.tagName === 'INPUT' && ['text', 'number'].includes(el.type)) {
+      const text = el.value || el.placeholder;
+      if (el.scrollWidth > el.clientWidth || textWidth(el, text) > room(el))
+        problems.push(`${what} clips "${text}": ${Math.ceil(textWidth(el, text))} px of text in ${room(el)} px`);
+    }
+    if (el.tagName === 'SELECT') {
+      const longest = Math.max(...[...el.options].map(o => textWidth(el, o.text)));
+      if (longest > room(el))
+        problems.push(`${what} is narrower (${room(el)} px) than its longest option (${Math.ceil(longest)} px)`);
+    }
+  }
+  for (let i = 0; i < leaves.length; i++) {
+    for (let j = i + 1; j < leaves.length; j++) {
+      const [a, b] = [rect(leaves[i][1]), rect(leaves[j][1])];
+      const dx = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+      const dy = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+      if (dx > 0.5 && dy > 0.5)
+        problems.push(`${leaves[i][0]} ${fmt(a)} overlaps ${leaves[j][0]} ${fmt(b)}`);
+    }
+  }
+  return problems;
+}"""
+JS_COLUMNS = "() => document.querySelectorAll('.aw-panel .aw-column').length"
+JS_EXECUTE = """code => new Promise((resolve, reject) => {
+  const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  kernel.requestExecute({code, store_history: false}).done.then(reply => resolve(reply.content.status), reject);
+})"""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def write_notebook(path: Path) -> None:
+def write_notebook(path: Path, cells: list[str] = NOTEBOOK_CELLS) -> None:
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in NOTEBOOK_CELLS]
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(notebook, path)
 
@@ -128,14 +206,16 @@ def jupyter_env(home: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def jupyter_lab(root: Path, home: Path) -> Iterator[tuple[str, str]]:
-    """A JupyterLab server on a free loopback port; yields (base URL, token); always stops it and its kernels."""
+def jupyter_lab(root: Path, home: Path, app: str = "jupyterlab") -> Iterator[tuple[str, str]]:
+    """A JupyterLab (or, with ``app="notebook"``, Notebook 7) server on a free loopback port; yields (base URL,
+    token); always stops it and its kernels."""
     port, token = free_port(), "aw-test-token"
     env = jupyter_env(home)
     log = open(home / "jupyterlab.log", "wb")  # noqa: SIM115 -- closed in the finally, after the server
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+    expose = "LabApp" if app == "jupyterlab" else "JupyterNotebookApp"
+    command = [sys.executable, "-m", app, "--no-browser", "--allow-root", "--ip=127.0.0.1",
                f"--port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-               "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
+               f"--{expose}.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
     server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -212,7 +292,9 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             wide = page.evaluate(JS_WIDTHS)
             page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel.png"))
             narrow = narrow_layout(page)
+            layout = layout_beside_file_browser(page)
             reloaded = traces_after_reload(page)
+            live = live_mode(page)
         finally:
             browser.close()
 
@@ -228,20 +310,119 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
         assert widths["panel"] - 40 < widths["plots"] <= widths["panel"], widths
         assert widths["runs_room"] <= widths["panel"], widths
     assert narrow["panel"] < wide["panel"], (narrow, wide)
+    # Beside the file browser every control is whole: in the columns the kernel picked for the width, and
+    # in three columns picked for a wider panel (a stale width: the kernel busy when the window changed).
+    for where, problems in layout.items():
+        assert problems == [], f"{where}:\n" + "\n".join(problems)
+    # Live: the toggle ran the settings; an edit in the browser replaced that run; after Pin, an edit added one.
+    assert live["rows"] == [3, 3, 4], live
+    assert "batch_size=32" in live["tables"][1] and "batch_size=16" in live["tables"][2], live
+    assert "batch_size=32" in live["tables"][2], "the pinned live run must stay"
     # The FigureWidget trap: a view created later (page reload) must show the same data, not the empty figure.
     for run in (0, 1):
         for kind in ("step", "util", "warmup"):
             assert points(reloaded, run, kind) == points(traces, run, kind), (run, kind)
 
 
+def test_the_panel_lays_out_whole_in_notebook_7(tmp_path: Path) -> None:
+    """Notebook 7 (``jupyter notebook``) draws the panel in its own page: the same layout checks, 1400 px wide."""
+    pytest.importorskip("notebook", minversion="7")
+    from playwright.sync_api import sync_playwright
+
+    root, home = tmp_path / "root", tmp_path / "home"
+    root.mkdir()
+    write_notebook(root / "panel.ipynb", NOTEBOOK_CELLS[:1])
+    ARTIFACTS.mkdir(exist_ok=True)
+    with jupyter_lab(root, home, app="notebook") as (base, token), sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": LAYOUT_WIDTHS[0], "height": VIEWPORT["height"]})
+            page.goto(f"{base}/notebooks/panel.ipynb?token={token}")
+            page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
+            page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
+            problems = layout_problems(page)
+            page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"notebook7-{LAYOUT_WIDTHS[0]}.png"))
+        finally:
+            browser.close()
+    assert problems == [], "\n".join(problems)
+
+
 def narrow_layout(page: Page) -> dict[str, float]:
-    """Look at the panel in a 1000 px window (panel-1000.png): how wide its parts are next to the room they have."""
+    """Look at the panel in a 1000 px window, side bars closed: how wide its parts are next to the room they have."""
     page.set_viewport_size({"width": NARROW_WIDTH, "height": VIEWPORT["height"]})
     page.wait_for_function(f"() => ({JS_WIDTHS})().panel < {NARROW_WIDTH} && ({JS_WIDTHS})().fits",
                            timeout=10_000, polling=100)
     page.wait_for_timeout(300)  # the relayout's redraw
-    page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{NARROW_WIDTH}.png"))
     return page.evaluate(JS_WIDTHS)
+
+
+def layout_problems(page: Page) -> list[str]:
+    """What is clipped or overlapping in the panel, once the kernel's relayout for this width has come back."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.wait_for_timeout(400)  # the probe reports a width 150 ms after the last resize
+    page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=100)
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(f"() => ({JS_LAYOUT})().length === 0", timeout=LAYOUT_SETTLE_MS, polling=100)
+    return page.evaluate(JS_LAYOUT)
+
+
+def layout_beside_file_browser(page: Page) -> dict[str, list[str]]:
+    """Open JupyterLab's file browser and check the panel's layout at each of LAYOUT_WIDTHS, saving
+    panel-<width>.png and one shot of the whole window; then three columns forced on the narrowest."""
+    page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.wait_for_selector("#filebrowser", state="visible")
+    problems = {}
+    for width in LAYOUT_WIDTHS:
+        page.set_viewport_size({"width": width, "height": VIEWPORT["height"]})
+        problems[f"{width} px, file browser open"] = layout_problems(page)
+        page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{width}.png"))
+        if width == LAYOUT_WIDTHS[0]:
+            page.screenshot(path=str(ARTIFACTS / f"jupyterlab-{width}-file-browser.png"))
+    assert page.evaluate(JS_EXECUTE, "panel.controls.arrange(3)") == "ok"
+    page.wait_for_function(f"() => ({JS_COLUMNS})() === 3", timeout=10_000, polling=100)
+    problems[f"{LAYOUT_WIDTHS[-1]} px, file browser open, three columns"] = page.evaluate(JS_LAYOUT)
+    page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{LAYOUT_WIDTHS[-1]}-three-columns.png"))
+    page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+    page.set_viewport_size(VIEWPORT)
+    return problems
+
+
+def live_mode(page: Page) -> dict[str, list]:
+    """Turn Live on with its button, type a batch size into its box, pin, type another: the rows and the
+    table's text after each live run has finished."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    assert page.evaluate(JS_EXECUTE, "panel.length_unit.value = 'steps'; panel.length_value.value = 10") == "ok"
+    batch_size = page.locator(".aw-knob", has=page.locator(".aw-knob-name", has_text="batch_size")).locator("input")
+    seen: dict[str, list] = {"rows": [], "tables": []}
+
+    def after_live_run(action: Callable[[], None], running: str) -> None:
+        """Do ``action`` and wait for the live run it starts to finish and join the table as ``running``."""
+        action()
+        try:
+            page.wait_for_function(f"() => ({JS_STATUS})().includes('Live finished') && "
+                                   f"document.querySelector('.aw-runs').innerText.includes('{running}')",
+                                   timeout=60_000, polling=100)
+        except PlaywrightTimeout:
+            page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel-live-failed.png"))
+            raise AssertionError(f"no live run of {running!r}; the status reads {page.evaluate(JS_STATUS)!r}") from None
+        seen["rows"].append(page.evaluate(JS_ROWS))
+        seen["tables"].append(page.evaluate("() => document.querySelector('.aw-runs').innerText"))
+
+    after_live_run(lambda: page.locator(".aw-live").click(), "live (baseline)")
+    def type_batch_size(value: str) -> None:
+        batch_size.fill(value)
+        batch_size.press("Enter")  # a text box sends its value on Enter or when it loses focus
+
+    after_live_run(lambda: type_batch_size("32"), "live: batch_size=32")
+    page.locator(".aw-pin").click()
+    after_live_run(lambda: type_batch_size("16"), "live: batch_size=16")
+    page.locator(".aw-live").click()
+    page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel-live.png"))
+    return seen
 
 
 def traces_after_reload(page: Page) -> list[dict]:

@@ -19,8 +19,10 @@ from accel_widgets import KNOBS, Config
 from accel_widgets.knobs import GROUP_TITLES
 from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel import TuningPanel
-from accel_widgets.panel.plots import MAX_TRACE_POINTS, LivePlots
+from accel_widgets.panel.controls import COLUMN_PX
+from accel_widgets.panel.plots import BELOW_EXTRA_PX, MAX_TRACE_POINTS, MIN_WIDTH, NARROW_PX, SHORT_TITLES, LivePlots
 from accel_widgets.panel.state import PanelState
+from accel_widgets.panel.view import ACTIONS_PX
 from accel_widgets.presentation import run_colour
 from accel_widgets.reporting import build_figures
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample
@@ -187,13 +189,24 @@ def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures()
     panel = make_panel()
     assert panel.plots.figure.layout.width == 1180 and len(panel.controls.widget.children) == 3  # until measured
     groups = [card for column in panel.controls.widget.children for card in column.children]
-    for width, columns in ((820, 2), (1220, 3), (500, 1)):
+    three, two = 3 * COLUMN_PX + ACTIONS_PX, 2 * COLUMN_PX + 10
+    for width, columns in ((three - 1, 2), (three, 3), (two, 2), (two - 1, 1)):
         panel.plots.probe.width = width  # what the probe's front end reports
         assert len(panel.controls.widget.children) == columns, width
         assert [card for column in panel.controls.widget.children for card in column.children] == groups
-    assert panel.plots.figure.layout.width == 600  # never narrower than two subplots and a legend need
-    panel.plots.probe.width = 820
-    assert panel.plots.figure._widget_layout["width"] == 820  # a page reload's view starts at that width
+    panel.plots.probe.width = NARROW_PX
+    layout = panel.plots.figure.layout
+    wide_height = layout.height
+    panel.plots.probe.width = MIN_WIDTH - 100
+    assert layout.width == MIN_WIDTH  # never narrower than two readable subplots need
+    # Narrow: the legend under the plots (with room made for it), short subplot titles.
+    assert layout.legend.orientation == "h" and layout.legend.yref == "container"
+    assert layout.height == wide_height + BELOW_EXTRA_PX
+    assert [a.text for a in layout.annotations] == list(SHORT_TITLES)
+    panel.plots.probe.width = NARROW_PX
+    assert layout.legend.orientation == "v" and layout.height == wide_height
+    assert "Step time" in layout.annotations[1].text and layout.annotations[1].text != SHORT_TITLES[1]
+    assert panel.plots.figure._widget_layout["width"] == NARROW_PX  # a page reload's view starts at that width
 
 
 def test_unticking_a_run_hides_its_traces() -> None:

@@ -293,3 +293,79 @@ def test_the_default_tuner_is_the_real_one_and_an_empty_search_reads_plainly() -
     panel = make_panel(tuner=lambda workload, **kwargs: TuneResult(Config(), None, None, [], [], 0.0, "nothing"))
     click(panel, "tune_button")
     assert "Tune finished" in panel.status.value and "1.00×" in panel.status.value
+
+
+# -- batch-size finder --------------------------------------------------------------------------------------
+
+def test_find_batch_size_reports_each_try_and_shows_the_curve() -> None:
+    """The finder through the panel's engine: a fake whose bursts fail past a batch of 64, like an OOM."""
+    from accel_widgets import WorkerOutOfMemory
+    from accel_widgets.results import BurstResult, ErrorInfo
+
+    class FitsUpTo64(FakeEngine):
+        def __call__(self, workload, config, **kwargs):
+            if (config.batch_size or 0) > 64:
+                self.calls.append(config)
+                error = ErrorInfo("oom", "CUDA out of memory", 0)
+                raise WorkerOutOfMemory("rank 0: out of memory",
+                                        BurstResult(workload="fake", config=config, status="failed", error=error))
+            return super().__call__(workload, config, **kwargs)
+
+    engine = FitsUpTo64()
+    panel = make_panel(engine)
+    statuses: list[str] = []
+    panel.state.subscribe(lambda part: statuses.append(panel.state.status) if part == "status" else None)
+    try:
+        panel.set_config(Config(batch_size=16))
+        panel.batch_button.click()
+        assert panel.wait(30)
+    finally:
+        panel.close()
+    search = panel.state.batch_search
+    assert search is not None and search.largest_fitting == 64
+    assert "the largest that fits is 64" in panel.state.status
+    assert any(s.startswith("Batch size: 128 does not fit") for s in statuses), statuses
+    assert panel.batch_view.layout.display is None and len(panel.batch_view.children) == 2
+    assert panel.state.results == []  # tries are not runs of the table
+
+
+# -- status line ------------------------------------------------------------------------------------------------
+def test_the_status_line_names_the_phase_a_long_first_step_is_in() -> None:
+    """The launcher's phase events reach the status line as the CLI's progress line reads them."""
+    from accel_widgets.results import BurstPhase
+
+    class CompilesFirst(FakeEngine):
+        def __call__(self, workload, config, *, on_event=None, **kwargs):
+            on_event(BurstPhase(0.1, 0, "setup"))
+            on_event(BurstPhase(0.2, 0, "step"))
+            time.sleep(0.4)  # the first step compiling: no step record yet
+            return super().__call__(workload, config, on_event=on_event, **kwargs)
+
+    panel = make_panel(CompilesFirst())
+    statuses: list[str] = []
+    panel.state.subscribe(lambda part: statuses.append(panel.state.status) if part == "status" else None)
+    panel.set_config(Config(compile_mode="default"))
+    click(panel, "run_button")
+    phases = [next((p for p in ("setting up", "compiling", "warming up", "measuring") if f": {p}" in s), None)
+              for s in statuses]
+    seen = [p for i, p in enumerate(phases) if p and p != phases[i - 1]]
+    assert seen[:2] == ["setting up", "compiling"] and "measuring" in seen, statuses
+    assert any("measuring 5/5 steps" in s or "finishing" in s for s in statuses), statuses
+    assert panel.state.status.startswith("Burst finished")
+
+
+# -- compare tabs -------------------------------------------------------------------------------------------------
+def test_the_compare_tabs_draw_the_reports_figures_of_the_finished_runs() -> None:
+    panel = make_panel()
+    assert panel.compare.layout.display == "none"  # nothing to compare yet
+    click(panel, "ladder_button")
+    assert panel.compare.layout.display is None
+    speedup = panel.compare.children[0].children[0]
+    assert {t.meta["kind"] for t in speedup.data} >= {"speedup"}
+    assert sorted(r for t in speedup.data if t.meta.get("kind") == "speedup" for r in t.meta["runs"]) == \
+        list(range(len(panel.runs)))
+    panel.compare.selected_index = 2  # where the step goes: drawn when first looked at
+    breakdown = panel.compare.children[2].children[0]
+    assert {t.meta["kind"] for t in breakdown.data} == {"data_s", "h2d_s", "compute_s"}
+    click(panel, "run_button")  # a new run: the shown tab is drawn again, with it
+    assert panel.compare.children[2].children[0] is not breakdown

@@ -14,7 +14,6 @@ from accel_widgets.panel.controller import (
     FLUSH_INTERVAL_S,
     Batch,
     EventBatcher,
-    ProgressTracker,
     ladder_plan,
     length_kwargs,
 )
@@ -153,18 +152,6 @@ def test_the_batcher_flushes_on_its_interval_not_per_event() -> None:
     batch = batcher.take()
     assert [s.step for s in batch.steps] == [0, 1, 2] and not batch.samples
     assert not batcher.add(step_record(0, 3)) and not Batch()
-
-
-def test_progress_counts_measured_steps_of_rank_zero_only() -> None:
-    tracker = ProgressTracker(steps=4, seconds=None)
-    assert tracker.describe() == "starting the workers"
-    tracker.observe([step_record(0, 0, warmup=True), step_record(1, 0, warmup=True)])
-    assert tracker.fraction == 0 and tracker.describe() == "warm-up step 1 done"
-    tracker.observe([step_record(0, 1), step_record(1, 1), step_record(0, 2)])
-    assert tracker.fraction == 0.5 and tracker.describe() == "step 2/4"
-    timed = ProgressTracker(steps=None, seconds=1.0)
-    timed.observe([step_record(0, s, step_s=0.1) for s in range(1, 6)])
-    assert timed.fraction == pytest.approx(0.5) and timed.describe().startswith("0.5 s of 1 s")
 
 
 # -- the controls' layout --------------------------------------------------------------------------------
