@@ -17,7 +17,7 @@ from .engine.forkserver import prestart_on_import
 
 prestart_on_import()  # first, so the server imports torch while this process does too
 
-from . import export
+from . import export, figures
 from .batchsize import BatchSizeSearch, BatchTry, find_batch_size
 from .config import Config
 from .demos import DEMO_NAMES, demo_workload
@@ -95,6 +95,7 @@ __all__ = [
     "classic_ladder",
     "demo_workload",
     "export",
+    "figures",
     "find_baseline",
     "find_batch_size",
     "probe_device",

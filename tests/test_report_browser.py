@@ -8,23 +8,16 @@ networking off, and read back from plotly's own state in the page. The screensho
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from accel_widgets.reporting import build_figures, write_report
+from tests.browsers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, NEEDS_CHROMIUM
 from tests.test_figures import realistic_runs
 
-CHROMIUM = shutil.which("chromium")
-pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install -y chromium"),
-    pytest.mark.slow,
-]
+pytestmark = NEEDS_CHROMIUM
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1300, "height": 1000}
 RENDER_MS = 30_000
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,18 +28,13 @@ import nbformat
 import psutil
 import pytest
 
+from tests.browsers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, NEEDS_CHROMIUM
+
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-CHROMIUM = shutil.which("chromium")
-pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install -y chromium"),
-    pytest.mark.slow,
-]
+pytestmark = NEEDS_CHROMIUM
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1400, "height": 1900}
 NARROW_WIDTH = 1000
 LAYOUT_WIDTHS = (1400, NARROW_WIDTH)  # the panel's layout is checked at these window widths, file browser open
