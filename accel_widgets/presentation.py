@@ -352,6 +352,7 @@ def findings_html(findings: Sequence[Finding]) -> str:
 
 # -- the timeline figure ---------------------------------------------------------------------------
 TIMELINE_HEIGHT = 380
+TIMELINE_TITLES = ("Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)")
 _UTILISATION_TITLES = {"nvml": "GPU utilisation % (NVML)", "psutil": "workers' CPU % of machine (psutil)"}
 _DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
 _LOG_TICKS = [m * 10.0**e for e in range(-2, 7) for m in (1, 2, 5)]
@@ -381,8 +382,7 @@ def timeline_figure(utilisation: str) -> Figure:
     """
     from plotly.subplots import make_subplots
 
-    titles = ("Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)")
-    figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=titles)
+    figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=TIMELINE_TITLES)
     figure.update_layout(
         height=TIMELINE_HEIGHT, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": 45},
         legend={"title": {"text": "runs"}, "x": 1.02, "y": 1}, hovermode="closest",
@@ -480,6 +480,19 @@ def timeline(results: Sequence[BurstResult], names: Sequence[str]) -> Figure:
             add_step_trace(figure, run, name, rank=rank, ranks=max(1, result.world_size), warmup=warmup,
                            steps=steps)
     fit_step_axis(figure)
+    return figure
+
+
+def step_times_only(figure: Figure) -> Figure:
+    """``figure`` (a :func:`timeline`) without its utilisation half, the step times across the whole width: the
+    report draws utilisation per run, one small panel each, rather than every run overlaid in one."""
+    figure.data = tuple(trace for trace in figure.data if trace.meta.get("kind") != "util")
+    figure.layout.annotations = [annotation for annotation in figure.layout.annotations
+                                 if annotation.text == TIMELINE_TITLES[1]]
+    figure.layout.annotations[0].x = 0.5
+    figure.update_xaxes(visible=False, **_UTILISATION_AT)
+    figure.update_yaxes(visible=False, **_UTILISATION_AT)
+    figure.update_xaxes(domain=[0.0, 1.0], **_STEPS_AT)
     return figure
 
 

@@ -33,6 +33,7 @@ from .presentation import (
     run_name,
     run_rows,
     shorten,
+    step_times_only,
     timeline,
 )
 from .presentation import comparison_rows as comparison_rows  # re-exported: the rows the table functions take
@@ -97,8 +98,8 @@ def _line(cells: Sequence[str], widths: Sequence[int], right: set[int]) -> str:
 def build_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
     """The report's figures, in the order it shows them: "speedup" (per workload, ± IQR, noisy runs hatched),
     "waterfall" (what each ladder rung added), "breakdown" (where the median step goes, 100% stacked),
-    "timeline" (the panel's figure: step times on a log axis zoomed to the measured steps) and "utilisation"
-    (one small panel per run). "waterfall" is left out when no workload has a run besides its baseline, and
+    "timeline" (the step-time half of the panel's figure: a log axis zoomed to the measured steps) and
+    "utilisation" (one small panel per run, rather than the panel's overlaid utilisation). "waterfall" is left out when no workload has a run besides its baseline, and
     "utilisation" when no run has telemetry: an empty chart is only noise. The figures themselves are
     :mod:`.figures`' and :mod:`.presentation`'s.
 
@@ -112,7 +113,7 @@ def build_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
     names = [run_name(i, r.label or r.config.label(), r.workload if several_workloads else None)
              for i, r in enumerate(results)]
     order = ("speedup", "waterfall", "breakdown", "timeline", "utilisation")
-    figures = {**compared, "timeline": timeline(results, names)}
+    figures = {**compared, "timeline": step_times_only(timeline(results, names))}
     return {key: figures[key] for key in order if key in figures}
 
 

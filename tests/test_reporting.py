@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from accel_widgets.config import Config
-from accel_widgets.presentation import PANEL_COLUMNS, REPORT_COLUMNS, run_colour, run_rows
+from accel_widgets.presentation import PANEL_COLUMNS, REPORT_COLUMNS, TIMELINE_TITLES, run_colour, run_rows, timeline
 from accel_widgets.reporting import (
     build_figures,
     comparison_rows,
@@ -151,7 +151,7 @@ def _traces(fig: Figure, kind: str) -> list[Any]:
 
 
 def test_timeline_one_trace_per_run_per_subplot(runs: list[BurstResult]) -> None:
-    fig = build_figures(runs[:3])["timeline"]
+    fig = timeline(runs[:3], [f"#{i}" for i in range(3)])  # the panel's figure
     util, steps, warmups = _traces(fig, "util"), _traces(fig, "step"), _traces(fig, "warmup")
     assert [t.meta["run"] for t in util] == [0, 1, 2] and all(t.xaxis == "x" for t in util)
     assert [t.meta["run"] for t in steps] == [0, 1, 2] and all(t.xaxis == "x2" for t in steps)
@@ -171,9 +171,16 @@ def test_timeline_one_trace_per_run_per_subplot(runs: list[BurstResult]) -> None
     assert fig.layout.yaxis.title.text == "workers' CPU % of machine (psutil)"
 
 
+def test_the_reports_timeline_is_the_step_times_across_the_whole_width(runs: list[BurstResult]) -> None:
+    fig = build_figures(runs[:3])["timeline"]
+    assert _traces(fig, "util") == [] and [t.meta["run"] for t in _traces(fig, "step")] == [0, 1, 2]
+    assert fig.layout.xaxis2.domain == (0.0, 1.0) and fig.layout.xaxis.visible is False
+    assert [a.text for a in fig.layout.annotations] == [TIMELINE_TITLES[1]] and fig.layout.annotations[0].x == 0.5
+
+
 def test_timeline_gpu_axis_and_per_rank_traces() -> None:
     ddp = make_result(config=Config(parallel="ddp", world_size=2), ranks=2, source="nvml")
-    fig = build_figures([ddp])["timeline"]
+    fig = timeline([ddp], ["#0"])
     assert fig.layout.yaxis.title.text == "GPU utilisation % (NVML)"
     assert sorted(t.meta["rank"] for t in _traces(fig, "step")) == [0, 1]
     assert sorted(t.meta["rank"] for t in _traces(fig, "warmup")) == [0, 1]

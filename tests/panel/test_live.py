@@ -14,6 +14,7 @@ from accel_widgets import Config
 from accel_widgets.history import RunHistory
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.controller import LIVE_DELAY_S
+from tests.devices import cpu_device
 from tests.panel.fakes import CPU, FakeEngine
 from tests.panel.reading import traces
 from tests.workloads import tiny_workload
@@ -117,3 +118,25 @@ def test_live_runs_are_recorded_unless_the_next_edit_stopped_them(tmp_path: Path
     assert [run.result.config for run in recorded] == [Config(num_workers=2)]  # the stopped one is not there
     assert recorded[0].result.status == "ok"
 
+
+
+def test_live_with_real_workers_stops_each_burst_at_the_next_edit_and_leaves_nothing() -> None:
+    """Edits faster than bursts end, with the real engine: every replaced burst is stopped in its workers,
+    the last settings run to their end, and the leak checks (conftest) find no process, thread or file."""
+    from accel_widgets import run_burst
+
+    panel = TuningPanel(tiny_workload(), engine=run_burst, device=cpu_device(), steps=5, history=False)
+    try:
+        panel.length_unit.value, panel.length_value.value = "seconds", 30  # far longer than the test waits
+        panel.live = True
+        wait_for(lambda: panel.running and panel.state.runs and panel.state.runs[-1].steps, timeout=30)
+        for workers in (1, 0, 2):
+            panel.set_config(Config(num_workers=workers))
+            time.sleep(LIVE_DELAY_S * 1.5)  # past the countdown: each edit stops a running burst
+        wait_for(lambda: panel.running and panel.state.runs[-1].steps and "num_workers=2" in panel.state.runs[-1].name,
+                 timeout=30)
+        assert len(panel.state.runs) == 1  # every live run took the same place
+    finally:
+        panel.close()
+    result = panel.state.results[-1]
+    assert result.config == Config(num_workers=2) and result.status == "stopped" and result.steps

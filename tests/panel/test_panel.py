@@ -23,8 +23,7 @@ from accel_widgets.panel.controls import COLUMN_PX
 from accel_widgets.panel.plots import BELOW_EXTRA_PX, MAX_TRACE_POINTS, MIN_WIDTH, NARROW_PX, SHORT_TITLES, LivePlots
 from accel_widgets.panel.state import PanelState
 from accel_widgets.panel.view import ACTIONS_PX
-from accel_widgets.presentation import run_colour
-from accel_widgets.reporting import build_figures
+from accel_widgets.presentation import run_colour, timeline
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample
 from tests.panel.reading import table_text, traces
 from tests.workloads import tiny_workload
@@ -165,12 +164,13 @@ def test_table_rows_and_plot_traces_show_what_the_engine_emitted() -> None:
     assert "Reading of #1" in panel.diagnosis.value
 
 
-def test_the_live_figure_is_the_reports_timeline_built_by_the_same_functions() -> None:
+def test_the_live_figure_is_the_static_timeline_built_by_the_same_functions() -> None:
+    """The report shows this figure's step-time half (its utilisation is per run there, in small panels)."""
     panel = make_panel(FakeEngine(), steps=6)
     run(panel)
     panel.set_config(Config(parallel="ddp", world_size=2))
     run(panel)
-    static = build_figures(panel.runs)["timeline"]
+    static = timeline(panel.runs, [shown.name for shown in panel.state.runs])
 
     def described(figure: Any) -> dict[tuple[Any, ...], tuple[Any, ...]]:
         return {(t.meta["run"], t.meta["kind"], t.meta.get("rank"), t.meta.get("device")):
