@@ -99,9 +99,9 @@ def build_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
     """The report's figures, in the order it shows them: "speedup" (per workload, ± IQR, noisy runs hatched),
     "waterfall" (what each ladder rung added), "breakdown" (where the median step goes, 100% stacked),
     "timeline" (the step-time half of the panel's figure: a log axis zoomed to the measured steps) and
-    "utilisation" (one small panel per run, rather than the panel's overlaid utilisation). "waterfall" is left out when no workload has a run besides its baseline, and
-    "utilisation" when no run has telemetry: an empty chart is only noise. The figures themselves are
-    :mod:`.figures`' and :mod:`.presentation`'s.
+    "utilisation" (one small panel per run, rather than the panel's overlaid utilisation). "waterfall" is left
+    out when no workload has a run besides its baseline, and "utilisation" when no run has telemetry: an empty
+    chart is only noise. The figures themselves are :mod:`.figures`' and :mod:`.presentation`'s.
 
     Every trace carries ``meta={"kind": ..., "run": i}`` (or ``"runs": [...]`` for a trace of several runs) so
     a test (or a notebook) can find a run's traces without relying on names or order.
