@@ -421,8 +421,9 @@ def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch) -> Batch
     peak = _peak(result, watch)
     if watch.over_cap or (watch.cap is not None and peak is not None and peak > watch.cap):
         when = ", seen live: the burst was stopped" if result.status == "stopped" else ""
-        return BatchTry(size, False, stage, "memory_cap", f"over the memory cap: {_bytes_text(peak or 0)} > "
-                        f"{_bytes_text(watch.cap or 0)}{when}", peak_memory_bytes=peak)
+        # In MiB on both sides: a peak just over a 1 GiB cap would read "1.00 GiB > 1.00 GiB" in GiB.
+        return BatchTry(size, False, stage, "memory_cap", f"over the memory cap: {(peak or 0) / 2**20:,.0f} MiB > "
+                        f"{(watch.cap or 0) / 2**20:,.0f} MiB{when}", peak_memory_bytes=peak)
     if result.status == "stopped":
         return BatchTry(size, False, stage, "stopped", "stopped before the end of the try", peak_memory_bytes=peak)
     step = result.step_time

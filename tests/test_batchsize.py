@@ -140,7 +140,7 @@ def test_doubles_until_over_the_cap_then_bisects_to_the_largest_fit():
         else:
             assert t.failure == "memory_cap" and t.samples_per_s is None
             assert t.why_not.endswith(" > 1,000 MiB, seen live: the burst was stopped")
-    assert result.tries[4].why_not.startswith("over the memory cap: 1.29 GiB > 1,000 MiB")  # 300 MiB + 1024 x 1 MiB
+    assert result.tries[4].why_not.startswith("over the memory cap: 1,324 MiB > 1,000 MiB")  # 300 MiB + 1024 x 1 MiB
     assert result.cap_bytes == BASE + 700 * PER_SAMPLE and result.memory_kind == "rss"
 
 
@@ -161,7 +161,7 @@ def test_a_peak_the_telemetry_missed_still_counts_from_the_ranks_own_peak():
     over = result.tries[-1]
     assert (over.batch_size, over.fits, over.failure) == (1024, False, "memory_cap")
     assert over.peak_memory_bytes == FakeEngine.memory(1024) and result.largest_fitting == 512
-    assert over.why_not == "over the memory cap: 1.29 GiB > 1,000 MiB"  # after the burst, from the ranks' peak
+    assert over.why_not == "over the memory cap: 1,324 MiB > 1,000 MiB"  # after the burst, from the ranks' peak
 
 
 def test_a_start_that_does_not_fit_halves_then_bisects():
@@ -352,7 +352,7 @@ def test_the_result_round_trips_through_json_and_reads_as_text():
     assert "9 tries in" in text[1] and text[1].endswith("704 does not fit; 672 does")
     assert [line.split()[0] for line in text[3:]] == ["64", "128", "256", "512", "640", "672", "704", "768", "1,024"]
     assert text[3].split()[1:3] == ["yes", "3,902"] and text[3].endswith("364 MiB")
-    assert text[-1].endswith("no    over the memory cap: 1.29 GiB > 1,000 MiB, seen live: the burst was stopped")
+    assert text[-1].endswith("no    over the memory cap: 1,324 MiB > 1,000 MiB, seen live: the burst was stopped")
 
 
 def test_the_figure_draws_samples_per_s_by_batch_size_with_failures_and_the_cap():
