@@ -341,7 +341,7 @@ def _refuse_non_sqlite(path: Path) -> None:
 
 def _prepare(conn: sqlite3.Connection, path: Path) -> None:
     """Check the file read-only first; only then switch to WAL and, for a new file, create the schema."""
-    state = _inspect(conn, path)
+    state = _inspect_snapshot(conn, path)
     if state == "ours":
         _check_integrity(conn, path)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -358,6 +358,18 @@ def _create_schema(conn: sqlite3.Connection, path: Path) -> None:
             conn.executemany("INSERT INTO meta VALUES (?, ?)", [
                 ("application", _APPLICATION), ("application_id", str(APPLICATION_ID)),
                 ("format_version", str(FORMAT_VERSION))])
+
+
+def _inspect_snapshot(conn: sqlite3.Connection, path: Path) -> Literal["new", "ours"]:
+    """:func:`_inspect` on one snapshot of the file. Its reads are separate statements: outside a transaction,
+    another process creating the schema between them reads as "tables, but not our application id", and a
+    new history opened by two notebooks at once was refused as another application's."""
+    conn.execute("BEGIN")
+    try:
+        return _inspect(conn, path)
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")  # a read transaction: nothing to write
 
 
 def _inspect(conn: sqlite3.Connection, path: Path) -> Literal["new", "ours"]:
