@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,17 +46,20 @@ COMPARISONS = {"speedup": "Speed-up", "waterfall": "Ladder waterfall", "breakdow
                "utilisation": "Utilisation per run"}
 
 
-def comparison_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
+def comparison_figures(results: Sequence[BurstResult], keys: Collection[str] = tuple(COMPARISONS)) -> dict[str, Figure]:
     """The figures that compare finished runs, keyed as :data:`COMPARISONS` (the report shows them around the
-    timeline, the panel in its Compare tabs). "waterfall" is left out when no workload has a run besides its
-    baseline, and "utilisation" when no run has telemetry: an empty chart is only noise."""
+    timeline, the panel in its Compare tabs), only those in ``keys`` built. "waterfall" is left out when no
+    workload has a run besides its baseline, and "utilisation" when no run has telemetry: an empty chart is
+    only noise."""
     rows = comparison_rows(results)
-    figures = {
-        "speedup": speedup_figure(rows),
-        "waterfall": waterfall_figure(rows) if any(len(ladder(g)) > 1 for g in by_workload(rows).values()) else None,
-        "breakdown": breakdown_figure(results, rows),
-        "utilisation": utilisation_figure(results, rows) if any(r.telemetry for r in results) else None,
+    builders: dict[str, Callable[[], Figure | None]] = {
+        "speedup": lambda: speedup_figure(rows),
+        "waterfall": lambda: waterfall_figure(rows) if any(len(ladder(g)) > 1 for g in by_workload(rows).values())
+        else None,
+        "breakdown": lambda: breakdown_figure(results, rows),
+        "utilisation": lambda: utilisation_figure(results, rows) if any(r.telemetry for r in results) else None,
     }
+    figures = {key: build() for key, build in builders.items() if key in keys}
     return {key: figure for key, figure in figures.items() if figure is not None}
 
 

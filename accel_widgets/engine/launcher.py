@@ -393,7 +393,7 @@ def _drain(events: EventChannel, collected: _Collected, on_event: Callable[[Even
     produces, so they go first (read before and after the pipe); it sends its last step records before it
     finishes, so "finishing" goes after them, and only once it was seen before the pipe was read.
     """
-    watch = watch if on_event is not None else None  # nobody to tell: the phases are read at the end
+    tell = on_event or _nobody
     finishing = watch.changes(finishing=True) if watch is not None else []
     waiting: list[WorkerEvent] = []
     while True:
@@ -408,12 +408,16 @@ def _drain(events: EventChannel, collected: _Collected, on_event: Callable[[Even
     entered = [change for change in finishing if change.phase != "finishing"]
     entered += watch.changes(finishing=False) if watch is not None else []
     for change in entered:
-        on_event(change)  # type: ignore[misc]  # there are changes only with on_event
+        tell(change)
     for event in waiting:
         collected.handle(event, on_event, time.perf_counter())
     for change in finishing:
         if change.phase == "finishing":
-            on_event(change)  # type: ignore[misc]
+            tell(change)
+
+
+def _nobody(event: Event) -> None:
+    """What ``_drain`` tells of phase changes when the caller passed no ``on_event``."""
 
 
 class _PhaseWatch:

@@ -21,12 +21,12 @@ from typing import Any, Literal
 from ..batchsize import BatchTry, find_batch_size
 from ..config import Config
 from ..device import DeviceInfo
-from ..engine.launcher import BurstError
+from ..engine.launcher import BurstError, Event
 from ..guard import NoiseBand, cached_noise
 from ..history import HistoryError, RunHistory, workload_fingerprint
 from ..ladder import classic_ladder
 from ..progress import BurstProgress
-from ..results import BurstPhase, BurstResult, ErrorInfo, StepRecord, TelemetrySample
+from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..tuner import TuneResult, TuneStep
 from ..validation import ConfigError
 from ..workload import Workload
@@ -35,7 +35,6 @@ from .state import PanelState, ProfileShown
 Engine = Callable[..., BurstResult]
 Tuner = Callable[..., TuneResult]
 HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
-Event = StepRecord | TelemetrySample | BurstPhase
 
 FLUSH_INTERVAL_S = 0.25  # ~4 Hz: smooth enough to watch, rare enough not to flood the comm channel
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down

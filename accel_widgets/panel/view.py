@@ -285,9 +285,10 @@ class TuningPanel:
         shown = tuple(id(result) for result in results)  # a live run replaced keeps the count, not the ids
         if not results or self._compared.get(tab) == shown:
             return
-        figure = comparison_figures(results).get(list(COMPARISONS)[tab])
+        key = list(COMPARISONS)[tab]
+        figure = comparison_figures(results, keys=(key,)).get(key)  # only the tab looked at
         if figure is None:
-            why = "needs a ladder (runs besides the baseline)" if tab == 1 else "has nothing to show yet"
+            why = "needs a ladder (runs besides the baseline)" if key == "waterfall" else "has nothing to show yet"
             self.compare.children[tab].children = (w.HTML(f"<i>This figure {why}.</i>"),)
         else:
             figure.update_layout(width=self.plots.figure.layout.width)
