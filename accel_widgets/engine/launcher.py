@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import glob
+import multiprocessing.connection
 import os
 import queue
 import re
@@ -45,7 +46,9 @@ from .worker import BurstSpec, run_rank, worker_main
 DEFAULT_STEPS = 40
 BURST_DIR_PREFIX = "accel-widgets-burst-"  # + the owning process id, so leftovers can be attributed
 DEFAULT_TIMEOUT_S = 600.0
-POLL_S = 0.02
+#: How often the caller wakes once steps stream: on a machine whose cores the ranks' threads fill, each
+#: wake-up of this process preempts one of them, so the count of wake-ups, not their work, is the cost.
+PUMP_TICK_S = 0.05
 TEARDOWN_GRACE_S = 0.5
 COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
 FOREIGN_LOAD_WARN_PCT = 25.0
@@ -353,9 +356,18 @@ def _collect(
     context: ProcessContext, events: EventChannel, watch: _PhaseWatch, samples: queue.SimpleQueue[TelemetrySample],
     collected: _Collected, on_event: Callable[[Event], None] | None, stop: threading.Event | None, deadline: float,
 ) -> str:
-    """Pump events to the caller until every rank is done; returns how the burst ended."""
+    """Pump events to the caller until every rank is done; returns how the burst ended.
+
+    Until the first step record arrives, each message wakes the pump (a progress line shows setup and
+    the first step at once). From then on it sleeps ``PUMP_TICK_S`` at a time and reads what the ranks
+    wrote meanwhile, so steps streaming in never wake it; a rank process that ends wakes it at once.
+    """
     while True:
-        _drain(events, collected, on_event, timeout=POLL_S, watch=watch)
+        if collected.first_step_at is None:
+            _drain(events, collected, on_event, timeout=PUMP_TICK_S, watch=watch)
+        else:
+            multiprocessing.connection.wait(_running_sentinels(context), timeout=PUMP_TICK_S)
+            _drain(events, collected, on_event, watch=watch)
         while not samples.empty():
             sample = samples.get()
             if on_event is not None:
@@ -376,6 +388,11 @@ def _collect(
         if time.perf_counter() > deadline:
             collected.exit_codes, collected.phases = codes, watch.now()
             return "timeout"
+
+
+def _running_sentinels(context: ProcessContext) -> list[int]:
+    """The sentinels of the ranks still running (an ended rank's stays ready and would end every wait)."""
+    return [process.sentinel for process in context.processes if process.exitcode is None]
 
 
 def _ended_unfinished(codes: list[int | None], collected: _Collected) -> bool:

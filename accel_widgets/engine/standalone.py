@@ -23,7 +23,7 @@ from ..workload import load_workload
 from .datacache import cache_root
 from .events import RankLosses, WorkerEvent
 from .training import build_loop
-from .worker import torch_threads
+from .worker import keep_freed_memory, torch_threads
 
 LOG_EVERY_S = 10.0
 
@@ -36,6 +36,7 @@ def train(workload_ref: str, config: Config, steps: int) -> list[float]:
     """
     if steps < 1:
         raise ValueError(f"steps={steps}: train at least one step")
+    keep_freed_memory()  # as a burst's rank does, so the job's steps run as the burst measured them
     workload = load_workload(workload_ref)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")

@@ -92,6 +92,7 @@ class TelemetrySampler:
         self._family: dict[int, psutil.Process] = {}
         self._family_due = 0.0
         self._cpus = usable_cpu_count()  # psutil's percent is per core; 100% must mean all usable cores
+        self._host_cpu = HostCpu()
         self._mem_total = int(psutil.virtual_memory().total)
         # NVML state: a module with NVML open, and the (CUDA ordinal, handle) pairs to read.
         self._nvml: Any | None = None
@@ -115,10 +116,7 @@ class TelemetrySampler:
         """Start sampling on a daemon thread (daemon: a kernel that exits must not wait on telemetry)."""
         if self._thread is not None or self._stop_event.is_set():
             raise RuntimeError("a TelemetrySampler runs once; create a new one for each burst")
-        # Prime the machine-wide counters: each one's first reading is meaningless.
-        psutil.cpu_percent(interval=None)
-        psutil.cpu_percent(interval=None, percpu=True)
-        psutil.cpu_times_percent(interval=None)
+        self._host_cpu.read()  # primes it: a first reading has nothing to compare with
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -320,17 +318,52 @@ class TelemetrySampler:
 
     def _host_fields(self) -> dict[str, Any]:
         """What ``top -H`` / ``iostat`` would show: per-core use, I/O wait, the loader workers' share."""
-        times = psutil.cpu_times_percent(interval=None)
+        host_pct, per_core_pct, iowait_pct = self._host_cpu.read()
         return {
-            "host_util_pct": psutil.cpu_percent(interval=None),
-            "cpu_per_core_pct": psutil.cpu_percent(interval=None, percpu=True),
-            "iowait_pct": getattr(times, "iowait", None),
+            "host_util_pct": host_pct,
+            "cpu_per_core_pct": per_core_pct,
+            "iowait_pct": iowait_pct,
             "loader_util_pct": self._loader_pct,
         }
 
     def _record(self, message: str) -> None:
         if message not in self.errors:
             self.errors.append(message)
+
+
+class HostCpu:
+    """The machine's CPU use since the previous reading, from one snapshot of every core's times.
+
+    ``psutil.cpu_percent``, its per-core form and ``cpu_times_percent`` each read ``/proc/stat`` again;
+    this reads it once a tick (each read is time the sampler takes from cores that train). Busy and
+    total time are counted as psutil counts them: guest time is already in user time, and I/O wait is idle.
+    """
+
+    def __init__(self) -> None:
+        self._last: list[Any] | None = None
+
+    def read(self) -> tuple[float | None, list[float] | None, float | None]:
+        """``(whole machine %, each core %, I/O wait %)`` since the last call; Nones on the first."""
+        now = psutil.cpu_times(percpu=True)
+        last, self._last = self._last, now
+        if last is None or len(last) != len(now):
+            return None, None, None
+        busy, total = zip(*(_busy_and_total(b) for b in now), strict=True)
+        busy_before, total_before = zip(*(_busy_and_total(a) for a in last), strict=True)
+        per_core = [_share(b - a, t - u) for b, a, t, u in zip(busy, busy_before, total, total_before, strict=True)]
+        elapsed = sum(total) - sum(total_before)
+        iowait = sum(getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0) for b, a in zip(now, last, strict=True))
+        return _share(sum(busy) - sum(busy_before), elapsed), per_core, _share(iowait, elapsed)
+
+
+def _busy_and_total(times: Any) -> tuple[float, float]:
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0), total
+
+
+def _share(part: float, whole: float) -> float:
+    """``part`` as a percentage of ``whole``, clipped to 0-100 (counters read a moment apart can overshoot)."""
+    return 0.0 if whole <= 0 else min(100.0, max(0.0, 100.0 * part / whole))
 
 
 def _handle(nvml: Any, key: int | str) -> Any:

@@ -110,6 +110,21 @@ class CudaTimeline:
         torch.cuda.synchronize(self._device)
 
 
+class _Interval:
+    """Brackets part of a step with two markers (a class, not a generator: it runs twice a step)."""
+
+    __slots__ = ("_begin", "_into", "_timeline")
+
+    def __init__(self, timeline: Timeline, into: list[tuple[Any, Any]]) -> None:
+        self._timeline, self._into = timeline, into
+
+    def __enter__(self) -> None:
+        self._begin = self._timeline.mark()
+
+    def __exit__(self, *exc: object) -> None:
+        self._into.append((self._begin, self._timeline.mark()))
+
+
 @dataclass
 class _OpenStep:
     start: Any
@@ -147,15 +162,11 @@ class StepClock:
         start = self._previous_end if self._previous_end is not None else self._timeline.mark()
         self._open = _OpenStep(start)
 
-    @contextlib.contextmanager
-    def waiting_for_data(self) -> Iterator[None]:
-        with self._interval(self._require_open().data):
-            yield
+    def waiting_for_data(self) -> _Interval:
+        return _Interval(self._timeline, self._require_open().data)
 
-    @contextlib.contextmanager
-    def copying(self) -> Iterator[None]:
-        with self._interval(self._require_open().copies):
-            yield
+    def copying(self) -> _Interval:
+        return _Interval(self._timeline, self._require_open().copies)
 
     def end_step(self) -> None:
         step = self._require_open()
@@ -177,12 +188,6 @@ class StepClock:
         """Wait for every pending step and return its timing."""
         self._timeline.synchronize()
         return self.completed()
-
-    @contextlib.contextmanager
-    def _interval(self, into: list[tuple[Any, Any]]) -> Iterator[None]:
-        begin = self._timeline.mark()
-        yield
-        into.append((begin, self._timeline.mark()))
 
     def _require_open(self) -> _OpenStep:
         if self._open is None:
@@ -418,7 +423,10 @@ class TrainingLoop:
         if self._pending_losses:
             # Lifts the sync-debug mode: this sync is the one the config asked for.
             with _cuda_sync_debug_mode(self.device, "default"):
-                self._losses.extend(torch.stack(self._pending_losses).float().tolist())
+                if len(self._pending_losses) == 1:  # sync_every=1: what a hand-written loop's .item() costs
+                    self._losses.append(self._pending_losses[0].item())
+                else:
+                    self._losses.extend(torch.stack(self._pending_losses).float().tolist())
             self._pending_losses.clear()
 
     def _emit_completed(self, timings: list[StepTiming], warmup: bool, samples: int) -> None:
@@ -498,12 +506,15 @@ class TrainingLoop:
         return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens)
 
 
-@contextlib.contextmanager
-def _cuda_sync_debug_mode(device: torch.device, mode: str | None) -> Iterator[None]:
+def _cuda_sync_debug_mode(device: torch.device, mode: str | None) -> contextlib.AbstractContextManager[None]:
     """torch's CUDA sync-debug mode set to ``mode`` for the duration (None, or on a CPU: unchanged)."""
     if mode is None or device.type != "cuda":
-        yield
-        return
+        return contextlib.nullcontext()
+    return _sync_debug_mode(mode)
+
+
+@contextlib.contextmanager
+def _sync_debug_mode(mode: str) -> Iterator[None]:
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode(mode)
     try:

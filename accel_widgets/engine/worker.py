@@ -38,8 +38,8 @@ from ..workload import Workload
 from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
 from .training import TrainingLoop, build_loop, rank_summary
 
-STEP_BATCH_S = 0.025  # step records leave at most this late: live plots stay live, fast steps stay cheap
-HANG_FLUSH_S = 0.1  # ... and at most this late when the rank stops sending (blocked in a collective, a loader)
+STEP_BATCH_S = 0.02  # step records leave at most this late: live plots stay live, fast steps stay cheap
+HANG_FLUSH_S = 0.25  # ... and at most this late when the rank stops sending (blocked in a collective, a loader)
 LOOPBACK = "127.0.0.1"
 
 
@@ -76,6 +76,7 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
     # Ctrl-C in a terminal or a Jupyter interrupt reaches the whole process group; the caller alone
     # decides to stop a burst, so a KeyboardInterrupt seen here can only come from user code.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()
     spec: BurstSpec | None = None
     emit = _BatchedEmit(events.put)
     try:
@@ -96,19 +97,19 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
         emit(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
         raise
     finally:
-        emit.flush()
+        emit.close()
         events.close()
 
 
 class _BatchedEmit:
     """Sends step records a few at a time, at most ``STEP_BATCH_S`` after they happened; anything else at once.
 
-    Each queue message wakes the queue's feeder thread here and the caller's pump there; on a 2-core
-    machine both steal time from the rank's intra-op threads, so fast steps are sent in batches: a
-    record goes at once when the last message left ``STEP_BATCH_S`` ago (the first step always does),
-    else with the next one due. A flusher thread bounds the delay when the rank then blocks (in a
-    collective, in the loader): the records of the steps before a hang must still reach the caller.
-    Every put happens under one lock, so a rank's messages keep their order.
+    Each message costs this rank a pickling and a write, and the caller's pump the reading of it: on a
+    2-core machine both are time taken from the rank's intra-op threads. So fast steps are sent in
+    batches: a record goes at once when the last message left ``STEP_BATCH_S`` ago (the first step
+    always does), else with the next one due. A flusher thread bounds the delay when the rank then
+    blocks (in a collective, in the loader): the records of the steps before a hang must still reach
+    the caller. Every put happens under one lock, so a rank's messages keep their order.
     """
 
     def __init__(self, put: Callable[[WorkerEvent], None]) -> None:
@@ -116,6 +117,7 @@ class _BatchedEmit:
         self._buffer: list[StepRecord] = []
         self._lock = threading.Lock()
         self._pending = threading.Event()
+        self._closed = threading.Event()
         self._flusher: threading.Thread | None = None
         self._sent_at = -STEP_BATCH_S
 
@@ -139,11 +141,21 @@ class _BatchedEmit:
         with self._lock:
             self._send_buffer()
 
+    def close(self) -> None:
+        """Send what is buffered and end the flusher thread (at once: it never sleeps through a close)."""
+        self.flush()
+        self._closed.set()
+        self._pending.set()
+        if self._flusher is not None:
+            self._flusher.join()
+
     def _flush_forever(self) -> None:
-        """Wake rarely (each wake-up preempts an intra-op thread); send only what the rank has not."""
+        """Wake rarely (each wake-up preempts an intra-op thread): while the rank keeps sending, a few times
+        a second; send only what the rank has not."""
         while True:
             self._pending.wait()
-            time.sleep(HANG_FLUSH_S)
+            if self._closed.wait(HANG_FLUSH_S):
+                return
             with self._lock:
                 if time.monotonic() - self._sent_at >= HANG_FLUSH_S:
                     self._pending.clear()
@@ -154,6 +166,35 @@ class _BatchedEmit:
             records, self._buffer = tuple(self._buffer), []
             self._put(records[0] if len(records) == 1 else StepBatch(records))
             self._sent_at = time.monotonic()
+
+
+# glibc's mallopt parameters (malloc.h) and the values a long-running process's heap settles on.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_BYTES = 32 << 20  # DEFAULT_MMAP_THRESHOLD_MAX: the highest glibc's own dynamic threshold goes
+_TRIM_THRESHOLD_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Let this rank's heap keep the memory each step frees and the next step allocates again.
+
+    A training process that has run for a while reuses its freed activations: glibc's dynamic thresholds
+    have risen, and its heap holds its working set. A rank is a fresh process, where glibc still returns
+    every large freed block to the system and the next step faults it back in page by page: measured on
+    the LM demo, 1,900-3,900 page faults per step against ~600 with this setting, and 5-10% fewer
+    samples/s than the same loop in the caller's long-running process (this setting: on par). So the
+    thresholds are set to where glibc's own heuristics end up (mmap at 32 MiB) and trimming waits for
+    1 GiB of free heap. The rank's peak RSS moves by under 1% (330 -> 332 MiB on the LM demo): it is the
+    same working set, kept instead of returned. DataLoader workers forked later inherit the setting, and an
+    exported script sets it too, so a job trains as its burst measured. Never called in the caller's
+    process (the in-process fallback): its heap is its own. False where the C library is not glibc.
+    """
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
 def _die_with_owner(owner_pid: int, owner_started: float) -> None:

@@ -260,7 +260,11 @@ def to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last:
     """Move every tensor of a (possibly nested) batch to the device.
 
     Why non_blocking: from pinned memory the copy overlaps compute instead of stalling the host.
+    A CPU burst's batches are already where they train (loaders yield host tensors): they are passed
+    as they are, without a per-tensor ``.to`` a hand-written CPU loop would not pay either.
     """
+    if device.type == "cpu" and not channels_last:
+        return obj
     if isinstance(obj, torch.Tensor):
         if channels_last and obj.dim() == 4 and obj.is_floating_point():
             return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)

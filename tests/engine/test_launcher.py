@@ -249,3 +249,21 @@ def test_host_telemetry_attributes_cpu_to_the_loader_workers():
     sample = result.telemetry[-1]
     assert len(sample.cpu_per_core_pct) >= 1 and sample.iowait_pct is not None
     assert BurstResult.from_json(result.to_json()).loader_cpu_pct == result.loader_cpu_pct
+
+
+def test_fast_steps_streaming_in_wake_the_caller_per_tick_not_per_message():
+    """On a machine whose cores the rank's threads fill, every wake-up of the caller preempts one of them.
+
+    The tiny workload takes ~1,000 steps a second and its rank sends a message every ``STEP_BATCH_S``:
+    a pump that woke for each (as it did) blocked ~80 times a second; ticking, it wakes ~1/PUMP_TICK_S.
+    """
+    import resource
+
+    from accel_widgets.engine.launcher import PUMP_TICK_S
+
+    seconds = 2.0
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    result = run_burst(tiny_workload(), Config(), seconds=seconds, on_event=lambda event: None)
+    wakes = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before.ru_nvcsw
+    assert result.ok and len(result.steps) > 200
+    assert wakes <= seconds / PUMP_TICK_S + 30, wakes  # ticks, plus starting the rank and its first events

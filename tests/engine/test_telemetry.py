@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from accel_widgets import BurstResult, Config, StepRecord
-from accel_widgets.engine.telemetry import FAMILY_REFRESH_S, THREAD_NAME, TelemetrySampler
+from accel_widgets.engine.telemetry import FAMILY_REFRESH_S, THREAD_NAME, HostCpu, TelemetrySampler
 from accel_widgets.results import TelemetrySample
 
 BUSY = "while True: pass"
@@ -440,3 +440,32 @@ def test_real_pynvml_reads_gpu_zero() -> None:
     assert sample.device == "cuda:0" and 0.0 <= sample.util_pct <= 100.0
     assert sample.mem_total_bytes is not None and 0 < sample.mem_used_bytes <= sample.mem_total_bytes
     assert sample.power_w is None or sample.power_w > 0
+
+
+def _cpu_times(user: float, idle: float, iowait: float = 0.0, guest: float = 0.0) -> Any:
+    """One core's cumulative times, in psutil's own Linux record (guest time is already inside user)."""
+    fields = type(psutil.cpu_times())._fields
+    values = {name: 0.0 for name in fields}
+    values.update(user=user, idle=idle, iowait=iowait, guest=guest)
+    return type(psutil.cpu_times())(**{name: values[name] for name in fields})
+
+
+def test_host_cpu_reads_every_share_from_one_snapshot_per_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshots = iter([
+        [_cpu_times(100, 100), _cpu_times(100, 100)],
+        # core 0: 50 busy of 100; core 1: 80 busy (30 of it guest, counted once), 10 idle, 10 I/O wait
+        [_cpu_times(150, 150), _cpu_times(180, 110, iowait=10, guest=30)],
+    ])
+    reads: list[bool] = []
+
+    def cpu_times(percpu: bool = False) -> Any:
+        reads.append(percpu)
+        return next(snapshots)
+
+    monkeypatch.setattr(psutil, "cpu_times", cpu_times)
+    host = HostCpu()
+    assert host.read() == (None, None, None)  # nothing to compare with yet
+    whole, per_core, iowait = host.read()
+    assert per_core == [50.0, 80.0]
+    assert whole == pytest.approx(100 * 130 / 200) and iowait == pytest.approx(100 * 10 / 200)
+    assert reads == [True, True]  # one /proc/stat read per tick, not three
