@@ -24,8 +24,9 @@ pairs are flagged, and extra pairs (up to ``--max-pairs``) replace them. The goa
 quiet pairs when there are at least three. The parent's own CPU time during each engine burst is
 recorded too: with every core busy training, it is the part of the overhead noise cannot hide.
 
-Goal: median engine / loop-here throughput ratio >= 0.98 per workload with steps of >= 3 ms. The
-``mlp-128`` workload is the MLP demo at batch 128 (3-4 ms steps on this machine): the fast-step case
+Goal: median engine / loop-here throughput ratio >= 0.98 per workload with steps of >= 3 ms (a workload
+whose median step is shorter is measured and reported, not judged). The ``mlp-128`` workload is the MLP
+demo at batch 128 (2.5-3.5 ms steps on this machine, depending on the day): the fast-step case
 where per-step costs of the harness show most. The latency from a rank's step to the caller's
 ``on_event`` is recorded too (goal <= 50 ms median): batching events must not make plots lag.
 
@@ -56,6 +57,7 @@ from _common import (
 import accel_widgets as aw
 
 GOAL = 0.98
+GOAL_MIN_STEP_MS = 3.0  # the goal is for steps at least this long
 WARMUP_STEPS = 2
 # Measured steps per workload: long enough (~1-5 s) that one scheduler hiccup is a few percent at
 # most, short enough that 5 pairs of all three demos stay near two minutes on 2 cores.
@@ -225,13 +227,14 @@ def measure(name: str, steps: int, rounds: int, max_rounds: int, threads: int, g
     def over(key: str, chosen: list[dict[str, Any]]) -> dict[str, float]:
         return spread([r[key] for r in chosen])
 
+    step_median_ms = 1e3 * statistics.median(r["engine"]["step_median_s"] for r in rows)
     return {
         "workload": name,
         "steps": steps,
         "warmup_steps": WARMUP_STEPS,
         "batch_size": workload.batch_size,
         "threads": threads,
-        "step_median_ms": 1e3 * statistics.median(r["engine"]["step_median_s"] for r in rows),
+        "step_median_ms": step_median_ms,
         "ratio_vs_here": over("ratio_vs_here", rows),
         "ratio_vs_forked": over("ratio_vs_forked", rows),
         "ratio_vs_here_judged": over("ratio_vs_here", judged),
@@ -241,13 +244,14 @@ def measure(name: str, steps: int, rounds: int, max_rounds: int, threads: int, g
         "event_latency_max_ms": 1e3 * max(r["engine"]["event_latency_max_s"] for r in rows),
         "engine_parent_cpu_pct_of_core": spread([r["engine"]["parent_cpu_pct_of_core"] for r in rows]),
         "engine_parent_cpu_ms_per_step": spread([r["engine"]["parent_cpu_ms_per_step"] for r in rows]),
-        "meets_goal": over("ratio_vs_here", judged)["median"] >= GOAL,
+        "meets_goal": (over("ratio_vs_here", judged)["median"] >= GOAL if step_median_ms >= GOAL_MIN_STEP_MS
+                       else None),
         "rounds": rows,
     }
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}%"
+def _verdict(meets_goal: bool | None) -> str:
+    return f"n/a (step < {GOAL_MIN_STEP_MS:g} ms)" if meets_goal is None else "met" if meets_goal else "NOT met"
 
 
 def main() -> None:
@@ -280,7 +284,7 @@ def main() -> None:
         ["workload", "batch", "step (ms)", "engine / loop here", "engine / loop forked", f"goal >= {GOAL}",
          "quiet rounds", "event latency median / max (ms)", "parent CPU (% of a core)"],
         [[r["workload"], r["batch_size"], f"{r['step_median_ms']:.2f}", fmt_ratio(r["ratio_vs_here_judged"]),
-          fmt_ratio(r["ratio_vs_forked_judged"]), "met" if r["meets_goal"] else "NOT met",
+          fmt_ratio(r["ratio_vs_forked_judged"]), _verdict(r["meets_goal"]),
           f"{r['quiet_rounds']}/{len(r['rounds'])}",
           f"{r['event_latency_median_ms']:.1f} / {r['event_latency_max_ms']:.1f}",
           f"{r['engine_parent_cpu_pct_of_core']['median']:.1f}"] for r in results],
