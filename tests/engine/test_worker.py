@@ -69,7 +69,7 @@ if sys.argv[1] == "keep":
     assert keep_freed_memory()
 
 def step():  # a step's activations: several large blocks allocated, then all freed together
-    blocks = [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(6)]
+    blocks = [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(4)]
     del blocks
 
 for _ in range(3):
@@ -90,5 +90,5 @@ def test_a_rank_keeps_the_memory_each_step_frees_instead_of_faulting_it_back_in(
         return float(done.stdout.split()[-1])
 
     stock, kept = faults_per_step("stock"), faults_per_step("keep")
-    assert stock > 10_000  # a fresh process returns the 60 MiB to the system each step and faults it back in
+    assert stock > 5_000  # a fresh process returns the 40 MiB to the system each step and faults it back in
     assert kept < stock / 20
