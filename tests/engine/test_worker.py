@@ -62,15 +62,21 @@ def test_other_events_go_at_once_after_the_steps_before_them_and_close_ends_the_
 
 
 _CHURN = """
-import resource, sys
-import torch
+import ctypes, resource, sys
 from accel_widgets.engine.worker import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+BLOCK = 10 << 20
 
-def step():  # a step's activations: several large blocks allocated, then all freed together
-    blocks = [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(4)]
-    del blocks
+def step():  # a step's activations: several large blocks written, then all freed together
+    blocks = [libc.malloc(BLOCK) for _ in range(4)]
+    for block in blocks:
+        ctypes.memset(block, 1, BLOCK)
+    for block in blocks:
+        libc.free(block)
 
 for _ in range(3):
     step()
