@@ -362,11 +362,14 @@ def _collect(
     the first step at once). From then on it sleeps ``PUMP_TICK_S`` at a time and reads what the ranks
     wrote meanwhile, so steps streaming in never wake it; a rank process that ends wakes it at once.
     """
+    codes: list[int | None] = [None] * len(context.processes)
     while True:
         if collected.first_step_at is None:
             _drain(events, collected, on_event, timeout=PUMP_TICK_S, watch=watch)
         else:
-            multiprocessing.connection.wait(_running_sentinels(context), timeout=PUMP_TICK_S)
+            # Only running ranks' sentinels: an ended rank's stays ready and would end every wait.
+            running = [p.sentinel for p, code in zip(context.processes, codes, strict=True) if code is None]
+            multiprocessing.connection.wait(running, timeout=PUMP_TICK_S)
             _drain(events, collected, on_event, watch=watch)
         while not samples.empty():
             sample = samples.get()
@@ -388,11 +391,6 @@ def _collect(
         if time.perf_counter() > deadline:
             collected.exit_codes, collected.phases = codes, watch.now()
             return "timeout"
-
-
-def _running_sentinels(context: ProcessContext) -> list[int]:
-    """The sentinels of the ranks still running (an ended rank's stays ready and would end every wait)."""
-    return [process.sentinel for process in context.processes if process.exitcode is None]
 
 
 def _ended_unfinished(codes: list[int | None], collected: _Collected) -> bool:

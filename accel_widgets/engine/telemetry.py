@@ -335,8 +335,7 @@ class HostCpu:
     """The machine's CPU use since the previous reading, from one snapshot of every core's times.
 
     ``psutil.cpu_percent``, its per-core form and ``cpu_times_percent`` each read ``/proc/stat`` again;
-    this reads it once a tick (each read is time the sampler takes from cores that train). Busy and
-    total time are counted as psutil counts them: guest time is already in user time, and I/O wait is idle.
+    this reads it once a tick (each read is time the sampler takes from cores that train).
     """
 
     def __init__(self) -> None:
@@ -348,17 +347,25 @@ class HostCpu:
         last, self._last = self._last, now
         if last is None or len(last) != len(now):
             return None, None, None
-        busy, total = zip(*(_busy_and_total(b) for b in now), strict=True)
-        busy_before, total_before = zip(*(_busy_and_total(a) for a in last), strict=True)
-        per_core = [_share(b - a, t - u) for b, a, t, u in zip(busy, busy_before, total, total_before, strict=True)]
-        elapsed = sum(total) - sum(total_before)
-        iowait = sum(getattr(b, "iowait", 0.0) - getattr(a, "iowait", 0.0) for b, a in zip(now, last, strict=True))
-        return _share(sum(busy) - sum(busy_before), elapsed), per_core, _share(iowait, elapsed)
+        cores = [_core_delta(before, after) for before, after in zip(last, now, strict=True)]
+        busy, elapsed, iowait = (sum(column) for column in zip(*cores, strict=True))
+        return (_share(busy, elapsed), [_share(core_busy, core_elapsed) for core_busy, core_elapsed, _ in cores],
+                _share(iowait, elapsed))
 
 
-def _busy_and_total(times: Any) -> tuple[float, float]:
+def _core_delta(before: Any, after: Any) -> tuple[float, float, float]:
+    """One core's busy, elapsed and I/O-wait seconds between two readings."""
+    (busy_after, total_after, iowait_after), (busy_before, total_before, iowait_before) = (
+        _counted(after), _counted(before))
+    return busy_after - busy_before, total_after - total_before, iowait_after - iowait_before
+
+
+def _counted(times: Any) -> tuple[float, float, float]:
+    """A core's busy, total and I/O-wait seconds so far, as psutil counts them (guest time is already in user
+    time; I/O wait is idle)."""
     total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
-    return total - times.idle - getattr(times, "iowait", 0.0), total
+    iowait = getattr(times, "iowait", 0.0)
+    return total - times.idle - iowait, total, iowait
 
 
 def _share(part: float, whole: float) -> float:

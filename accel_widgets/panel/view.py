@@ -235,7 +235,7 @@ class TuningPanel:
             self.profile_view.value = "" if state.profile is None else profile_html(state.profile)
 
     def _fit(self, change: dict[str, Any]) -> None:
-        """The browser measured the panel's width: fit the figure and the control columns to it (under the
+        """The browser measured the panel's width: fit the figures and the control columns to it (under the
         lock, as every redraw).
 
         Three columns of controls beside the actions when they fit; else two (with the actions beside them,
@@ -244,6 +244,11 @@ class TuningPanel:
         width = int(change["new"])
         with self.state.lock:
             self.plots.fit(width)
+            # Figures drawn before the browser measured (runs loaded at start) were drawn at the default width.
+            for box in (*self.compare.children, self.batch_view):
+                for figure in box.children:
+                    if isinstance(figure, go.FigureWidget):
+                        figure.layout.width = self.plots.figure.layout.width
             columns = 3 if width >= 3 * COLUMN_PX + ACTIONS_PX else 2 if width >= 2 * COLUMN_PX + 10 else 1
             self.controls.arrange(columns)
 

@@ -369,3 +369,6 @@ def test_the_compare_tabs_draw_the_reports_figures_of_the_finished_runs() -> Non
     assert {t.meta["kind"] for t in breakdown.data} == {"data_s", "h2d_s", "compute_s"}
     click(panel, "run_button")  # a new run: the shown tab is drawn again, with it
     assert panel.compare.children[2].children[0] is not breakdown
+    panel.plots.probe.width = 900  # measured after the tabs were drawn: they are refitted, not left at 1180
+    assert panel.compare.children[0].children[0].layout.width == panel.compare.children[2].children[0].layout.width \
+        == panel.plots.figure.layout.width == 900
