@@ -10,7 +10,11 @@ Timing is the engine's own: steps tile the window on the clock of whatever does 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import resource
+import signal
+import sys
 import time
 import warnings
 from collections import deque
@@ -231,6 +235,30 @@ class EpochIterator:
                 f"each loader worker's share) holds fewer items than one batch of {self._loader.batch_size}, and "
                 "batches are kept full-sized. Use a smaller batch_size, fewer loader workers or more data"
             ) from None
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+class DieWithRank:
+    """``worker_init_fn`` of a rank's DataLoader workers: each dies with the rank, then runs the user's own.
+
+    torch's workers poll ``os.getppid()`` against the parent they saw at start; a worker forked just as its
+    rank was killed (a teardown SIGKILL) sees init as its parent from the start and waits for work forever,
+    holding the caller's stdout. So the kernel is asked to SIGKILL the worker when its parent goes, and a
+    worker whose rank is already gone exits at once.
+    """
+
+    def __init__(self, rank_pid: int, user_init: Callable[[int], None] | None) -> None:
+        self.rank_pid, self.user_init = rank_pid, user_init
+
+    def __call__(self, worker_id: int) -> None:
+        if sys.platform == "linux":
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.rank_pid:
+            os._exit(1)
+        if self.user_init is not None:
+            self.user_init(worker_id)
 
 
 def prepare_model(model: nn.Module, config: Config, device: torch.device) -> tuple[nn.Module, nn.Module]:
@@ -540,6 +568,7 @@ def build_loop(
     system.cap_memory(config, device)
     dataset = data.prepare_dataset(workload.dataset, config, cache_dir)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
+    loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
     model, raw = prepare_model(workload.build_model(), config, device)
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
     torch.manual_seed(data.data_seed(workload))

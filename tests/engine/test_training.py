@@ -1,5 +1,9 @@
 """The training step and its knobs, run in-process (fast) where isolation is not the point."""
 
+import multiprocessing
+import os
+import subprocess
+import sys
 from typing import ClassVar
 
 import pytest
@@ -11,6 +15,7 @@ from accel_widgets import Config, Workload, run_burst
 from accel_widgets.engine.training import (
     BatchFormatError,
     CudaTimeline,
+    DieWithRank,
     HostTimeline,
     StepClock,
     batch_length,
@@ -294,3 +299,55 @@ def test_fp16_scaler_skips_are_counted():
     healthy = burst(tiny_workload(), Config(precision="fp16"), steps=4)
     assert healthy.ranks[0].scaler_skipped_steps == 0
     assert burst(tiny_workload(), Config(), steps=2).ranks[0].scaler_skipped_steps is None
+
+
+_ORPHAN = """
+import multiprocessing, os, sys, time
+from accel_widgets.engine.training import DieWithRank
+
+def worker(rank_pid, ready):
+    DieWithRank(rank_pid, lambda worker_id: ready.set())(0)
+    time.sleep(60)
+
+def rank(pids, ready):
+    child = multiprocessing.get_context("fork").Process(target=worker, args=(os.getpid(), ready))
+    child.start()
+    pids.put(child.pid)
+    ready.wait(30)
+    os._exit(0)  # the rank dies (as under a teardown SIGKILL) with its loader worker still running
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    pids, ready = ctx.SimpleQueue(), ctx.Event()
+    r = ctx.Process(target=rank, args=(pids, ready))
+    r.start()
+    worker_pid = pids.get()
+    r.join(30)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{worker_pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            state = "gone"
+        if state in ("gone", "Z"):  # killed (a zombie until init reaps it)
+            print("gone")
+            sys.exit(0)
+        time.sleep(0.05)
+    os.kill(worker_pid, 9)
+    print("orphan")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG)")
+def test_a_loader_worker_dies_with_its_rank_and_one_whose_rank_is_gone_exits(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ACCEL_WIDGETS_PRESTART": "0"})
+    assert done.stdout.strip() == "gone", done.stdout + done.stderr
+
+    child = multiprocessing.get_context("fork").Process(target=DieWithRank(os.getpid() + 10**6, None), args=(0,))
+    child.start()
+    child.join(10)
+    assert child.exitcode == 1  # its rank is not its parent any more: it exits before the user's init runs
