@@ -21,8 +21,13 @@ Each measurement starts once the machine is quiet (other jobs share this 2-core 
 Each is measured for one rank and for two DDP ranks (gloo) of the same workload: a DDP burst's
 first step needs both ranks forked, the process group formed and the model broadcast.
 
-Goals: first burst <= 1.2 s, later bursts <= 0.1 s; the later/cold-spawn ratio shows what the
-forkserver buys.
+The clock stops when the first step's event arrives, so each time includes the workload's own first
+step (0.2 s for the image demo, whatever the harness does). The "harness part" subtracts it (the
+fastest rank's ``first_step_s``): what the burst costs before the user's code trains.
+
+Goals: first burst <= 1.2 s (whole time), later bursts <= 0.1 s (harness part: no launcher can start a
+0.2 s step in less than 0.2 s); the later/cold-spawn ratio shows what the forkserver buys, and the cold
+spawn itself how fast the machine is that day.
 
 Run:  .venv/bin/python benchmarks/time_to_first_step.py [--fresh 3] [--later 5] [--workloads mlp,lm,image]
 """
@@ -55,7 +60,8 @@ called = time.perf_counter()
 result = aw.run_burst(workload, aw.Config(**{knobs!r}), steps=1)
 print(json.dumps({{"time_to_first_step_s": result.time_to_first_step_s, "wall_s": result.wall_s,
                   "from_import_s": called - started + result.time_to_first_step_s,
-                  "setup_s": result.ranks[0].setup_s, "first_step_s": result.ranks[0].first_step_s}}))
+                  "setup_s": result.ranks[0].setup_s,
+                  "first_step_s": min(rank.first_step_s for rank in result.ranks)}}))
 """
 
 
@@ -73,7 +79,12 @@ def later_burst(workload: aw.Workload, knobs: dict[str, Any]) -> dict[str, float
     result = aw.run_burst(workload, aw.Config(**knobs), steps=1)
     assert result.time_to_first_step_s is not None
     return {"time_to_first_step_s": result.time_to_first_step_s, "setup_s": result.ranks[0].setup_s,
-            "first_step_s": result.ranks[0].first_step_s}
+            "first_step_s": min(rank.first_step_s for rank in result.ranks)}
+
+
+def harness_part(measured: dict[str, float]) -> float:
+    """Time to first step less the workload's own first step: what the launch costs before training."""
+    return measured["time_to_first_step_s"] - measured["first_step_s"]
 
 
 def cold_spawn_target(rank: int, workload: aw.Workload, threads: int, events: Any) -> None:
@@ -170,6 +181,7 @@ def main() -> None:
     for name, label in cases:
         first = spread([r["time_to_first_step_s"] for r in fresh[name, label]])
         after = spread([r["time_to_first_step_s"] for r in later[name, label]])
+        after_harness = spread([harness_part(r) for r in later[name, label]])
         spawn = spread(spawned[name])
         ratios = spread([e["time_to_first_step_s"] / s
                          for e, s in zip(later[name, label], spawned[name], strict=True)])
@@ -178,27 +190,31 @@ def main() -> None:
             "ranks": label,
             "first_burst_fresh_process_s": first,
             "first_burst_from_import_s": spread([r["from_import_s"] for r in fresh[name, label]]),
+            "first_burst_harness_part_s": spread([harness_part(r) for r in fresh[name, label]]),
             "later_burst_s": after,
+            "later_burst_harness_part_s": after_harness,
             "later_burst_worker_setup_s": spread([r["setup_s"] for r in later[name, label]]),
             "later_burst_worker_first_step_s": spread([r["first_step_s"] for r in later[name, label]]),
             "cold_spawn_s": spawn,
             "later_over_cold_spawn": ratios,
             "meets_first_goal": first["median"] <= GOAL_FIRST_S,
-            "meets_later_goal_median": after["median"] <= GOAL_LATER_S,
-            "meets_later_goal_every_burst": after["max"] <= GOAL_LATER_S,
+            "meets_later_goal_median": after_harness["median"] <= GOAL_LATER_S,
+            "meets_later_goal_every_burst": after_harness["max"] <= GOAL_LATER_S,
             "raw": {"fresh": fresh[name, label], "later": later[name, label], "cold_spawn_s": spawned[name]},
         })
 
     print()
     print(table(
         ["workload", "ranks", f"first burst median (min), goal <= {GOAL_FIRST_S} s", "from import (median)",
-         f"later median / max (min), goal <= {GOAL_LATER_S} s", "cold spawn median (min)",
+         "later median / max (min)", f"harness part of later, median / max, goal <= {GOAL_LATER_S} s",
+         "cold spawn median (min)",
          "later / cold spawn median (min-max)"],
         [[r["workload"], r["ranks"],
           f"{_s(r['first_burst_fresh_process_s'], 'median')} ({_s(r['first_burst_fresh_process_s'], 'min')}) "
           f"{'met' if r['meets_first_goal'] else 'NOT met'}",
           _s(r["first_burst_from_import_s"], "median"),
-          f"{_s(r['later_burst_s'], 'median')} / {_s(r['later_burst_s'], 'max')} ({_s(r['later_burst_s'], 'min')}) "
+          f"{_s(r['later_burst_s'], 'median')} / {_s(r['later_burst_s'], 'max')} ({_s(r['later_burst_s'], 'min')})",
+          f"{_s(r['later_burst_harness_part_s'], 'median')} / {_s(r['later_burst_harness_part_s'], 'max')} "
           f"{_verdict(r['meets_later_goal_median'], r['meets_later_goal_every_burst'])}",
           f"{_s(r['cold_spawn_s'], 'median')} ({_s(r['cold_spawn_s'], 'min')})",
           fmt_ratio(r["later_over_cold_spawn"])] for r in results],
