@@ -7,6 +7,7 @@ caught here rather than on the device.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -247,6 +248,31 @@ tests/engine/test_gpu.py::test_dataparallel_runs_on_two_gpus SKIPPED (DataParall
 =========================== short test summary info ============================
 FAILED tests/engine/test_gpu.py::test_memory_fraction_caps_the_worker - assert False
 """
+
+
+# What the GPU machine's stock image lacks of this project's dependencies (the device tool's package list).
+ABSENT_ON_THE_GPU_MACHINE = ("ipywidgets", "plotly", "anywidget", "nbformat", "webdataset", "playwright")
+BLOCK_AND_COLLECT = """
+import sys, pytest
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {absent!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, Absent())
+sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *{files!r}]))
+"""
+
+
+def test_gpu_tests_are_collected_alone_without_the_ui_packages():
+    files = gc.gpu_test_files()
+    assert {"tests/engine/test_gpu.py", "tests/test_batchsize.py"} <= {str(f.relative_to(gc.ROOT)) for f in files}
+    code = BLOCK_AND_COLLECT.format(absent=set(ABSENT_ON_THE_GPU_MACHINE), files=[str(f) for f in files])
+    collected = subprocess.run([sys.executable, "-c", code], cwd=gc.ROOT, capture_output=True, text=True,
+                               timeout=120, check=False)
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    assert "tests/engine/test_gpu.py::test_cuda_burst_times_with_events_and_samples_nvml" in collected.stdout
+    assert "tests/test_batchsize.py::test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit" in (
+        collected.stdout)
 
 
 def test_pytest_outcomes_are_read_line_by_line():
