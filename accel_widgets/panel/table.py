@@ -15,13 +15,16 @@ import ipywidgets as w
 
 from ..presentation import COLUMNS, PANEL_COLUMNS, STATUS, TITLE, RunRow, run_colour
 
-_WIDTHS = {"title": "minmax(240px, 4fr)", "samples": "90px", "speedup": "80px", "step": "120px", "util": "60px",
-           "data_wait": "80px", "peak": "80px", "compile": "80px", "flops": "130px",
-           "energy": "80px", "status": "minmax(90px, 1.5fr)"}
+# A number column is as wide as its widest value or the longest word of its header, which wraps ("data" over
+# "wait"): so the whole table fits the ~970 px a 1400 px JupyterLab window with its file browser leaves.
+# The free width goes to the run's name and its status, cut with an ellipsis (hover shows the whole).
+_WIDTHS = {key: "min-content" for key in PANEL_COLUMNS} | {"title": "minmax(140px, 4fr)",
+                                                           "status": "minmax(80px, 1.5fr)"}
 _HEADERS = (("show", "tick to show the run in the plots", "64px"), (*TITLE, _WIDTHS["title"]),
             *((COLUMNS[key].header, COLUMNS[key].meaning, _WIDTHS[key]) for key in PANEL_COLUMNS),
             (*STATUS, _WIDTHS["status"]))
-_CELL = "padding: 2px 6px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
+_CELL = "padding: 2px 5px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
+_HEADER = "padding: 2px 5px; font-weight: 600; line-height: 1.25;"
 _ROW_EDGE = "1px solid #e0e0e0"
 
 
@@ -31,8 +34,10 @@ class RunsTable:
     def __init__(self, on_toggle: Callable[[int, bool], None]) -> None:
         self._on_toggle = on_toggle
         self.checkboxes: list[w.Checkbox] = []
-        self.header = [w.HTML(f'<div style="{_CELL} font-weight: 600;" title="{html.escape(tip)}">'
-                              f"{html.escape(name)}</div>") for name, tip, _ in _HEADERS]
+        numbers = {COLUMNS[key].header for key in PANEL_COLUMNS}  # right-aligned over their values
+        self.header = [w.HTML(f'<div style="{_HEADER} text-align: {"right" if name in numbers else "left"};" '
+                              f'title="{html.escape(tip)}">{html.escape(name)}</div>',
+                              layout=w.Layout(align_self="flex-end")) for name, tip, _ in _HEADERS]
         self.widget = w.GridBox(self.header, layout=w.Layout(
             grid_template_columns=" ".join(width for _, _, width in _HEADERS), grid_gap="0px 0px",
             width="100%", overflow="auto hidden"))  # in a narrow window the table scrolls rather than losing columns

@@ -303,6 +303,7 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
     for widths in (wide, narrow):
         assert widths["panel"] - 40 < widths["plots"] <= widths["panel"], widths
         assert widths["runs_room"] <= widths["panel"], widths
+    assert wide["runs"] <= wide["runs_room"], f"at 1400 px every column of the runs table shows: {wide}"
     assert narrow["panel"] < wide["panel"], (narrow, wide)
     # Beside the file browser every control is whole: in the columns the kernel picked for the width, and
     # in three columns picked for a wider panel (a stale width: the kernel busy when the window changed).
@@ -363,6 +364,14 @@ def layout_problems(page: Page) -> list[str]:
     return page.evaluate(JS_LAYOUT)
 
 
+def runs_table_problems(page: Page, window_width: int) -> list[str]:
+    """From a 1400 px window on, the runs table shows every column without scrolling (narrower, it scrolls)."""
+    widths = page.evaluate(JS_WIDTHS)
+    if window_width < LAYOUT_WIDTHS[0] or widths["runs"] <= widths["runs_room"]:
+        return []
+    return [f"the runs table needs {widths['runs']} px and has {widths['runs_room']} px: it scrolls"]
+
+
 def layout_beside_file_browser(page: Page) -> dict[str, list[str]]:
     """Open JupyterLab's file browser and check the panel's layout at each of LAYOUT_WIDTHS, saving
     panel-<width>.png and one shot of the whole window; then three columns forced on the narrowest."""
@@ -371,7 +380,7 @@ def layout_beside_file_browser(page: Page) -> dict[str, list[str]]:
     problems = {}
     for width in LAYOUT_WIDTHS:
         page.set_viewport_size({"width": width, "height": VIEWPORT["height"]})
-        problems[f"{width} px, file browser open"] = layout_problems(page)
+        problems[f"{width} px, file browser open"] = layout_problems(page) + runs_table_problems(page, width)
         page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{width}.png"))
         if width == LAYOUT_WIDTHS[0]:
             page.screenshot(path=str(ARTIFACTS / f"jupyterlab-{width}-file-browser.png"))
