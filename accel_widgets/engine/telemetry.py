@@ -355,9 +355,8 @@ class HostCpu:
 
 def _core_delta(before: Any, after: Any) -> tuple[float, float, float]:
     """One core's busy, elapsed and I/O-wait seconds between two readings."""
-    (busy_after, total_after, iowait_after), (busy_before, total_before, iowait_before) = (
-        _counted(after), _counted(before))
-    return busy_after - busy_before, total_after - total_before, iowait_after - iowait_before
+    busy, elapsed, iowait = (now - then for now, then in zip(_counted(after), _counted(before), strict=True))
+    return busy, elapsed, iowait
 
 
 def _counted(times: Any) -> tuple[float, float, float]:

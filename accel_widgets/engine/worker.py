@@ -8,6 +8,7 @@ burst is simply a burst of one rank, so DDP adds a process group and nothing els
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import math
 import os
@@ -191,8 +192,6 @@ def keep_freed_memory() -> bool:
     """
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return False
-    import ctypes
-
     libc = ctypes.CDLL(None)
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))

@@ -20,9 +20,10 @@ from ..presentation import COLUMNS, PANEL_COLUMNS, STATUS, TITLE, RunRow, run_co
 # The free width goes to the run's name and its status, cut with an ellipsis (hover shows the whole).
 _WIDTHS = {key: "min-content" for key in PANEL_COLUMNS} | {"title": "minmax(140px, 4fr)",
                                                            "status": "minmax(80px, 1.5fr)"}
-_HEADERS = (("show", "tick to show the run in the plots", "64px"), (*TITLE, _WIDTHS["title"]),
-            *((COLUMNS[key].header, COLUMNS[key].meaning, _WIDTHS[key]) for key in PANEL_COLUMNS),
-            (*STATUS, _WIDTHS["status"]))
+# (header, its hover text, column width, alignment): numbers are right-aligned under a header aligned with them.
+_HEADERS = (("show", "tick to show the run in the plots", "64px", "left"), (*TITLE, _WIDTHS["title"], "left"),
+            *((COLUMNS[key].header, COLUMNS[key].meaning, _WIDTHS[key], "right") for key in PANEL_COLUMNS),
+            (*STATUS, _WIDTHS["status"], "left"))
 _CELL = "padding: 2px 5px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
 _HEADER = "padding: 2px 5px; font-weight: 600; line-height: 1.25;"
 _ROW_EDGE = "1px solid #e0e0e0"
@@ -34,12 +35,11 @@ class RunsTable:
     def __init__(self, on_toggle: Callable[[int, bool], None]) -> None:
         self._on_toggle = on_toggle
         self.checkboxes: list[w.Checkbox] = []
-        numbers = {COLUMNS[key].header for key in PANEL_COLUMNS}  # right-aligned over their values
-        self.header = [w.HTML(f'<div style="{_HEADER} text-align: {"right" if name in numbers else "left"};" '
-                              f'title="{html.escape(tip)}">{html.escape(name)}</div>',
-                              layout=w.Layout(align_self="flex-end")) for name, tip, _ in _HEADERS]
+        self.header = [w.HTML(f'<div style="{_HEADER} text-align: {align};" title="{html.escape(tip)}">'
+                              f"{html.escape(name)}</div>", layout=w.Layout(align_self="flex-end"))
+                       for name, tip, _, align in _HEADERS]
         self.widget = w.GridBox(self.header, layout=w.Layout(
-            grid_template_columns=" ".join(width for _, _, width in _HEADERS), grid_gap="0px 0px",
+            grid_template_columns=" ".join(width for _, _, width, _ in _HEADERS), grid_gap="0px 0px",
             width="100%", overflow="auto hidden"))  # in a narrow window the table scrolls rather than losing columns
         self.empty = w.HTML('<i style="color: #777;">No runs yet: Run burst or Run ladder.</i>')
 
