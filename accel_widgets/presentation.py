@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from .config import Config
 from .guard import GuardVerdict, NoiseBand, check_training
 from .results import BurstResult, StepRecord, TelemetrySample
+from .stats import Summary
+from .thresholds import THRESHOLDS
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -36,6 +38,10 @@ Row = dict[str, Any]
 Cell = tuple[str, str]
 
 MISSING = "–"
+#: A finished run whose numbers cannot rank a knob (:attr:`~accel_widgets.results.BurstResult.reliability`): its
+#: status and its speed-up carry this mark in every face.
+UNRELIABLE = "⚠ unreliable"
+UNRELIABLE_MARK = "⚠"
 #: Title prefix of runs loaded from the run history rather than run in this session.
 LOADED_MARK = "⟲ "
 NAME_LIMIT = 40
@@ -115,6 +121,22 @@ def step_text(row: Row) -> str:
     return f"{median:.{places}f} ± {row['step_ms_iqr']:.{places}f}{noise}"
 
 
+def speedup_text(row: Row) -> str:
+    """The speed-up; "p" when it is a paired re-measure's median, ⚠ when the run is unreliable."""
+    if row["speedup"] is None:
+        return MISSING
+    paired = " p" if row.get("paired") else ""
+    mark = f" {UNRELIABLE_MARK}" if row.get("unreliable") else ""
+    return f"{row['speedup']:.2f}×{paired}{mark}"
+
+
+def paired_note(row: Row) -> str:
+    if not row.get("paired"):
+        return ""
+    q1, q3, pairs = row["paired"]
+    return f"median of {pairs} interleaved pairs with the baseline, IQR {q1:.2f}×-{q3:.2f}×"
+
+
 def flops_text(row: Row) -> str:
     """Model FLOP/s with the prefix its size needs, and the MFU in brackets where the GPU's peak is known."""
     tflops = row.get("tflops")
@@ -173,6 +195,9 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "step_ms_median": step.median * 1e3 if step is not None else None,
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),
+        # Measured on a shared or stalling machine: not ranked, not shown as a plain speed-up (thresholds.py).
+        "unreliable": result.status == "ok" and not result.reliability.reliable,
+        "unreliable_why": result.reliability.text(),
         "util_pct": result.mean_utilisation_pct,
         "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
@@ -237,35 +262,52 @@ class RunRow:
             faster = values["speedup"] is not None and values["speedup"] > 1.0
             return "faster but changes training" if faster else "changes training", "\n".join(self.verdict.reasons)
         text = f"{values['status']}: {values['error']}" if values["error"] else str(values["status"])
+        if values["unreliable"]:
+            return UNRELIABLE, (f"finished, but unreliable: {values['unreliable_why']}.\nRe-measure it paired with "
+                                "its baseline (Re-measure in the panel, aw.remeasure) before ranking it.")
         unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline")
         return text, f"{text}\ntraining not checked: {self.verdict.reasons[-1]}" if unchecked else text
 
     def status_colour(self) -> str:
-        """Green for ok, amber for stopped, red for anything that did not train as it should."""
+        """Green for ok, amber for stopped or unreliable, red for anything that did not train as it should."""
         status = str(self.values["status"])
         if self.changes_training or status not in ("ok", "stopped"):
             return COLOURS["error"]
-        return COLOURS[status]
+        return COLOURS["warning"] if self.values["unreliable"] else COLOURS[status]
 
 
 def run_rows(results: Sequence[BurstResult], *, loaded: Mapping[int, str] | None = None,
              judged: Sequence[RunRow] = (),
-             noise_of: Callable[[BurstResult], NoiseBand | None] | None = None) -> list[RunRow]:
+             noise_of: Callable[[BurstResult], NoiseBand | None] | None = None,
+             paired: Mapping[int, Summary] | None = None) -> list[RunRow]:
     """Every run's table row, each judged by the guard against the baseline of its own speed-up.
 
     ``loaded`` maps the index of each run loaded from the run history to its hover note. ``judged`` are
     rows built before from the same runs (the panel's table before its latest run): a run whose baseline
     is still the same keeps its verdict, so the guard judges each run once, not once per table update.
     ``noise_of(baseline)`` gives the baseline's measured noise band when one is known (the guard then
-    tolerates what reseeding the data moves the loss by, not only the precision's floor).
+    tolerates what reseeding the data moves the loss by, not only the precision's floor). ``paired`` maps a
+    run re-measured against its baseline (:func:`~accel_widgets.remeasure.remeasure`) to its paired speed-ups:
+    that number replaces the row's, and the row is reliable again when the pairs agree.
     """
     notes = loaded or {}
     baselines = _baselines(results, None)
+    rows = [with_paired(values, (paired or {}).get(i)) for i, values in enumerate(_rows(results, baselines))]
     return [RunRow(result, chosen, values, _verdict(result, chosen, judged[i] if i < len(judged) else None,
                                                     noise_of),
                    notes.get(i))
-            for i, (result, chosen, values) in enumerate(zip(results, baselines, _rows(results, baselines),
-                                                             strict=True))]
+            for i, (result, chosen, values) in enumerate(zip(results, baselines, rows, strict=True))]
+
+
+def with_paired(values: Row, ratio: Summary | None) -> Row:
+    """A row whose speed-up is its re-measure's paired median (with its quartiles): believed over the single
+    burst's, and reliable when the pairs spread less than ``THRESHOLDS.paired_max_relative_iqr``."""
+    if ratio is None:
+        return values
+    agree = ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
+    why = "" if agree else f"its {ratio.n} paired re-measures spread {ratio.relative_iqr:.0%} of their median"
+    return {**values, "speedup": ratio.median, "paired": (ratio.q1, ratio.q3, ratio.n),
+            "unreliable": not agree, "unreliable_why": why}
 
 
 def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow | None,
@@ -305,14 +347,17 @@ def _energy_note(row: Row) -> str:
 
 TITLE = ("changes from baseline", "what differs from the baseline run (a ladder rung's name first)")
 STATUS = ("status", "ok, stopped, or failed with the error's first line; 'diverged' when a loss went NaN/inf (numbers "
-                    "measured, but it did not train); 'changes training' when the losses leave the baseline run's "
+                    "measured, but it did not train); 'changes training' when the losses leave the baseline run's; "
+                    "'unreliable' when other load or a stalling machine spread the steps too much to rank it "
                     "(hover for why)")
 COLUMNS: dict[str, Column] = {
     "samples": Column("samples/s", "steady-state throughput, summed over ranks",
                       lambda r: number(r["samples_per_s"], ",.1f")),
     "tokens": Column("tokens/s", "steady-state tokens per second, for workloads that count tokens",
                      lambda r: number(r["tokens_per_s"], ",.0f")),
-    "speedup": Column("speedup", "throughput over the baseline run's", lambda r: number(r["speedup"], ".2f", "×")),
+    "speedup": Column("speedup", "throughput over the baseline run's; ⚠ marks an unreliable run (hover its status), "
+                      "'p' one re-measured in pairs with its baseline (hover: the pairs' quartiles)",
+                      lambda r: speedup_text(r), lambda r: paired_note(r)),
     "step": Column("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", step_text,
                    _noise_note),
     "util": Column("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)",
@@ -352,6 +397,8 @@ def findings_html(findings: Sequence[Finding]) -> str:
 
 # -- the timeline figure ---------------------------------------------------------------------------
 TIMELINE_HEIGHT = 380
+TIMELINE_META = "accel_widgets timeline"  # the figure's layout.meta: what a face reflowing figures looks for
+TIMELINE_MARGIN_B = 45
 TIMELINE_TITLES = ("Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)")
 _UTILISATION_TITLES = {"nvml": "GPU utilisation % (NVML)", "psutil": "workers' CPU % of machine (psutil)"}
 _DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
@@ -384,9 +431,10 @@ def timeline_figure(utilisation: str) -> Figure:
 
     figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=TIMELINE_TITLES)
     figure.update_layout(
-        height=TIMELINE_HEIGHT, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": 45},
+        height=TIMELINE_HEIGHT, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": TIMELINE_MARGIN_B},
         legend={"title": {"text": "runs"}, "x": 1.02, "y": 1}, hovermode="closest",
         uirevision="keep",  # keep the user's zoom while data streams in
+        meta=TIMELINE_META,
     )
     figure.update_xaxes(title_text="time since launch (s)", **_UTILISATION_AT)
     figure.update_yaxes(title_text=utilisation, range=[0, 105], **_UTILISATION_AT)
