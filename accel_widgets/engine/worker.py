@@ -447,4 +447,6 @@ def _environment(device: torch.device, spec: BurstSpec, model: torch.nn.Module) 
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        # What memory_fraction is a share of (cudaMemGetInfo's total; NVML's total is a little larger).
+        env["cuda_memory_bytes"] = int(torch.cuda.mem_get_info(device)[1])
     return env
