@@ -277,8 +277,8 @@ def _math(result: BurstResult) -> list[Finding]:
         return []
     if mfu is None:
         return [Finding("info", "Model math", f"{si(achieved, 'FLOP/s')} of matmul/conv work sustained.")]
-    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak for "
-                    f"{result.config.precision} ({si(achieved, 'FLOP/s')}).")]
+    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak, each FLOP at the peak of "
+                    f"its math ({result.mfu_basis}; {si(achieved, 'FLOP/s')}).")]
 
 
 # -- against the baseline --------------------------------------------------------------------------

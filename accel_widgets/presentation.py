@@ -179,6 +179,7 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "compile_s": result.compile_s,
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
         "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
+        "mfu_basis": result.mfu_basis,
         "joules_per_sample": result.joules_per_sample,
         "samples_per_joule": result.samples_per_joule,
         "mean_power_w": result.mean_power_w,
@@ -324,7 +325,8 @@ COLUMNS: dict[str, Column] = {
     "compile": Column("compile s", "extra time of the first step over a steady one (compiled runs)",
                       lambda r: number(r["compile_s"], ".1f")),
     "flops": Column("FLOP/s (MFU)", "model math sustained (forward + backward), summed over ranks; MFU, the share "
-                    "of the GPUs' dense peak, in brackets where the peak is known", flops_text),
+                    "of the GPUs' dense peak, in brackets where the peak is known; each FLOP at the peak of the math "
+                    "it ran in (hover)", flops_text, lambda r: str(r.get("mfu_basis") or "")),
     "energy": Column("J/sample", "energy per trained sample over the measured window: NVML on a GPU (summed over "
                      "the GPUs in use), RAPL on the CPU (the whole package, every process on it, not only the "
                      "burst); hover for how it was read or why it was not",

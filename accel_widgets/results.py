@@ -129,6 +129,8 @@ class RankSummary:
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
     profile: ProfileCapture | None = None
     measured_tokens: int | None = None  # real tokens over the window, when batches carry an attention mask
+    # flops_per_sample split by "<op class>:<math>" ("conv:tf32", "matmul:fp32"): MFU's peak per FLOP
+    flops_by_math: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -316,12 +318,41 @@ class BurstResult:
 
     @property
     def mfu(self) -> float | None:
-        """Model FLOPs utilisation against the GPUs' dense peak for the precision in use (None on CPU)."""
+        """Model FLOPs utilisation: the share of the measured time the GPUs would need at their dense peak,
+        each FLOP at the peak of the math it ran in (:attr:`mfu_basis`), ``sum(flops_i / peak_i) / time``
+        over the GPUs in use; None on a CPU, on a GPU not in the peak table, or for math without a peak.
+
+        A result stored before FLOPs were counted per op charges all of them the matmuls' math."""
         achieved = self.achieved_flops_per_s
         if achieved is None or self.environment.get("device_kind") != "cuda":
             return None
-        peak = peak_flops(str(self.environment.get("device_name", "")), self.run_facts.math)
-        return achieved / (peak * self.gpus_used) if peak else None
+        shares = self._flop_shares()
+        device = str(self.environment.get("device_name", ""))
+        peaks = [peak_flops(device, key.partition(":")[2]) for key in shares]
+        if not all(peaks):
+            return None
+        busy = sum(achieved * share / (peak or math.inf) for share, peak in zip(shares.values(), peaks, strict=True))
+        return busy / self.gpus_used
+
+    @property
+    def mfu_basis(self) -> str:
+        """Which math MFU charged the FLOPs at: "FLOPs: 98% convs in tf32, 2% matmuls in fp32"; "" without FLOPs."""
+        shares = sorted(self._flop_shares().items(), key=lambda item: -item[1])
+        parts = [f"{share:.0%} {'ops' if op == 'all' else op + 's'} in {math_}"
+                 for (op, _, math_), share in ((key.partition(":"), share) for key, share in shares)]
+        return f"FLOPs: {', '.join(parts)}" if parts else ""
+
+    def _flop_shares(self) -> dict[str, float]:
+        """Each ``"<op class>:<math>"``'s share of the achieved FLOP/s, over every rank's counts."""
+        rates: dict[str, float] = {}
+        for r in self.ranks:
+            if not r.flops_per_sample or r.measured_s <= 0:
+                continue
+            split = r.flops_by_math or {f"all:{self.run_facts.math}": r.flops_per_sample}
+            for key, flops in split.items():
+                rates[key] = rates.get(key, 0.0) + flops * r.measured_samples / r.measured_s
+        total = sum(rates.values())
+        return {key: rate / total for key, rate in rates.items()} if total > 0 else {}
 
     @property
     def gpus_used(self) -> int:
@@ -447,7 +478,7 @@ class BurstResult:
         if self.compile_s is not None:
             lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)")
         if self.achieved_flops_per_s is not None:
-            mfu = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
+            mfu = f", MFU {self.mfu:.1%} ({self.mfu_basis}, each at its peak)" if self.mfu is not None else ""
             lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
         if self.peak_memory_bytes is not None:
             lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")

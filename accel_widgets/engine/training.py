@@ -362,8 +362,9 @@ class TrainingLoop:
         self.mixed_precision = precision.MixedPrecision(self.config, self.device)
         self._next_step = 0
 
-    def flops_per_sample(self, raw_model: nn.Module) -> float | None:
-        """Training FLOPs per sample, counted on one extra micro-batch after measuring (None if uncountable)."""
+    def flops_by_math(self, raw_model: nn.Module) -> dict[str, float] | None:
+        """Training FLOPs per sample by ``"<op class>:<math>"`` ("conv:tf32", "matmul:bf16"), counted on one
+        extra micro-batch after measuring (None if uncountable)."""
         if self.last_micro_batch is None:
             return None
         batch = self.last_micro_batch
@@ -373,7 +374,14 @@ class TrainingLoop:
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
             warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
             return None
-        return flops / self._samples_in(batch) if flops else None
+        if not flops.total:
+            return None
+        samples = self._samples_in(batch)
+        by_math: dict[str, float] = {}
+        for (op_class, dtype), count in flops.by_op.items():
+            key = f"{op_class}:{precision.op_math(self.config, self.device.type, op_class, dtype)}"
+            by_math[key] = by_math.get(key, 0.0) + count / samples
+        return by_math
 
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The micro-batch's loss, in the first form the workload gives (see :class:`~accel_widgets.Workload`)."""
@@ -582,7 +590,7 @@ def build_loop(
 
 def rank_summary(
     rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
-    scaler_skipped_steps: int | None = None, flops_per_sample: float | None = None,
+    scaler_skipped_steps: int | None = None, flops_by_math: dict[str, float] | None = None,
     profile: ProfileCapture | None = None,
 ) -> RankSummary:
     return RankSummary(
@@ -596,6 +604,7 @@ def rank_summary(
         first_step_s=window.first_step_s,
         device=device_name,
         scaler_skipped_steps=scaler_skipped_steps,
-        flops_per_sample=flops_per_sample,
+        flops_per_sample=sum(flops_by_math.values()) if flops_by_math else None,
+        flops_by_math=flops_by_math,
         profile=profile,
     )

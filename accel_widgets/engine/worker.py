@@ -287,7 +287,7 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         set_phase(Phase.FINISHING)
         capture = _profile(loop, spec, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
-                               loop.flops_per_sample(raw), capture)
+                               loop.flops_by_math(raw), capture)
     emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
 
 
