@@ -197,6 +197,8 @@ def _device(result: BurstResult) -> list[Finding]:
                                     "breakdown for where the rest goes."))
     elif util is not None:
         findings.append(Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%)."))
+    elif result.utilisation_note.startswith("too short"):
+        findings.append(Finding("info", "Utilisation not read", f"{result.utilisation_note}."))
     if compute is not None and compute >= THRESHOLDS.compute_ok_share:
         findings.append(_compute_bound(result, compute))
     return findings

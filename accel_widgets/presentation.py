@@ -174,6 +174,7 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),
         "util_pct": result.mean_utilisation_pct,
+        "util_note": result.utilisation_note,
         "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
         "compile_s": result.compile_s,
@@ -291,6 +292,13 @@ class Column:
         return self.text(row), self.hover(row) if self.hover is not None else ""
 
 
+def util_text(row: Row) -> str:
+    """The mean utilisation, or "too short" where the window was shorter than NVML's readings can tell."""
+    if row["util_pct"] is None and str(row.get("util_note") or "").startswith("too short"):
+        return "too short"
+    return number(row["util_pct"], ".0f")
+
+
 def _noise_note(row: Row) -> str:
     return "noisy: IQR/median ≥ 10% or fewer than 4 steps" if row.get("noisy") else ""
 
@@ -316,8 +324,9 @@ COLUMNS: dict[str, Column] = {
     "speedup": Column("speedup", "throughput over the baseline run's", lambda r: number(r["speedup"], ".2f", "×")),
     "step": Column("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", step_text,
                    _noise_note),
-    "util": Column("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)",
-                   lambda r: number(r["util_pct"], ".0f")),
+    "util": Column("util %", "mean device utilisation (GPU: NVML, from 1 s into the measured window: its readings "
+                   "average the last second; CPU: the workers' share of the machine)", util_text,
+                   lambda r: str(r.get("util_note") or "")),
     "data_wait": Column("data wait", "share of the step spent waiting for the data loader",
                         lambda r: number(r["data_wait_pct"], ".0f", "%")),
     "peak": Column("peak MiB", "peak memory (GPU allocator, or the workers' RSS on CPU)",
