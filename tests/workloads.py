@@ -104,6 +104,15 @@ def tensors(n: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+class SlowToExit(TinyNet):
+    """Starts a non-daemon thread that runs a minute longer: the rank delivers its result, then cannot exit
+    (as when persistent loader workers, a compile pool or a CUDA context take long to close)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        threading.Thread(target=time.sleep, args=(60.0,), name="slow-to-exit", daemon=False).start()
+
+
 def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
     """A TinyNet factory by default: the engine seeds it, so every burst starts from the same weights."""
     return Workload(model=model or TinyNet, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32,

@@ -50,6 +50,9 @@ DEFAULT_TIMEOUT_S = 600.0
 #: wake-up of this process preempts one of them, so the count of wake-ups, not their work, is the cost.
 PUMP_TICK_S = 0.05
 TEARDOWN_GRACE_S = 0.5
+#: Once every rank has delivered its result, how long its processes get to exit on their own (loader workers
+#: joining, a compile worker pool, a large CUDA context) before they are ended and the result kept.
+EXIT_GRACE_S = 3.0
 COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
 FOREIGN_LOAD_WARN_PCT = 25.0
 
@@ -363,6 +366,7 @@ def _collect(
     wrote meanwhile, so steps streaming in never wake it; a rank process that ends wakes it at once.
     """
     codes: list[int | None] = [None] * len(context.processes)
+    delivered_at: float | None = None
     while True:
         if collected.first_step_at is None:
             _drain(events, collected, on_event, timeout=PUMP_TICK_S, watch=watch)
@@ -388,6 +392,11 @@ def _collect(
             _drain(events, collected, on_event, watch=watch)
             collected.exit_codes = codes
             return "exited"
+        if delivered_at is None and len(collected.ranks) == len(codes):
+            delivered_at = time.perf_counter()
+        if delivered_at is not None and time.perf_counter() - delivered_at > EXIT_GRACE_S:
+            collected.exit_codes, collected.phases = codes, watch.now()
+            return "slow_exit"  # every result is in: teardown ends the ranks that are still running
         if time.perf_counter() > deadline:
             collected.exit_codes, collected.phases = codes, watch.now()
             return "timeout"
@@ -518,7 +527,13 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
         result.time_to_first_step_s = collected.first_step_at - called_at
     all_done = len(collected.ranks) == result.world_size
     cause = collected.root_cause()
-    if all_done and (outcome == "exited" or (outcome == "failed" and cause is None)):
+    if all_done and (outcome in ("exited", "slow_exit") or (outcome == "failed" and cause is None)):
+        if outcome == "slow_exit":
+            slow = [str(rank) for rank, code in enumerate(collected.exit_codes) if code is None]
+            who = f"rank {slow[0]}" if len(slow) == 1 else f"ranks {', '.join(slow)}"
+            result.warnings.append(f"{who} delivered the result but had not exited {EXIT_GRACE_S:g} s later "
+                                   "(loader workers, a compile pool or a CUDA context slow to close?): ended, and "
+                                   "the result kept")
         if outcome == "failed":
             # Every rank delivered its complete measurement before one died in teardown: keep the numbers.
             rank, code = collected.crashed_ranks()[0]

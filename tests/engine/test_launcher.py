@@ -22,9 +22,10 @@ from accel_widgets import (
     run_burst,
 )
 from accel_widgets.diagnosis import diagnose
+from accel_widgets.engine.launcher import EXIT_GRACE_S
 from accel_widgets.results import BurstPhase
 from tests.devices import cpu_device
-from tests.workloads import DivergesAt, FailAt, LockedDataset, TinyNet, conv_workload, tiny_workload
+from tests.workloads import DivergesAt, FailAt, LockedDataset, SlowToExit, TinyNet, conv_workload, tiny_workload
 
 
 def test_burst_runs_in_a_worker_and_streams_every_step_live():
@@ -111,6 +112,17 @@ def test_seconds_bound_bursts_stop_on_time():
 def test_data_loading_knobs_work_in_workers(config):
     result = run_burst(tiny_workload(), config, steps=6)
     assert result.ok and result.ranks[0].measured_samples == 6 * 32 * config.grad_accum_steps
+
+
+def test_a_rank_slow_to_exit_after_delivering_keeps_its_result():
+    """The rank sent its summary, then hung in exit: the burst used to end in a BurstTimeout at the deadline."""
+    started = time.perf_counter()
+    result = run_burst(tiny_workload(SlowToExit), Config(), steps=4, timeout_s=30)
+    elapsed = time.perf_counter() - started
+    assert result.ok and result.ranks[0].measured_samples == 4 * 32
+    assert any(w.startswith(f"rank 0 delivered the result but had not exited {EXIT_GRACE_S:g} s later")
+               for w in result.warnings)
+    assert elapsed < EXIT_GRACE_S + 15
 
 
 def test_a_raising_worker_reports_its_own_traceback():
