@@ -115,11 +115,16 @@ class OperatorTime:
 
 @dataclass(frozen=True)
 class ProfileCapture:
-    """A torch.profiler capture of a few steady-state steps, taken after the measured window."""
+    """A torch.profiler capture of a few steady-state steps, taken after the measured window.
+
+    ``error`` says why the capture failed (CUPTI, out of memory while profiling); it then has no trace
+    and no operators, and the burst's measurement, taken before it, stands.
+    """
 
     steps: int
     trace_path: str  # Chrome trace JSON: opens in Perfetto (ui.perfetto.dev) or chrome://tracing
     top_operators: list[OperatorTime]
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -605,7 +610,8 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
     profile = data.get("profile")
     if profile is not None:
         operators = [OperatorTime(**o) for o in profile["top_operators"]]
-        data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators)}
+        data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators,
+                                                  profile.get("error", ""))}
     return RankSummary(**data)
 
 

@@ -459,16 +459,39 @@ class TrainingLoop:
     def profile(self, steps: int, trace_path: str, top: int = 15) -> ProfileCapture:
         """Record ``steps`` more steady-state steps with torch.profiler; their timings are discarded.
 
-        Runs after the measured window, so the profiler's overhead never reaches the burst's numbers.
+        Runs after the measured window, so the profiler's overhead never reaches the burst's numbers, and its
+        failure (CUPTI, out of memory while profiling) never takes them away: it comes back as the capture's
+        ``error``, with a warning. Under DDP the peers take the profiled steps too, so the steps a profiler
+        failure left untaken are taken without it; a profiled step that fails there is raised, since its
+        collectives are half done and the peers wait in them.
         """
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as profiler:
-            self.extra_steps(steps)
-        profiler.export_chrome_trace(trace_path)
-        averages = sorted(profiler.key_averages(), reverse=True,
-                          key=lambda e: e.self_device_time_total + e.self_cpu_time_total)
+        taken, in_step = 0, False
+        try:
+            with torch.profiler.profile(activities=activities) as profiler:
+                for _ in range(steps):
+                    in_step = True
+                    self._step()
+                    in_step, taken = False, taken + 1
+                self.step_clock.flush()
+            profiler.export_chrome_trace(trace_path)
+            averages = sorted(profiler.key_averages(), reverse=True,
+                              key=lambda e: e.self_device_time_total + e.self_cpu_time_total)
+        except Exception as exc:
+            distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+            if in_step and distributed:
+                raise
+            with contextlib.suppress(OSError):
+                os.remove(trace_path)  # a partial trace would read as a capture
+            if distributed:
+                self.extra_steps(steps - taken)
+            text = str(exc).strip()
+            message = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+            warnings.warn(f"profiling failed ({message}): the burst's measurement is kept, without a trace",
+                          stacklevel=2)
+            return ProfileCapture(steps, "", [], error=message)
         operators = [OperatorTime(e.key, int(e.count), e.self_cpu_time_total / 1e3, e.self_device_time_total / 1e3)
                      for e in averages[:top]]
         return ProfileCapture(steps, trace_path, operators)
