@@ -673,6 +673,7 @@ def build_loop(
     torch.manual_seed(workload.seed)
     system.cap_memory(config, device)
     dataset = data.prepare_dataset(workload.dataset, config, cache_dir)
+    data.check_shared_memory(dataset, workload, config, world_size)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
     model, raw = prepare_model(workload.build_model(), config, device)
