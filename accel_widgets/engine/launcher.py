@@ -57,6 +57,9 @@ COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the
 FOREIGN_LOAD_WARN_PCT = 25.0
 
 Event = StepRecord | TelemetrySample | BurstPhase
+SYNC_DEBUG_DDP_NOTE = ("sync_debug covers the host-device syncs of torch's CUDA calls, not torch.distributed's: "
+                       "NCCL collectives and DDP's gradient buckets are not checked, so a burst that passes says "
+                       "nothing about them")
 
 
 class BurstError(RuntimeError):
@@ -229,7 +232,9 @@ def run_burst(
     measured window (rank 0) and writes the trace under ``profile_dir`` (``result.profile``).
     ``sync_debug=True`` runs the measured steps under torch's CUDA sync-debug mode "error": a hidden
     host-device sync (anything but the loss read ``sync_every`` asks for) fails the burst with the
-    traceback of the line that synced. Raises :class:`BurstRequestError` or :class:`ConfigError` before
+    traceback of the line that synced; torch.distributed's own syncs (NCCL collectives, DDP's bucket
+    and buffer traffic) are outside that mode, so under DDP it vouches for the rest of the step only (the
+    result's warnings say so). Raises :class:`BurstRequestError` or :class:`ConfigError` before
     starting anything if an argument is unusable or the config cannot run here, and a
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
     that turns NaN/inf raises nothing and ends with status "diverged".
@@ -242,6 +247,8 @@ def run_burst(
     config = config or Config()
     device = device or probe_device()
     config_warnings = check_config(config, device) + data.loader_notes(workload, config)
+    if sync_debug and config.parallel == "ddp":
+        config_warnings.append(SYNC_DEBUG_DDP_NOTE)
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     if warmup_steps is None:
