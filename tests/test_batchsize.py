@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -465,11 +466,13 @@ def test_stops_at_a_real_rss_cap_the_growth_crosses():
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(45)  # the GPU check's plan holds each GPU test to 45 s and each burst to 60 s
 def test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit():
     per_sample = 4 * MiB
     wl = Workload(model=lambda: Hoard(per_sample), dataset=tensors(8192), loss_fn=F.cross_entropy, batch_size=256,
                   name="hoard")
-    result = find_batch_size(wl, memory_cap=0.05, steps=4, refine_tries=2)  # the knob's smallest memory_fraction
+    result = find_batch_size(wl, memory_cap=0.05, steps=4, refine_tries=2,  # the knob's smallest memory_fraction
+                             engine=functools.partial(run_burst, timeout_s=20))
     assert result.memory_kind == "cuda_allocator" and result.config.memory_fraction == 0.05
     assert result.largest_fitting is not None and result.largest_fitting * per_sample <= result.cap_bytes
     assert {t.failure for t in result.tries if not t.fits} == {"oom"}
