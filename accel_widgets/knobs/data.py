@@ -204,7 +204,8 @@ def check_shared_memory(dataset: Any, workload: Workload, config: Config, world_
     64 MB /dev/shm holds five batches of 256 RGB images at 64 px). Past the free space a worker dies of
     SIGBUS mid-burst. Switching torch's sharing strategy to "file_system" would not help: it puts the same
     bytes in /dev/shm, only under names (it helps a process that runs out of file descriptors). A batch's
-    size is one item collated and scaled to the batch size; a stream is not read ahead of its loader.
+    size is one item collated and scaled to the batch size; a stream is not read ahead of its loader, and
+    an item that cannot be read or collated alone is left to the loader to report.
     """
     if config.num_workers == 0 or isinstance(dataset, IterableDataset):
         return
@@ -213,7 +214,10 @@ def check_shared_memory(dataset: Any, workload: Workload, config: Config, world_
     except OSError:  # no /dev/shm (not Linux): nothing to compare with
         return
     collate = workload.collate_fn or default_collate
-    batch_bytes = tensor_bytes(collate([dataset[0]])) * resolve_batch_size(config, workload)
+    try:
+        batch_bytes = tensor_bytes(collate([dataset[0]])) * resolve_batch_size(config, workload)
+    except Exception:  # an estimate only: the loader itself reports what is wrong with the data, with context
+        return
     need = world_size * config.num_workers * config.prefetch_factor * batch_bytes
     free = stats.f_bavail * stats.f_frsize
     ranks = f"{world_size} ranks x " if world_size > 1 else ""

@@ -95,3 +95,17 @@ def test_a_burst_whose_batches_do_not_fit_fails_with_the_numbers_and_nothing_lef
     with pytest.raises(WorkerError, match=r"SharedMemoryTooSmall: the DataLoader's workers hold ~384 MiB"):  # 403 MB
         run_burst(workload(), LADDER_LOADER, steps=2, isolation="inprocess", device=cpu_device())
 
+
+
+def test_an_item_that_cannot_be_collated_alone_is_left_to_the_loader(monkeypatch):
+    fake = shm(monkeypatch, 1)
+
+    def pairs_only(items):
+        if len(items) < 2:
+            raise ValueError("this collate_fn needs pairs")
+        return items
+
+    workload = Workload(model=TinyNet, dataset=Images(), loss_fn=F.cross_entropy, batch_size=256, name="images",
+                        collate_fn=pairs_only)
+    check_shared_memory(Images(), workload, LADDER_LOADER, world_size=1)
+    assert fake.asked == ["/dev/shm"]
