@@ -348,8 +348,8 @@ class BurstResult:
         if self.mean_utilisation_pct is None:
             return "no utilisation readings in the measured window"
         if any(t.source == "nvml" for t in self.telemetry):
-            return (f"NVML's readings from {NVML_UTILISATION_PERIOD_S:g} s into the measured window on (each "
-                    "averages the time before it was read)")
+            return (f"NVML's readings taken at least {NVML_UTILISATION_PERIOD_S:g} s into the measured window "
+                    "(each averages the time before it was read)")
         return "the workers' CPU use as a share of the machine's cores (psutil)"
 
     def _utilisation_too_short(self) -> bool:

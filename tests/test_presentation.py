@@ -138,4 +138,4 @@ def test_a_gpu_window_too_short_for_nvml_reads_too_short_with_the_reason_on_hove
     assert text == "too short" and hover.startswith("too short to read: NVML's utilisation averages the last 1 s")
     long = run_rows([synthetic_result(util=90, source="nvml", steps=60)])[0]
     text, hover = COLUMNS["util"].cell(long.values)
-    assert text == "90" and hover.startswith("NVML's readings from 1 s into the measured window")
+    assert text == "90" and hover.startswith("NVML's readings taken at least 1 s into the measured window")

@@ -179,7 +179,7 @@ def test_nvml_utilisation_counts_from_one_averaging_period_into_the_window():
     result = _gpu_window(3.0, compile_idle + ramp + settled)
     assert result.measured_window() == pytest.approx((10.0, 13.0))
     assert result.mean_utilisation_pct == pytest.approx(95.0)  # the read-time window would say ~75%
-    assert result.utilisation_note.startswith("NVML's readings from 1 s into the measured window")
+    assert result.utilisation_note.startswith("NVML's readings taken at least 1 s into the measured window")
     assert "  util        95%" in result.summary()
 
 
