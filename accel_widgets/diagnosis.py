@@ -203,6 +203,8 @@ def _device(result: BurstResult) -> list[Finding]:
                                     "breakdown for where the rest goes."))
     elif util is not None:
         findings.append(Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%)."))
+    elif result.utilisation_note.startswith("too short"):
+        findings.append(Finding("info", "Utilisation not read", f"{result.utilisation_note}."))
     if compute is not None and compute >= THRESHOLDS.compute_ok_share:
         findings.append(_compute_bound(result, compute))
     return findings
@@ -283,8 +285,8 @@ def _math(result: BurstResult) -> list[Finding]:
         return []
     if mfu is None:
         return [Finding("info", "Model math", f"{si(achieved, 'FLOP/s')} of matmul/conv work sustained.")]
-    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak for "
-                    f"{result.config.precision} ({si(achieved, 'FLOP/s')}).")]
+    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak, each FLOP at the peak of "
+                    f"its math ({result.mfu_basis}; {si(achieved, 'FLOP/s')}).")]
 
 
 # -- against the baseline --------------------------------------------------------------------------

@@ -199,11 +199,13 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "unreliable": result.status == "ok" and not result.reliability.reliable,
         "unreliable_why": result.reliability.text(),
         "util_pct": result.mean_utilisation_pct,
+        "util_note": result.utilisation_note,
         "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
         "compile_s": result.compile_s,
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
         "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
+        "mfu_basis": result.mfu_basis,
         "joules_per_sample": result.joules_per_sample,
         "samples_per_joule": result.samples_per_joule,
         "mean_power_w": result.mean_power_w,
@@ -332,6 +334,13 @@ class Column:
         return self.text(row), self.hover(row) if self.hover is not None else ""
 
 
+def util_text(row: Row) -> str:
+    """The mean utilisation, or "too short" where the window was shorter than NVML's readings can tell."""
+    if row["util_pct"] is None and str(row.get("util_note") or "").startswith("too short"):
+        return "too short"
+    return number(row["util_pct"], ".0f")
+
+
 def _noise_note(row: Row) -> str:
     return "noisy: IQR/median ≥ 10% or fewer than 4 steps" if row.get("noisy") else ""
 
@@ -360,8 +369,9 @@ COLUMNS: dict[str, Column] = {
                       lambda r: speedup_text(r), lambda r: paired_note(r)),
     "step": Column("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", step_text,
                    _noise_note),
-    "util": Column("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)",
-                   lambda r: number(r["util_pct"], ".0f")),
+    "util": Column("util %", "mean device utilisation (GPU: NVML, from 1 s into the measured window: its readings "
+                   "average the last second; CPU: the workers' share of the machine)", util_text,
+                   lambda r: str(r.get("util_note") or "")),
     "data_wait": Column("data wait", "share of the step spent waiting for the data loader",
                         lambda r: number(r["data_wait_pct"], ".0f", "%")),
     "peak": Column("peak MiB", "peak memory (GPU allocator, or the workers' RSS on CPU)",
@@ -369,7 +379,8 @@ COLUMNS: dict[str, Column] = {
     "compile": Column("compile s", "extra time of the first step over a steady one (compiled runs)",
                       lambda r: number(r["compile_s"], ".1f")),
     "flops": Column("FLOP/s (MFU)", "model math sustained (forward + backward), summed over ranks; MFU, the share "
-                    "of the GPUs' dense peak, in brackets where the peak is known", flops_text),
+                    "of the GPUs' dense peak, in brackets where the peak is known; each FLOP at the peak of the math "
+                    "it ran in (hover)", flops_text, lambda r: str(r.get("mfu_basis") or "")),
     "energy": Column("J/sample", "energy per trained sample over the measured window: NVML on a GPU (summed over "
                      "the GPUs in use), RAPL on the CPU (the whole package, every process on it, not only the "
                      "burst); hover for how it was read or why it was not",
