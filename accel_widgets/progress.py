@@ -62,6 +62,12 @@ class ProgressView:
             f"{self.done:.1f}/{self.target:g} s"
         return f"measuring {done}{_SEPARATOR}{self.elapsed_s:.1f} s"
 
+    def goal_text(self) -> str:
+        """What the phase does, without the numbers that change while it runs: ``measuring 40 steps``."""
+        if self.phase != "measuring":
+            return self.phase
+        return f"measuring {int(self.target)} steps" if self.unit == "steps" else f"measuring for {self.target:g} s"
+
 
 @dataclass
 class BurstProgress:

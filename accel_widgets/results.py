@@ -479,8 +479,13 @@ class BurstResult:
 
     def other_processes(self) -> list[tuple[str, float]]:
         """Who else used the CPU while the burst measured: each program's mean use in % of one core, largest
-        first (``[("chromium", 44.0), ("jupyter-server", 10.0)]``); empty where no reading covers the window."""
+        first (``[("chromium", 44.0), ("jupyter-server", 10.0)]``). Programs are read once a second, each reading
+        covering the second before it: a shorter window takes the reading after it; empty where there is none."""
         readings = [t.other_processes for t in self.measured_telemetry() if t.other_processes is not None]
+        window = self.measured_window()
+        if not readings and window is not None:  # a window under a second: the reading that covers its end
+            later = [t for t in self.telemetry if t.other_processes is not None and t.t >= window[1]]
+            readings = [min(later, key=lambda t: t.t).other_processes] if later else []
         totals: dict[str, float] = {}
         for reading in readings:
             for program, pct in reading.items():

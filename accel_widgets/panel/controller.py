@@ -32,16 +32,18 @@ from ..thresholds import THRESHOLDS
 from ..tuner import TuneResult, TuneStep
 from ..validation import ConfigError
 from ..workload import Workload
-from .state import PanelState, ProfileShown
+from .state import PanelState, ProfileShown, Ticker
 
 Engine = Callable[..., BurstResult]
 Tuner = Callable[..., TuneResult]
 HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
 
-FLUSH_INTERVAL_S = 0.25  # ~4 Hz: events reach the state (and the live chart's send budget) this often
-#: The status line and progress bar change at most this often while a burst runs (and at every phase change):
-#: each change is a message to the page and a relayout of the panel there, taken from the burst's cores.
-STATUS_INTERVAL_S = 1.0
+#: A running burst's events reach the state, and so the page, this often (and at every phase change): the
+#: timeline's new points, the status line and the progress bar together, so the page draws one frame for all of
+#: them. Measured in Chromium on a 2-core machine, every frame the page draws while a burst measures costs it
+#: ~15 ms of CPU whatever changed (benchmarks/panel_observer.py): once a second reads as live and keeps the
+#: view's cost to a few % of a core.
+FLUSH_INTERVAL_S = 1.0
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
 #: starts one burst, not one per keystroke.
 LIVE_DELAY_S = 0.5
@@ -93,9 +95,9 @@ class Batch:
 class EventBatcher:
     """Collects a burst's live events and says when the next flush to the state is due.
 
-    The engine calls ``on_event`` for every step and every 10 Hz telemetry sample; redrawing the figure
-    for each would send a comm message per event. Flushing every ``FLUSH_INTERVAL_S`` keeps the plots live
-    with a handful of messages a second. Thread-safe, though the engine calls it from one thread.
+    The engine calls ``on_event`` for every step and every 10 Hz telemetry sample; drawing each would send a
+    comm message per event. Flushing every ``FLUSH_INTERVAL_S`` keeps the plots live with one frame's worth of
+    messages a second. Thread-safe, though the engine calls it from one thread.
     """
 
     def __init__(self) -> None:
@@ -432,26 +434,27 @@ class PanelController:
         tracker = BurstProgress.for_burst(item.config, steps=length["steps"], seconds=length["seconds"])
         started = time.monotonic()
 
-        status_at = -STATUS_INTERVAL_S
-
-        def flush(*, phase_changed: bool = True) -> None:
-            nonlocal status_at
+        def flush(phase_changed: bool = True) -> None:
+            """The batch's events to the state. While the burst measures, its progress goes with them to the
+            timeline (drawn in the same frame); the status line and progress bar change only when the phase
+            does, since each change of theirs is one more frame the page draws while the burst measures."""
             batch = batcher.take()
-            if batch:
-                self.state.add_events(run, batch.steps, batch.samples)
-            now = time.monotonic()
-            if not phase_changed and now - status_at < STATUS_INTERVAL_S:
+            view = tracker.view(time.monotonic() - started)  # the CLI's progress line, in words
+            measuring = view.phase == "measuring"
+            ticker = Ticker(f"{prefix}: {view.text()}", progress(view.fraction)) if measuring else None
+            if batch or ticker is not None:
+                self.state.add_events(run, batch.steps, batch.samples, ticker)
+            if measuring and not phase_changed:
                 return
-            status_at = now
-            view = tracker.view(now - started)  # the CLI's progress line, in words
             self.state.set_progress(progress(view.fraction))
             if not self._stop.is_set():
-                self.state.set_status(f"{prefix}: {view.text()}", busy=True)
+                text = f"{view.goal_text()} (progress on the timeline)" if measuring else view.text()
+                self.state.set_status(f"{prefix}: {text}", busy=True)
 
         def on_event(event: Event) -> None:
             phase_changed = tracker.update(event)
             if batcher.add(event) or phase_changed:
-                flush(phase_changed=phase_changed)
+                flush(phase_changed)
 
         self.state.set_status(f"{prefix}: starting", busy=True)
         try:

@@ -8,9 +8,9 @@ the same burst headless (benchmarks/panel_observer.py). So the timeline is a sma
 (:class:`TimelineChart`, ``timeline_chart.js``):
 
 - finished runs are its synced state, thinned to ``MAX_TRACE_POINTS`` per series (a reloaded page draws them);
-- a running burst's points go as messages holding only what is new, at most every ``SEND_INTERVAL_S``, and
-  only while the page says the chart is on screen (what it missed follows when it is back);
-- the page draws at most twice a second, the lowest and highest point of each pixel column of a long series,
+- a running burst's points go as messages holding only what is new, as often as the controller flushes events
+  (once a second) and only while the page says the chart is on screen (what it missed follows when it is back);
+- the page draws at most once a second, the lowest and highest point of each pixel column of a long series,
   and nothing while the panel is scrolled away or its tab hidden; hovering names the nearest point.
 
 The report's plotly timeline (hover, zoom) is a Compare tab of the panel, drawn when looked at.
@@ -18,7 +18,6 @@ The report's plotly timeline (hover, zoom) is a Compare tab of the panel, drawn 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from ..presentation import (
     utilisation_title,
 )
 from ..results import StepRecord, TelemetrySample
-from .state import Run
+from .state import Run, Ticker
 
 WIDTH = 1180  # until the browser says how wide the panel is (see WidthProbe)
 MIN_WIDTH = 460  # two readable subplots; narrower, the panel scrolls
@@ -50,9 +49,6 @@ LEGEND_BESIDE = {"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanc
 LEGEND_BELOW = {"orientation": "h", "x": 0, "y": 0, "xanchor": "left", "yanchor": "bottom", "yref": "container"}
 BELOW_EXTRA_PX = 70  # the legend's room under the plots
 MAX_TRACE_POINTS = 1500
-#: The kernel sends a running burst's new points at most this often: twice a second reads as live, and each send
-#: is work for the kernel, the Jupyter server and the page while the burst measures.
-SEND_INTERVAL_S = 0.5
 
 
 def _bounded(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -140,14 +136,13 @@ class Timeline:
         self.chart = TimelineChart(utilisation_title=utilisation_title({"nvml" if device.has_cuda else "psutil"}))
         self.probe = WidthProbe(layout=w.Layout(width="100%", height="0px"))
         self._sent: dict[int, tuple[int, int]] = {}  # running run -> (steps, samples) the page holds
-        self._sent_at = -SEND_INTERVAL_S
         self._settled: tuple[tuple[int, int], ...] = ()  # (run, id of its result) in the chart's state
 
-    def stream(self, runs: Sequence[Run], *, force: bool = False) -> None:
-        """Send the running runs' new points, at most every SEND_INTERVAL_S (``force``: now), only while the page
-        shows the chart; what is held back goes with the next send."""
-        now = time.monotonic()
-        if not self.chart.visible or (not force and now - self._sent_at < SEND_INTERVAL_S):
+    def stream(self, runs: Sequence[Run], ticker: Ticker | None = None) -> None:
+        """Send the running runs' new points, with the measuring burst's progress line (``ticker``; None clears
+        it), only while the page shows the chart: what it does not get while scrolled away goes with the next
+        send once it is back. One message per send, so the page draws it in one frame."""
+        if not self.chart.visible:
             return
         for run in runs:
             if run.result is not None:
@@ -155,9 +150,15 @@ class Timeline:
             steps_sent, samples_sent = self._sent.get(run.index, (0, 0))
             steps, samples = run.steps[steps_sent:], run.samples[samples_sent:]
             if steps or samples or run.index not in self._sent:
-                self.chart.send({"kind": "points", **run_points(run, steps, samples)})
+                message = {"kind": "points", **run_points(run, steps, samples)}
+                if ticker is not None:
+                    message["ticker"] = {"text": ticker.text, "fraction": round(ticker.fraction, 4)}
+                self.chart.send(message)
                 self._sent[run.index] = (len(run.steps), len(run.samples))
-        self._sent_at = now
+
+    def clear_ticker(self) -> None:
+        """The action has ended: no progress line on the timeline."""
+        self.chart.send({"kind": "ticker", "ticker": None})
 
     def settle(self, runs: Sequence[Run]) -> None:
         """Put every finished run into the chart's state (once per finished run): it replaces what was streamed."""

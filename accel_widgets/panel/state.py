@@ -192,6 +192,14 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Ticker:
+    """A measuring burst's progress as the timeline shows it, with its points: the line and the done fraction."""
+
+    text: str
+    fraction: float
+
+
+@dataclass(frozen=True)
 class Reading:
     """The plain-language reading of one run."""
 
@@ -224,6 +232,7 @@ class PanelState:
         self.progress = 0.0
         self.action: str | None = None
         self.reading: Reading | None = None
+        self.ticker: Ticker | None = None  # the measuring burst's progress, shown on the timeline
         self.profile: ProfileShown | None = None
         self.tune_result: TuneResult | None = None
         self.batch_search: BatchSizeSearch | None = None
@@ -311,10 +320,13 @@ class PanelState:
         """The run the next live burst would replace, if any."""
         return next((run.index for run in self.runs if run.live), None)
 
-    def add_events(self, run: int, steps: Sequence[StepRecord], samples: Sequence[TelemetrySample]) -> None:
+    def add_events(self, run: int, steps: Sequence[StepRecord], samples: Sequence[TelemetrySample],
+                   ticker: Ticker | None = None) -> None:
+        """A running run's new events, and, while it measures, its progress as the timeline shows it."""
         with self.lock:
             self.runs[run].steps.extend(steps)
             self.runs[run].samples.extend(samples)
+            self.ticker = ticker
             self._changed("points")
 
     def finish_run(self, run: int, result: BurstResult) -> None:
@@ -358,6 +370,7 @@ class PanelState:
     def end_action(self) -> None:
         with self.lock:
             self.action = None
+            self.ticker = None
             self._changed("action")
 
     def set_status(self, text: str, busy: bool = False) -> None:

@@ -7,10 +7,13 @@
 //   state runs:  [{run, name, colour, ranks, steps: [[rank, warmup, step, ms], ...],
 //                  util: [[device, t, pct, MiB], ...]}]
 //   message:     {kind: "points", run, name, colour, ranks, steps: [...], util: [...]}   (appended)
+//                  with ticker: {text, fraction} while a burst measures (its progress line, drawn on top)
+//                {kind: "ticker", ticker: null}   (the action ended)
 //                {kind: "forget", run}   (a live run replaced by the next one)
 //   state hidden: runs unticked in the table; utilisation_title: the left axis's title; visible: set here.
 
-const FRAME_MS = 500;
+const SETTLE_MS = 60;
+const FRAME_MS = 500;  // the kernel sends once a second; a resize or a tick redraws within this
 const HEIGHT = 380;
 const MARGIN = { l: 60, r: 10, t: 40, b: 45 };
 const GAP = 0.08; // between the two subplots, as a share of the plotting width (plotly's horizontal_spacing)
@@ -109,12 +112,15 @@ export default {
     tooltip.style.cssText = "position: absolute; display: none; pointer-events: none; background: rgba(255,255,255,0.95);"
       + " border: 1px solid #c8d4e3; border-radius: 3px; padding: 2px 6px; font: 12px sans-serif; white-space: nowrap;";
     el.style.position = "relative";
+    // Its redraws stay inside its own box: the rest of the notebook is not laid out or painted again for them.
+    el.style.contain = "layout paint";
     el.appendChild(tooltip);
     let finished = new Map();  // from the synced state
     const streaming = new Map();  // from messages, until the run is in the state
     let dirty = true, onScreen = false, timer = null, lastDraw = 0, width = el.clientWidth || 0;
     let boxes = null;  // where the last draw put each subplot, for hovering
     let titles = TITLES;
+    let ticker = null;  // {text, fraction}: the measuring burst's progress
     const runs = () => {
       const all = new Map(finished);
       for (const [index, run] of streaming) if (!all.has(index)) all.set(index, run);
@@ -131,13 +137,20 @@ export default {
     };
     loadState();
 
+    // Drawn in the animation frame the page draws anyway for the kernel's other changes: the status line and the
+    // progress bar arrive within SETTLE_MS of the points, so one frame a second, not two. Later when the last
+    // draw was recent.
     const schedule = () => {
       dirty = true;
       if (timer !== null || !onScreen || document.hidden) return;
-      timer = setTimeout(() => {
-        timer = null;
-        if (onScreen && !document.hidden) draw();
-      }, Math.max(0, FRAME_MS - (performance.now() - lastDraw)));
+      const frame = () => {
+        timer = requestAnimationFrame(() => {
+          timer = null;
+          if (dirty && onScreen && !document.hidden) draw();
+        });
+      };
+      const wait = Math.max(SETTLE_MS, FRAME_MS - (performance.now() - lastDraw));
+      timer = setTimeout(() => { timer = null; frame(); }, wait);
     };
     const reportVisibility = () => {
       const visible = onScreen && !document.hidden;
@@ -149,6 +162,7 @@ export default {
     };
 
     model.on("msg:custom", (msg) => {
+      if ("ticker" in msg) ticker = msg.ticker || null;
       if (msg.kind === "points") {
         if (!streaming.has(msg.run)) streaming.set(msg.run, emptyRun(msg));
         append(streaming.get(msg.run), msg.steps, msg.util);
@@ -173,10 +187,13 @@ export default {
       const legendRows = narrow ? Math.ceil(shown.length / 3) : 0;
       const height = HEIGHT + legendRows * 18;
       const ratio = window.devicePixelRatio || 1;
-      canvas.width = Math.round(width * ratio);
-      canvas.height = Math.round(height * ratio);
-      canvas.style.width = `${width}px`;
-      canvas.style.height = `${height}px`;
+      if (canvas.width !== Math.round(width * ratio) || canvas.height !== Math.round(height * ratio)) {
+        // Only when the size changes: setting a canvas's size reallocates and clears its whole backing store.
+        canvas.width = Math.round(width * ratio);
+        canvas.height = Math.round(height * ratio);
+        canvas.style.width = `${width}px`;
+        canvas.style.height = `${height}px`;
+      }
       const ctx = canvas.getContext("2d");
       ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
       ctx.clearRect(0, 0, width, height);
@@ -189,7 +206,21 @@ export default {
       boxes = { util: drawUtilisation(ctx, util, shown), step: drawSteps(ctx, step, shown) };
       drawLegend(ctx, shown, narrow ? { x: MARGIN.l, y: HEIGHT - 8, columns: 3, width: plotting }
         : { x: right + 18, y: top, columns: 1, width: LEGEND_PX - 18 });
+      drawTicker(ctx, width);
       describe(shown);
+    }
+
+    // The measuring burst's progress: a thin bar along the top edge and its line in the corner.
+    function drawTicker(ctx, width) {
+      if (!ticker) return;
+      ctx.fillStyle = "#e5ecf6";
+      ctx.fillRect(0, 0, width, 3);
+      ctx.fillStyle = "#1565c0";
+      ctx.fillRect(0, 0, width * ticker.fraction, 3);
+      ctx.font = FONT;
+      ctx.textAlign = "left";
+      ctx.fillStyle = "#555";
+      ctx.fillText(ticker.text, 4, 15);
     }
 
     // What the picture shows, in words (screen readers read it): per run, its steps and telemetry samples.
@@ -386,6 +417,7 @@ export default {
     document.addEventListener("visibilitychange", reportVisibility);
     return () => {
       clearTimeout(timer);
+      cancelAnimationFrame(timer);
       intersection.disconnect();
       resize.disconnect();
       document.removeEventListener("visibilitychange", reportVisibility);

@@ -225,6 +225,7 @@ class TuningPanel:
         elif part in ("action", "live"):
             self._render_buttons()
             if part == "action" and state.action is None:
+                self.plots.clear_ticker()
                 self._render_compare()  # the action has ended: the figure looked at catches up, once
         elif part == "replaced" and state.replaced is not None:
             self.plots.forget(state.replaced)
@@ -233,9 +234,9 @@ class TuningPanel:
         elif part == "progress":
             self.progress.value = state.progress
         elif part == "points":
-            self.plots.stream(state.runs)
+            self.plots.stream(state.runs, state.ticker)
         elif part == "runs":
-            self.plots.stream(state.runs, force=True)
+            self.plots.stream(state.runs)
             self.plots.settle(state.runs)
             self.table.render(state.rows, state.hidden)
             if state.action is None:
@@ -258,7 +259,7 @@ class TuningPanel:
         """The page shows the timeline again (scrolled back, tab shown): send what it missed meanwhile."""
         if change["new"]:
             with self.state.lock:
-                self.plots.stream(self.state.runs, force=True)
+                self.plots.stream(self.state.runs)
 
     def _fit(self, change: dict[str, Any]) -> None:
         """The browser measured the panel's width: fit the figures and the control columns to it (under the

@@ -356,11 +356,11 @@ def traces_after_reload(page: Page) -> list[dict]:
 
 def settled_timeline(page: Page, timeout_s: float = 10.0) -> dict:
     """What the timeline draws once the finished run has replaced its streamed points (the page draws at most
-    twice a second): two reads a second apart that agree."""
+    once a second): two reads 1.5 s apart that agree."""
     deadline = time.monotonic() + timeout_s
     drawn = page.evaluate(JS_TIMELINE)
     while time.monotonic() < deadline:
-        page.wait_for_timeout(1_000)
+        page.wait_for_timeout(1_500)
         again = page.evaluate(JS_TIMELINE)
         if again == drawn:
             return drawn

@@ -19,13 +19,13 @@ from accel_widgets import KNOBS, Config
 from accel_widgets.knobs import GROUP_TITLES
 from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel import TuningPanel
+from accel_widgets.panel.controller import FLUSH_INTERVAL_S
 from accel_widgets.panel.controls import COLUMN_PX
 from accel_widgets.panel.plots import (
     BELOW_EXTRA_PX,
     MAX_TRACE_POINTS,
     MIN_WIDTH,
     NARROW_PX,
-    SEND_INTERVAL_S,
     SHORT_TITLES,
     Timeline,
 )
@@ -263,9 +263,9 @@ def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None
     run = state.begin_run("ddp", ranks=2)
     samples = [replace(sample(0.1 * i, source="nvml"), device=f"cuda:{i % 2}") for i in range(6)]
     state.add_events(run, [], samples[:2])
-    plots.stream(state.runs, force=True)
+    plots.stream(state.runs)
     state.add_events(run, [], samples[2:])
-    plots.stream(state.runs, force=True)
+    plots.stream(state.runs)
     streamed = page.runs()[0]["util"]
     assert sorted({row[0] for row in streamed}) == ["cuda:0", "cuda:1"] and len(streamed) == 6
     state.finish_run(run, synthetic_result(source="nvml"))
@@ -274,19 +274,20 @@ def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None
     assert plots.chart.utilisation_title == "GPU utilisation % (NVML)"
 
 
-def test_live_updates_are_batched_to_a_few_per_second() -> None:
+def test_live_updates_are_batched_to_one_a_second() -> None:
     engine = FakeEngine(pace_s=0.005)  # ~2 events every 5 ms: 400 events/s
-    panel = make_panel(engine, steps=250)
+    panel = make_panel(engine, steps=600)
     redraws: list[str] = []
     panel.state.subscribe(lambda part: redraws.append(part))
     started = time.monotonic()
     run(panel)
     elapsed = time.monotonic() - started
     events = len(engine.emitted[0])
-    pushes = redraws.count("points")  # each one redraws the figure
-    assert pushes >= 2 * elapsed - 1, (pushes, elapsed)  # at least twice a second
-    assert pushes <= 6 * elapsed + 2, (pushes, elapsed)  # ~4 Hz, never per event
-    assert pushes < events / 20
+    pushes = redraws.count("points")  # each one is a frame the page draws
+    assert pushes >= elapsed / FLUSH_INTERVAL_S - 2, (pushes, elapsed)  # live: about once a second
+    assert pushes <= elapsed / FLUSH_INTERVAL_S + 4, (pushes, elapsed)  # and the phase changes, never per event
+    assert pushes < events / 100
+    assert redraws.count("status") <= pushes + 8  # the status line changes with the points, in the same frame
 
 
 def test_long_bursts_keep_each_series_bounded_and_aligned() -> None:
@@ -303,23 +304,23 @@ def test_long_bursts_keep_each_series_bounded_and_aligned() -> None:
 
 
 def test_a_running_burst_sends_only_new_points_a_few_times_a_second_and_nothing_off_screen() -> None:
-    """The observer must not cost the measurement: the page gets each point once, at most every SEND_INTERVAL_S,
-    and nothing while it does not show the chart; what it missed follows when it is back."""
+    """The observer must not cost the measurement: the page gets each point once, about once a second, and nothing
+    while it does not show the chart; what it missed follows when it is back."""
     engine = FakeEngine(pace_s=0.005, until_stop=True)
     panel = make_panel(engine, steps=250)
     page = ChartPage(panel.plots.chart)
     try:
         panel.run_burst()
         assert engine.started.wait(5)
-        time.sleep(1.6)
+        time.sleep(3.2)
         with panel.state.lock:
             sent = [m for _, m in page.messages if m["kind"] == "points"]
-            assert 2 <= len(sent) <= 1.6 / SEND_INTERVAL_S + 2, len(sent)
+            assert 2 <= len(sent) <= 3.2 / FLUSH_INTERVAL_S + 3, len(sent)
             rows = [row for m in sent for row in m["steps"]]
             assert len(rows) == len({(row[0], row[2]) for row in rows})  # every step once
         panel.plots.chart.visible = False  # scrolled away
         before = len(page.messages)
-        time.sleep(1.0)
+        time.sleep(2.2)
         assert len(page.messages) == before
         panel.plots.chart.visible = True  # back: the missed points at once
         with panel.state.lock:
@@ -447,7 +448,9 @@ def test_a_real_short_burst_fills_the_panel() -> None:
     (result,) = panel.runs
     assert result.ok, result.error
     assert len(chart_rows(panel.plots.chart, 0, "step")) == 5
-    assert table_text(panel.table)[0][-1] == "ok" and "finished" in status(panel)
+    # A real burst on a shared machine can be unreliable (other load): then the table says so, not "ok".
+    assert table_text(panel.table)[0][-1] == ("ok" if result.reliability.reliable else "⚠ unreliable")
+    assert "finished" in status(panel)
 
 
 def test_stopping_a_real_burst_takes_under_a_second() -> None:
