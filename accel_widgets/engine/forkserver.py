@@ -12,6 +12,15 @@ Importing the server's modules takes ~2.7 s here, longer than the first burst ma
 the server imports in the background while the user builds a model and a dataset. The server exits
 when its owner does. ``ACCEL_WIDGETS_PRESTART=0`` turns the early start off; bursts then start it.
 
+Scripts and notebooks usually import torch first, though, and then a spawned server still needs its 2.7 s
+while the first burst waits (2.6 s to the first step of 2 DDP ranks, against 1.5 s for Accelerate's
+``notebook_launcher``, which forks the caller). Where this process already holds torch, the server is
+therefore a fork of it, ready at once with everything the caller imported (transformers, the user's
+modules), when that is safe: no CUDA context, an OpenMP pool that still works in a child (a canary child
+runs a parallel op first; after the caller's first parallel region libgomp's children hang), and a caller
+small enough (``FORK_MAX_RSS_BYTES``) that the server's copy of its pages holds no real memory back.
+Otherwise it is spawned as above. ``ACCEL_WIDGETS_SERVER=spawn`` always spawns.
+
 The server does not run the caller's main script again in a rank, as multiprocessing does by default
 (it re-imports ``__main__`` in every child so that functions pickled by reference can be found): a
 rank needs nothing from it, since the workload travels by value, and a script that calls run_burst at
@@ -20,18 +29,23 @@ top level, with no ``if __name__ == "__main__":`` guard, would otherwise train a
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import time
+import warnings
 from typing import Any
 
 # Read before this module imports it: the forkserver process imported it to run, and then imports this
 # package as a preload, which must not start a server of its own.
 _INSIDE_A_FORKSERVER = "multiprocessing.forkserver" in sys.modules
 
-from multiprocessing import forkserver, spawn, util  # noqa: E402
+from multiprocessing import connection, forkserver, resource_tracker, spawn, util  # noqa: E402
 
 START_METHOD = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
@@ -41,6 +55,11 @@ MP_DIR_PREFIX = "accel-widgets-mp-"  # + the owner's pid: the next burst removes
 RANK_NAME_PREFIX = "accel-widgets-rank-"
 _MAIN_SCRIPT_KEYS = ("init_main_from_path", "init_main_from_name")
 _MAX_SOCKET_DIR = 80  # + "/listener-xxxxxxxx" stays within AF_UNIX's path limit
+#: A caller larger than this is not forked into a server: the pages it frees later would stay held by the copy.
+FORK_MAX_RSS_BYTES = 1 << 30
+#: How long the canary child gets for one parallel op; a working OpenMP pool takes milliseconds.
+CANARY_TIMEOUT_S = 2.0
+SERVER_ENV = "ACCEL_WIDGETS_SERVER"  # "spawn": never fork the caller into the server
 
 
 def forkserver_context() -> Any:
@@ -53,7 +72,108 @@ def warm_up() -> None:
     """Start the preloaded forkserver now, if it is not running; returns at once (it imports on its own)."""
     forkserver_context()
     _own_multiprocessing_temp_dir()
+    if not _server_running() and can_fork_server():
+        _fork_server()
     forkserver.ensure_running()
+
+
+def server_pid() -> int | None:
+    """The running server's process id (None before one was started)."""
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _server_running() -> bool:
+    pid = server_pid()
+    if pid is None:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    return False
+
+
+def can_fork_server() -> bool:
+    """Whether this process can be the server's image: torch is here already, no CUDA context, a small enough
+    heap, and an OpenMP pool that works in a forked child (asked of a canary child)."""
+    torch = sys.modules.get("torch")
+    if os.environ.get(SERVER_ENV) == "spawn" or sys.platform != "linux" or torch is None:
+        return False
+    if torch.cuda.is_initialized() or _rss_bytes() > FORK_MAX_RSS_BYTES:
+        return False
+    return _parallel_op_runs_in_a_child(torch)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _parallel_op_runs_in_a_child(torch: Any) -> bool:
+    """Fork a child that runs one op on two intra-op threads: it ends in milliseconds, or hangs when this
+    process has used its OpenMP pool (libgomp's threads are not re-created in a child), and is then killed."""
+    pid = _fork_quietly()
+    if pid == 0:
+        try:
+            torch.set_num_threads(2)
+            torch.ones(1 << 20).exp_()  # large enough for at::parallel_for to use both threads
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + CANARY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def _fork_quietly() -> int:
+    """``os.fork()`` without Python 3.12's warning about forking a multi-threaded process: the children forked
+    here never touch what the caller's other threads hold (their sockets, their locks); they run the
+    forkserver loop, or one op, and leave with ``os._exit``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def _fork_server() -> None:
+    """Start multiprocessing's forkserver as a fork of this process, registered exactly as ``ensure_running``
+    registers a spawned one (its socket, its alive pipe, its pid), so every later burst finds it running."""
+    server = forkserver._forkserver
+    with server._lock:
+        resource_tracker.ensure_running()
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()  # the server exits when every holder of the write end is gone
+            try:
+                pid = _fork_quietly()
+                if pid == 0:
+                    _serve(listener.fileno(), alive_r)
+            finally:
+                os.close(alive_r)
+        server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+
+
+def _serve(listener_fd: int, alive_r: int) -> None:
+    """The forked server: only its socket, its alive pipe and stdio stay open (the caller's write end of the
+    pipe must not, or the server would outlive it), ranks are prepared as :func:`prepare_rank` says, and it
+    leaves with ``os._exit``: the caller's atexit handlers and finalizers (its temp dirs) are the caller's."""
+    try:
+        keep = sorted({listener_fd, alive_r})
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[-1])
+        os.closerange(keep[-1] + 1, os.sysconf("SC_OPEN_MAX"))
+        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+            signal.signal(number, signal.SIG_DFL)
+        spawn.prepare = prepare_rank
+        forkserver.main(listener_fd, alive_r, FORKSERVER_PRELOAD)
+    finally:
+        os._exit(0)
 
 
 def _own_multiprocessing_temp_dir() -> None:
