@@ -12,6 +12,7 @@ import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -49,6 +50,21 @@ def private_cache_dir() -> Iterator[str]:
     else:
         os.environ["ACCEL_WIDGETS_CACHE"] = previous
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in the main thread for this test, however the suite was started.
+
+    A suite started in the background (``nohup pytest ... &``) inherits SIGINT as ignored, and then
+    ``_thread.interrupt_main()``, which simulates Ctrl-C, does nothing: a test waiting for its
+    KeyboardInterrupt would wait out its whole timeout. Python's own handler is installed for the test.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

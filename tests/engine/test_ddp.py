@@ -142,7 +142,7 @@ def test_stop_tears_down_every_rank_quickly():
     assert time.perf_counter() - pressed[0] < 2.0
 
 
-def test_keyboard_interrupt_in_the_caller_stops_all_ranks():
+def test_keyboard_interrupt_in_the_caller_stops_all_ranks(ctrl_c: None) -> None:
     timer = threading.Timer(1.5, _thread.interrupt_main)
     timer.start()
     started = time.perf_counter()

@@ -135,7 +135,7 @@ def test_restarting_a_real_kernel_mid_burst_leaves_nothing(short_tmp, monkeypatc
     assert not glob.glob(str(tmp_path / f"accel-widgets-*-{kernel.pid}-*"))
 
 
-def test_a_second_ctrl_c_during_teardown_cannot_leave_a_rank_or_a_file_behind():
+def test_a_second_ctrl_c_during_teardown_cannot_leave_a_rank_or_a_file_behind(ctrl_c: None) -> None:
     """The rank ignores SIGTERM, so teardown waits out its grace before SIGKILL: the second Ctrl-C lands there."""
     timers = [threading.Timer(1.5, _thread.interrupt_main), threading.Timer(1.75, _thread.interrupt_main)]
     for timer in timers:
