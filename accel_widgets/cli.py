@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--workload", help="MODULE:FUNCTION returning an accel_widgets.Workload")
     source.add_argument("--demo", choices=DEMO_NAMES, default="mlp", help="a built-in workload instead")
     run.add_argument("--steps", type=int, default=None, help="measured steps (default 40)")
-    run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps")
+    run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps (not both)")
     run.add_argument("--compare", action="store_true", help="also run the baseline Config() and compare")
     run.add_argument("--json", default=None, help="write the result(s) as JSON here")
     run.add_argument("--profile-steps", type=int, default=0,

@@ -227,7 +227,8 @@ def run_burst(
     ``sync_debug=True`` runs the measured steps under torch's CUDA sync-debug mode "error": a hidden
     host-device sync (anything but the loss read ``sync_every`` asks for) fails the burst with the
     traceback of the line that synced. Raises :class:`BurstRequestError` or :class:`ConfigError` before
-    starting anything if an argument is unusable or the config cannot run here, and a
+    starting anything if an argument is unusable (steps and seconds together too) or the config cannot
+    run here, and a
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
     that turns NaN/inf raises nothing and ends with status "diverged".
     """
