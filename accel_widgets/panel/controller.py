@@ -150,6 +150,7 @@ class PanelController:
         self._noise_fingerprint: str | None = None
         self._shown_ids: set[int] = set()  # history ids already in the table (recorded here or loaded)
         self._thread: threading.Thread | None = None
+        self.last_run: BurstResult | None = None  # the last run the latest action finished
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._live_timer: threading.Timer | None = None
@@ -268,6 +269,7 @@ class PanelController:
         """Run ``body`` on the action thread; its return value is the final status line."""
         with self.state.lock:
             self.state.begin_action(what)  # raises while another action runs
+            self.last_run = None
             self._stop = threading.Event()
             self._stop_requested_at = None
             self._thread = threading.Thread(target=self._run_action, args=(what, body),
@@ -422,6 +424,7 @@ class PanelController:
             result = failed_result(self.workload, item, exc)
         flush()
         self.state.finish_run(run, result)
+        self.last_run = result
         if not (live and result.status == "stopped"):
             self._record(result)
         return result
