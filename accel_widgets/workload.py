@@ -7,6 +7,7 @@ object is never touched by a burst.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -154,6 +155,29 @@ class Workload:
                 "instance itself as Workload(model=...)"
             )
         return model
+
+    def build_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The optimizer the factory builds for ``params``, checked: a factory that returns nothing (a missing
+        ``return``) would otherwise fail inside GradScaler at the first step, naming none of the user's code."""
+        optimizer = self.optimizer(params)
+        if not all(callable(getattr(optimizer, method, None)) for method in ("step", "zero_grad")) or not hasattr(
+                optimizer, "param_groups"):
+            raise TypeError(
+                f"Workload.optimizer={callable_name(self.optimizer)} returned {type(optimizer).__name__}, not a "
+                "torch.optim.Optimizer: the factory must return the optimizer it builds, e.g. "
+                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+            )
+        return optimizer
+
+
+def callable_name(obj: Any) -> str:
+    """How a user's function is named in a message: its qualified name, with its module unless it was defined in the
+    notebook or script itself (``__main__``); a ``functools.partial`` by the function it wraps."""
+    if isinstance(obj, functools.partial):
+        return f"functools.partial({callable_name(obj.func)}, ...)"
+    name = getattr(obj, "__qualname__", None) or type(obj).__name__
+    module = getattr(obj, "__module__", None)
+    return name if module in (None, "__main__", "builtins") else f"{module}.{name}"
 
 
 def _name(obj: Any) -> str:

@@ -30,7 +30,7 @@ from ..config import Config
 from ..flops import count_training_flops
 from ..knobs import attention, batch, compiling, data, overhead, parallel, precision, system
 from ..results import OperatorTime, ProfileCapture, RankSummary, StepRecord
-from ..workload import Workload
+from ..workload import Workload, callable_name
 from .events import Emit, Phase, RankLosses
 
 Clock = Callable[[], float]
@@ -289,6 +289,39 @@ def model_loss(output: Any) -> torch.Tensor:
     return loss
 
 
+def step_loss(returned: Any, step: Callable[..., Any]) -> torch.Tensor:
+    """The loss a workload's ``step`` returned, in the shapes training code returns it: the tensor, ``(loss,
+    logs)``, ``{"loss": loss, ...}`` or an object with ``.loss`` (a Hugging Face output). Anything else fails
+    at the first step, naming the step and what to return."""
+    if isinstance(returned, torch.Tensor):
+        loss: Any = returned
+    elif isinstance(returned, (tuple, list)):
+        loss = returned[0] if returned else None
+    elif isinstance(returned, Mapping):
+        loss = returned.get("loss")
+    else:
+        loss = getattr(returned, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+            else _shape_of(returned))
+    raise BatchFormatError(
+        f"Workload.step={callable_name(step)} returned {what}: return the loss as a one-element tensor (e.g. "
+        "loss.mean()), a (loss, logs) tuple or a dict with a 'loss' tensor"
+    )
+
+
+def _shape_of(value: Any) -> str:
+    """``a tuple of (Tensor, dict)``, ``a dict with keys 'logits'``, ``None``: what a step returned, in a message."""
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of ({', '.join(type(v).__name__ for v in value)})"
+    if isinstance(value, Mapping):
+        return f"a dict with keys {', '.join(map(repr, value)) or 'none'} (no 'loss' tensor)"
+    return f"a {type(value).__name__}"
+
+
 def real_tokens(batch: Any) -> int | None:
     """Tokens that are not padding, from the batch's attention mask while it is still on the host."""
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
@@ -378,7 +411,7 @@ class TrainingLoop:
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The micro-batch's loss, in the first form the workload gives (see :class:`~accel_widgets.Workload`)."""
         if self.step_fn is not None:
-            return self.step_fn(model, batch)
+            return step_loss(self.step_fn(model, batch), self.step_fn)
         if isinstance(batch, Mapping):
             output = model(**batch)
             return self.loss_fn(output, batch) if self.loss_fn is not None else model_loss(output)
