@@ -42,7 +42,8 @@ class Workload:
     persistence).
 
     The loss, in the first form that fits:
-    - ``step(model, batch) -> loss``: the user's own code for what the loop cannot guess;
+    - ``step(model, batch) -> loss``: the user's own code for what the loop cannot guess (it may return
+      ``(loss, logs)`` or ``{"loss": loss, ...}`` too: the loop trains on the loss);
     - items that are ``(input, target)`` pairs: ``loss_fn(model(input), target)`` (a mapping input is
       passed as ``model(**input)``; the output may be a tensor, dict or dataclass);
     - items that are mappings (Hugging Face style): ``model(**batch)``, and the loss is
