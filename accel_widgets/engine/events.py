@@ -80,6 +80,7 @@ class RankFailed:
     kind: str
     message: str
     traceback: str
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def from_exception(cls, rank: int, t: float, exc: BaseException) -> RankFailed:

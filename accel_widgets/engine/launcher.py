@@ -157,6 +157,7 @@ class _Collected:
             self.warnings.extend(w for w in event.warnings if w not in self.warnings)
         elif isinstance(event, RankFailed):
             self.errors.append(event)
+            self.warnings.extend(w for w in event.warnings if w not in self.warnings)
 
     def steps_with_losses(self) -> list[StepRecord]:
         """Steps with the loss values that were read after the step event went out (sync_every > 1)."""
