@@ -16,29 +16,10 @@ from typing import Literal
 from .guard import GuardVerdict, check_training, frozen_augmentation
 from .knobs import KNOBS
 from .presentation import si
-from .results import BurstResult
+from .results import BROWSERS, BurstResult
+from .thresholds import THRESHOLDS
 
 Severity = Literal["warn", "info", "good"]
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Every number the rules compare against, in one table (the classic rules of thumb first)."""
-
-    util_ok_pct: float = 80.0  # device busy at least this share of the time
-    memory_full_share: float = 0.90  # peak memory above this share of the device leaves no room
-    h2d_max_share: float = 0.10  # host-to-device copies should stay below this share of the step
-    compute_ok_share: float = 0.70  # a healthy step spends at least this share computing
-    data_wait_notice_share: float = 0.05  # data wait worth mentioning
-    data_wait_bound_share: float = 0.10  # data wait that makes the step data-bound
-    foreign_cpu_notice_pct: float = 10.0  # other processes' CPU use that makes timings suspect
-    short_step_s: float = 0.010  # steps this short are dominated by per-step overhead
-    low_util_pct: float = 50.0
-    host_saturated_pct: float = 90.0  # the whole machine's CPU this busy: the loader has no cores left
-    iowait_notice_pct: float = 10.0  # CPU time waiting on the disk: the data source is the limit
-    tensor_core_capability: float = 7.0  # Volta and newer run fp16/bf16 matmuls on tensor cores
-
-
-THRESHOLDS = Thresholds()
 
 _ORDER: dict[Severity, int] = {"warn": 0, "info": 1, "good": 2}
 
@@ -125,23 +106,43 @@ def _diverged(result: BurstResult) -> Finding:
 
 # -- can the numbers be trusted -------------------------------------------------------------------
 def _reliability(result: BurstResult) -> list[Finding]:
+    """Whether the numbers measured the knobs or the neighbours, and whose load it was."""
     step = result.step_time
-    foreign = result.foreign_cpu_pct
-    busy = foreign is not None and foreign >= THRESHOLDS.foreign_cpu_notice_pct
-    load = f"other processes used ~{foreign:.0f}% of the CPU during the burst" if busy else ""
+    reliability = result.reliability
+    if not reliability.reliable:
+        return [Finding("warn", "Unreliable measurement", f"{reliability.text()}. {_load_advice(result)}Re-measure it "
+                        "paired with its baseline (Re-measure in the panel, aw.remeasure) before ranking it.")]
+    other = (result.foreign_cpu_pct or 0.0) + (result.caller_cpu_pct or 0.0)
+    busy = other >= THRESHOLDS.other_load_notice_pct
+    load = f"other load took ~{other:.0f}% of the machine ({result.load_attribution()})" if busy else ""
     if step is not None and step.noisy:
-        if step.n < 4:
+        if step.n < THRESHOLDS.min_steps_for_spread:
             detail = f"only {step.n} measured steps: run a longer burst before trusting the median."
         elif busy:
-            detail = f"IQR is {step.relative_iqr:.0%} of the median step and {load}: re-run when the machine is quiet."
+            detail = f"IQR is {step.relative_iqr:.0%} of the median step and {load}: {_load_advice(result)}"
         else:
             detail = (f"IQR is {step.relative_iqr:.0%} of the median step: re-run, the machine is probably busy "
                       "(on a few cores, one busy core stalls every intra-op thread).")
-        return [Finding("warn", "Noisy step times", detail)]
+        return [Finding("warn", "Noisy step times", detail.strip())]
     if busy:
         return [Finding("info", "Machine busy", f"{load}: the steps look stable, but compare runs only when the "
                         "machine is quiet.")]
     return []
+
+
+def _load_advice(result: BurstResult) -> str:
+    """What to do about the load that was measured: a browser drawing live plots, this kernel, another job."""
+    cores = result.environment.get("cpu_count") or 1
+    browser = sum(pct for program, pct in result.other_processes() if program in BROWSERS)
+    caller = (result.caller_cpu_pct or 0.0) * cores
+    if browser >= THRESHOLDS.process_notice_core_pct and browser >= caller:
+        return (f"The browser used {browser:.0f}% of a core while the burst ran: a tab drawing live plots (this "
+                "panel's or another's) competes with training; close or hide the other tabs. ")
+    if caller >= THRESHOLDS.process_notice_core_pct * 2:
+        return (f"The process that launched the burst used {caller:.0f}% of a core meanwhile (in a notebook: other "
+                "cells or widgets working while it trained). ")
+    named = [program for program, pct in result.other_processes() if pct >= THRESHOLDS.process_notice_core_pct]
+    return f"Another job shares the machine ({', '.join(named[:3])}): re-run when it is quiet. " if named else ""
 
 
 # -- data pipeline ---------------------------------------------------------------------------------

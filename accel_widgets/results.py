@@ -19,6 +19,7 @@ from .flops import peak_flops
 from .knobs import Facts
 from .knobs import facts as knob_facts
 from .stats import Summary, summarize
+from .thresholds import THRESHOLDS
 
 #: "diverged": the burst finished and has its numbers, but a loss went NaN/inf, so it did not train.
 Status = Literal["ok", "diverged", "failed", "stopped", "timeout"]
@@ -41,6 +42,10 @@ class StepRecord:
     tokens: int | None = None  # real tokens (attention mask) this rank's step trained on, when known
 
 
+#: Programs that draw web pages (as telemetry labels them): their load during a burst is usually a live view.
+BROWSERS = frozenset({"chromium", "chrome", "google-chrome", "headless_shell", "firefox", "msedge", "brave", "opera",
+                      "safari", "vivaldi"})
+
 #: What a telemetry sample's power and energy readings cover (see :class:`TelemetrySample`).
 EnergyScope = Literal["gpu", "mig", "cpu_package"]
 
@@ -52,9 +57,12 @@ class TelemetrySample:
     ``util_pct`` is NVML's "a kernel was running" share for a GPU (None where the GPU does not report it:
     a MIG device), and the workers' CPU use as a share of the machine's cores for ``source="psutil"``: a
     busy signal, never an efficiency measure.
-    ``host_util_pct`` is the whole machine's CPU use, every process included: the gap to the workers'
-    share is load the burst did not cause, which makes its timings unreliable. Per-core use, I/O wait
-    and the DataLoader workers' share tell "the loader is starved of cores" or "the disk is the limit".
+    ``host_util_pct`` is the whole machine's CPU use, every process included; ``workers_util_pct`` the burst's
+    own processes' (ranks and loader workers), ``caller_util_pct`` the launching process's (the kernel: its
+    event pump, this telemetry, a panel drawing the burst). What is left is load the burst did not cause,
+    which makes its timings unreliable; once a second ``other_processes`` says whose it was (% of one core by
+    program, e.g. ``{"chromium": 44.0, "jupyter-server": 10.0}``). Per-core use, I/O wait and the DataLoader
+    workers' share tell "the loader is starved of cores" or "the disk is the limit".
     ``energy_j`` is the device's cumulative energy counter where it has one (NVML's total energy since the
     driver loaded; RAPL's packages since the sampler started), and ``energy_scope`` what the power and
     energy readings cover: "gpu" this GPU; "mig" a MIG instance, for which NVML's power is the whole GPU's,
@@ -76,6 +84,9 @@ class TelemetrySample:
     loader_util_pct: float | None = None  # the ranks' DataLoader worker processes, % of the machine
     energy_j: float | None = None
     energy_scope: EnergyScope | None = None
+    workers_util_pct: float | None = None  # the burst's ranks and loader workers, % of the machine
+    caller_util_pct: float | None = None  # the process that launched the burst, % of the machine
+    other_processes: dict[str, float] | None = None  # other programs' CPU since the last such reading, % of a core
 
 
 #: What a rank is doing, as the launcher sees it: it starts, sets up (model, loader, process group), then
@@ -129,6 +140,23 @@ class RankSummary:
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
     profile: ProfileCapture | None = None
     measured_tokens: int | None = None  # real tokens over the window, when batches carry an attention mask
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Whether a run's numbers can rank a knob. Step times that spread past half their median, or a machine
+    shared with other load past a quarter of its CPU (:mod:`~accel_widgets.thresholds`), measure the neighbours
+    as much as the knob: such a run is marked, kept out of rankings and offered a paired re-measure.
+    ``reasons`` say why, with the numbers; none means reliable."""
+
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def reliable(self) -> bool:
+        return not self.reasons
+
+    def text(self) -> str:
+        return "; ".join(self.reasons)
 
 
 @dataclass(frozen=True)
@@ -353,10 +381,53 @@ class BurstResult:
 
     @property
     def foreign_cpu_pct(self) -> float | None:
-        """Mean CPU share (of the machine) used by processes other than the burst's workers while it measured."""
-        gaps = [t.host_util_pct - t.util_pct for t in self.measured_telemetry()
-                if t.source == "psutil" and t.host_util_pct is not None and t.util_pct is not None]
+        """Mean CPU share (of the machine) that processes other than the burst's and its caller's used while it
+        measured: what :meth:`other_processes` names."""
+        gaps = [t.host_util_pct - workers - (t.caller_util_pct or 0.0) for t in self.measured_telemetry()
+                if t.host_util_pct is not None and (workers := _workers_pct(t)) is not None]
         return max(0.0, sum(gaps) / len(gaps)) if gaps else None
+
+    @property
+    def caller_cpu_pct(self) -> float | None:
+        """Mean CPU share (of the machine) of the process that launched the burst while it measured: the event
+        pump and telemetry, and in a notebook whatever else the kernel did meanwhile (a panel drawing the burst)."""
+        values = [t.caller_util_pct for t in self.measured_telemetry() if t.caller_util_pct is not None]
+        return sum(values) / len(values) if values else None
+
+    def other_processes(self) -> list[tuple[str, float]]:
+        """Who else used the CPU while the burst measured: each program's mean use in % of one core, largest
+        first (``[("chromium", 44.0), ("jupyter-server", 10.0)]``); empty where no reading covers the window."""
+        readings = [t.other_processes for t in self.measured_telemetry() if t.other_processes is not None]
+        totals: dict[str, float] = {}
+        for reading in readings:
+            for program, pct in reading.items():
+                totals[program] = totals.get(program, 0.0) + pct
+        return sorted(((program, pct / len(readings)) for program, pct in totals.items()), key=lambda item: -item[1])
+
+    @property
+    def reliability(self) -> Reliability:
+        """Whether this run's numbers can rank a knob (:class:`Reliability`): a step spread or other load past
+        the thresholds says no. A run without measured steps has nothing to judge and no reasons."""
+        step = self.step_time
+        reasons = []
+        if step is not None and step.n >= THRESHOLDS.min_steps_for_spread and (
+                step.relative_iqr >= THRESHOLDS.unreliable_relative_iqr):
+            reasons.append(f"step times spread {step.relative_iqr:.0%} of their median (IQR "
+                           f"{step.iqr * 1e3:.3g} ms around {step.median * 1e3:.3g} ms)")
+        other = (self.foreign_cpu_pct or 0.0) + (self.caller_cpu_pct or 0.0)
+        if step is not None and other >= THRESHOLDS.unreliable_other_load_pct:
+            reasons.append(f"other load took {other:.0f}% of the machine ({self.load_attribution()})")
+        return Reliability(tuple(reasons))
+
+    def load_attribution(self) -> str:
+        """Whose CPU the burst shared, in words: the programs above the notice level, then the caller."""
+        named = [f"{program} {pct:.0f}%" for program, pct in self.other_processes()
+                 if pct >= THRESHOLDS.process_notice_core_pct]
+        parts = [", ".join(named) + " of a core"] if named else []
+        cores = self.environment.get("cpu_count") or 1
+        if self.caller_cpu_pct is not None:
+            parts.append(f"the calling process {self.caller_cpu_pct * cores:.0f}% of a core")
+        return "; ".join(parts) or "not attributed"
 
     @property
     def energy_j(self) -> float | None:
@@ -439,6 +510,7 @@ class BurstResult:
         if self.step_time is not None:
             st = self.step_time
             noise = "  (noisy: IQR/median >= 10%)" if st.noisy else ""
+            noise = "  (unreliable, see below)" if not self.reliability.reliable else noise
             lines.append(f"  step        {st.median * 1e3:.2f} ms median, IQR {st.iqr * 1e3:.2f} ms, n={st.n}{noise}")
         shares = [(n, v) for n, v in (("data wait", self.data_wait_share), ("h2d copy", self.h2d_share),
                                       ("compute", self.compute_share)) if v is not None]
@@ -453,6 +525,9 @@ class BurstResult:
             lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")
         if self.joules_per_sample is not None:
             lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
+        if not self.reliability.reliable:
+            lines.append(f"  unreliable  {self.reliability.text()}: re-measure paired with the baseline "
+                         "(aw.remeasure) or on a quiet machine")
         lines.extend(f"  warning     {w}" for w in self.warnings)
         return "\n".join(lines)
 
@@ -498,6 +573,14 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
         operators = [OperatorTime(**o) for o in profile["top_operators"]]
         data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators)}
     return RankSummary(**data)
+
+
+def _workers_pct(sample: TelemetrySample) -> float | None:
+    """The burst's own processes' share of the machine (psutil samples stored before it had a field of its own
+    carry it as their utilisation)."""
+    if sample.workers_util_pct is not None:
+        return sample.workers_util_pct
+    return sample.util_pct if sample.source == "psutil" else None
 
 
 def _by_device(samples: list[TelemetrySample]) -> dict[str, list[TelemetrySample]]:

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-NOISE_THRESHOLD = 0.10
+from .thresholds import THRESHOLDS
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Summary:
     @property
     def noisy(self) -> bool:
         """True when the spread is too large for the median to be trusted (too few steps count as noisy)."""
-        return self.n < 4 or self.relative_iqr >= NOISE_THRESHOLD
+        return self.n < THRESHOLDS.min_steps_for_spread or self.relative_iqr >= THRESHOLDS.noisy_relative_iqr
 
 
 def summarize(values: Sequence[float]) -> Summary:

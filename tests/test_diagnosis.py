@@ -79,14 +79,40 @@ def test_memory_above_ninety_percent_suggests_accumulation() -> None:
 
 
 def test_noisy_steps_say_re_run_and_name_the_foreign_load() -> None:
-    noisy = by_title(diagnose(synthetic_result(jitter=0.3)), "Noisy step times")
+    noisy = by_title(diagnose(synthetic_result(jitter=0.15)), "Noisy step times")
     assert "re-run" in noisy.detail
-    loaded = by_title(diagnose(synthetic_result(jitter=0.3, util=50, foreign=40)), "Noisy step times")
-    assert "~40%" in loaded.detail
+    loaded = by_title(diagnose(synthetic_result(jitter=0.15, util=50, foreign=20)), "Noisy step times")
+    assert "~20%" in loaded.detail
     steady = diagnose(synthetic_result(util=50, foreign=15))
     assert by_title(steady, "Machine busy").severity == "info" and "Noisy step times" not in titles(steady)
     short = by_title(diagnose(synthetic_result(steps=2)), "Noisy step times")
     assert "only 2 measured steps" in short.detail
+
+
+def test_a_spread_past_half_the_median_or_a_shared_machine_is_an_unreliable_measurement() -> None:
+    spread = synthetic_result(jitter=0.3)  # steps alternate 35 and 65 ms: IQR 60% of the median
+    assert spread.reliability.reasons == ("step times spread 60% of their median (IQR 30 ms around 50 ms)",)
+    finding = by_title(diagnose(spread), "Unreliable measurement")
+    assert finding.severity == "warn" and "Re-measure" in finding.detail and "Noisy step times" not in titles(
+        diagnose(spread))
+    shared = synthetic_result(util=50, foreign=30)
+    assert not shared.reliability.reliable and "other load took 30% of the machine" in shared.reliability.text()
+    assert synthetic_result(util=50, foreign=20).reliability.reliable
+
+
+def test_the_load_is_attributed_and_a_browser_drawing_live_plots_is_named() -> None:
+    result = synthetic_result(util=40, foreign=30)
+    result.environment["cpu_count"] = 2
+    result.telemetry = [dataclasses.replace(t, caller_util_pct=5.0, other_processes={"chromium": 44.0,
+                                                                                      "jupyter-server": 10.0,
+                                                                                      "sshd": 1.0})
+                        for t in result.telemetry]
+    assert result.other_processes() == [("chromium", 44.0), ("jupyter-server", 10.0), ("sshd", 1.0)]
+    assert result.foreign_cpu_pct == pytest.approx(25.0)  # 70% busy: 40 the burst's, 5 the caller's
+    assert result.load_attribution() == "chromium 44%, jupyter-server 10% of a core; the calling process 10% of a core"
+    finding = by_title(diagnose(result), "Unreliable measurement")
+    assert "other load took 30% of the machine (chromium 44%, jupyter-server 10% of a core" in finding.detail
+    assert "The browser used 44% of a core while the burst ran" in finding.detail
 
 
 def test_result_warnings_are_shown() -> None:

@@ -51,7 +51,6 @@ DEFAULT_TIMEOUT_S = 600.0
 PUMP_TICK_S = 0.05
 TEARDOWN_GRACE_S = 0.5
 COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
-FOREIGN_LOAD_WARN_PCT = 25.0
 
 Event = StepRecord | TelemetrySample | BurstPhase
 
@@ -510,12 +509,6 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
     result.environment = {**collected.environment, **result.environment}
     result.warnings.extend(w for w in collected.warnings if w not in result.warnings)
     result.wall_s = time.perf_counter() - called_at
-    foreign = result.foreign_cpu_pct
-    if foreign is not None and foreign >= FOREIGN_LOAD_WARN_PCT:
-        result.warnings.append(
-            f"other processes used ~{foreign:.0f}% of this machine's CPU during the burst: its timings are "
-            "unreliable (intra-op threads stall when their cores are taken). Re-run when the machine is quiet."
-        )
     if collected.first_step_at is not None:
         result.time_to_first_step_s = collected.first_step_at - called_at
     all_done = len(collected.ranks) == result.world_size

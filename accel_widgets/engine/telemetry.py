@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from ..results import TelemetrySample
 THREAD_NAME = "accel-widgets-telemetry"
 
 FAMILY_REFRESH_S = 1.0  # new DataLoader workers are picked up within this long
+ATTRIBUTION_INTERVAL_S = 1.0  # who else used the CPU: every process on the machine is read this often
 _GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
 
 
@@ -71,6 +73,7 @@ class TelemetrySampler:
         nvml: Any | None = None,
         clock: Callable[[], float] = time.perf_counter,
         powercap: Path = POWERCAP,
+        caller_pid: int | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -93,6 +96,10 @@ class TelemetrySampler:
         self._family_due = 0.0
         self._cpus = usable_cpu_count()  # psutil's percent is per core; 100% must mean all usable cores
         self._host_cpu = HostCpu()
+        self._caller = _CallerCpu(os.getpid() if caller_pid is None else caller_pid, self._cpus)
+        self._machine = MachineLoad(self._caller.pid)
+        self._attribution_due = 0.0
+        self._workers_pct: float | None = None
         self._mem_total = int(psutil.virtual_memory().total)
         # NVML state: a module with NVML open, and the (CUDA ordinal, handle) pairs to read.
         self._nvml: Any | None = None
@@ -116,7 +123,10 @@ class TelemetrySampler:
         """Start sampling on a daemon thread (daemon: a kernel that exits must not wait on telemetry)."""
         if self._thread is not None or self._stop_event.is_set():
             raise RuntimeError("a TelemetrySampler runs once; create a new one for each burst")
-        self._host_cpu.read()  # primes it: a first reading has nothing to compare with
+        self._host_cpu.read()  # primes them: a first reading has nothing to compare with
+        self._caller.read()
+        self._machine.read(set())
+        self._attribution_due = time.monotonic() + ATTRIBUTION_INTERVAL_S
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -269,6 +279,7 @@ class TelemetrySampler:
                 rated = True
         self._known = known
         self._loader_pct = loader_pct / self._cpus if rated else None
+        self._workers_pct = cpu_pct / self._cpus if rated else None
         energy_j = self._read_rapl()  # every tick, rated or not, so no counter wraps twice unseen
         if not rated:
             return []
@@ -317,18 +328,137 @@ class TelemetrySampler:
         return family
 
     def _host_fields(self) -> dict[str, Any]:
-        """What ``top -H`` / ``iostat`` would show: per-core use, I/O wait, the loader workers' share."""
+        """What ``top -H`` / ``iostat`` would show: per-core use, I/O wait, the loader workers' share; the caller's
+        own share every tick, and once per ``ATTRIBUTION_INTERVAL_S`` who else used the CPU."""
         host_pct, per_core_pct, iowait_pct = self._host_cpu.read()
         return {
             "host_util_pct": host_pct,
             "cpu_per_core_pct": per_core_pct,
             "iowait_pct": iowait_pct,
             "loader_util_pct": self._loader_pct,
+            "workers_util_pct": self._workers_pct,
+            "caller_util_pct": self._caller.read(),
+            "other_processes": self._attribute(),
         }
+
+    def _attribute(self) -> dict[str, float] | None:
+        """Every other program's CPU since the last attribution, in % of one core (the burst's own processes and
+        the caller's excluded); None between attributions."""
+        now = time.monotonic()
+        if now < self._attribution_due:
+            return None
+        self._attribution_due = now + ATTRIBUTION_INTERVAL_S
+        return self._machine.read(set(self._family))
 
     def _record(self, message: str) -> None:
         if message not in self.errors:
             self.errors.append(message)
+
+
+class _CallerCpu:
+    """The launching process's own CPU (the kernel: its pump, this sampler, a panel's rendering), % of the machine.
+
+    One ``cpu_times`` of one process per tick: the burst's cost in the caller, told apart from other programs.
+    """
+
+    def __init__(self, pid: int, cpus: int) -> None:
+        self.pid, self._cpus = pid, cpus
+        self._process: psutil.Process | None = None
+        with contextlib.suppress(*_GONE):
+            self._process = psutil.Process(pid)
+        self._last: tuple[float, float] | None = None
+
+    def read(self) -> float | None:
+        if self._process is None:
+            return None
+        try:
+            times = self._process.cpu_times()
+        except _GONE:
+            return None
+        now = (time.monotonic(), times.user + times.system)
+        last, self._last = self._last, now
+        if last is None or now[0] <= last[0]:
+            return None
+        return _share(now[1] - last[1], (now[0] - last[0]) * self._cpus)
+
+
+_PYTHON_PROGRAMS = {"jupyterlab": "jupyter-server", "jupyter_server": "jupyter-server", "notebook": "jupyter-server",
+                    "jupyter-lab": "jupyter-server", "jupyter-notebook": "jupyter-server",
+                    "ipykernel_launcher": "ipykernel", "ipykernel": "ipykernel"}
+
+
+_CALLER_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def program_label(name: str, cmdline: Sequence[str]) -> str:
+    """What ``top`` would call a process, made readable: Python processes by the module or script they run
+    (``python -m jupyterlab`` is the Jupyter server), a browser's helpers by the browser's name."""
+    base = os.path.basename(cmdline[0]) if cmdline else name
+    if base.startswith(("chrome", "chromium")) or name.startswith(("chrome", "chromium")):
+        return "chromium"
+    if name in _PYTHON_PROGRAMS:
+        return _PYTHON_PROGRAMS[name]
+    if not (name.startswith("python") or base.startswith("python")):
+        return name
+    arguments = iter(cmdline[1:])
+    for argument in arguments:
+        if argument in ("-m", "-c"):
+            module = next(arguments, "").split(".")[0] if argument == "-m" else ""
+            return _PYTHON_PROGRAMS.get(module, f"python -m {module}" if module else "python -c")
+        if argument in ("-W", "-X", "-Q"):  # options that take a value
+            next(arguments, None)
+        elif not argument.startswith("-"):
+            stem = os.path.splitext(os.path.basename(argument))[0]
+            return _PYTHON_PROGRAMS.get(stem, f"python {os.path.basename(argument)}")
+    return name
+
+
+class MachineLoad:
+    """Which programs used the CPU between two readings, in % of one core, by :func:`program_label`.
+
+    Reads every process's CPU times (one ``/proc/<pid>/stat`` each: ~1.5 ms for a couple of hundred processes,
+    so it runs once a second, not per tick). The burst's own processes are left out, and so are the caller
+    (reported on its own) and multiprocessing's helper processes that serve it (the forkserver the ranks come
+    from, the resource tracker). A process seen for the first time is primed, not counted.
+    """
+
+    def __init__(self, caller_pid: int) -> None:
+        self._caller_pid = caller_pid
+        self._seen: dict[int, tuple[float, str, float]] = {}  # pid -> (create time, label, CPU seconds)
+        self._last_at: float | None = None
+
+    def read(self, exclude: set[int]) -> dict[str, float] | None:
+        now = time.monotonic()
+        elapsed = None if self._last_at is None else now - self._last_at
+        self._last_at = now
+        used: dict[str, float] = {}
+        seen: dict[int, tuple[float, str, float]] = {}
+        for proc in psutil.process_iter(["ppid", "create_time", "cpu_times"]):
+            info = proc.info
+            times, created = info.get("cpu_times"), info.get("create_time")
+            if times is None or created is None or proc.pid in exclude or proc.pid == self._caller_pid:
+                continue
+            before = self._seen.get(proc.pid)
+            label = before[1] if before is not None and before[0] == created else self._label(proc, info["ppid"])
+            cpu = times.user + times.system
+            seen[proc.pid] = (created, label, cpu)
+            if label and before is not None and before[0] == created:
+                used[label] = used.get(label, 0.0) + max(0.0, cpu - before[2])
+        self._seen = seen
+        if not elapsed:
+            return None
+        return {label: round(100.0 * seconds / elapsed, 1) for label, seconds in used.items() if seconds > 0}
+
+    def _label(self, proc: psutil.Process, ppid: int | None) -> str:
+        """The program's label; "" (never counted) for the multiprocessing helpers that serve the caller."""
+        try:
+            cmdline = proc.cmdline()
+            name = proc.name()
+        except _GONE:
+            return "?"
+        if ppid == self._caller_pid and any(helper in " ".join(cmdline) for helper in _CALLER_HELPERS):
+            return ""
+        return program_label(name, cmdline)
 
 
 class HostCpu:

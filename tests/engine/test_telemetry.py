@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -173,7 +174,7 @@ def test_nvml_samples_carry_readings_at_ten_hz_on_the_burst_clock() -> None:
     assert 0.0 <= gpu0[0].host_util_pct <= 100.0  # the machine's own CPU use, read alongside
     assert len(gpu0[0].cpu_per_core_pct) == os.cpu_count()
     host_free = dataclasses.replace(gpu0[0], host_util_pct=None, cpu_per_core_pct=None, iowait_pct=None,
-                                    loader_util_pct=None)
+                                    loader_util_pct=None, caller_util_pct=None, other_processes=None)
     assert host_free == TelemetrySample(
         t=0.0, source="nvml", util_pct=40.0, mem_used_bytes=MiB, device="cuda:0",
         mem_total_bytes=80 * 1024 * MiB, power_w=pytest.approx(123.456), sm_clock_mhz=1980.0,
@@ -469,3 +470,48 @@ def test_host_cpu_reads_every_share_from_one_snapshot_per_tick(monkeypatch: pyte
     assert per_core == [50.0, 80.0]
     assert whole == pytest.approx(100 * 130 / 200) and iowait == pytest.approx(100 * 10 / 200)
     assert reads == [True, True]  # one /proc/stat read per tick, not three
+
+
+def test_other_programs_are_named_and_the_caller_is_told_apart() -> None:
+    """A spinning program that is neither the burst's nor the caller's is named with its share of a core; the
+    caller's own work (here: this test spinning a thread) is its own field, not foreign load."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    with _child(BUSY) as hog, _child("import time; time.sleep(60)") as worker:
+        sampler = TelemetrySampler(clock_origin=time.perf_counter(), interval_s=0.05)
+        sampler.watch(worker.pid)
+        spinner = threading.Thread(target=spin)
+        with sampler:
+            spinner.start()
+            time.sleep(2.6)
+            stop.set()
+            spinner.join()
+        samples = sampler.samples
+    attributed = [s.other_processes for s in samples if s.other_processes is not None]
+    assert len(attributed) >= 2, "one attribution per second"
+    assert all(reading.get("python -c", 0.0) > 50.0 for reading in attributed), attributed  # the hog: ~100%
+    assert hog.pid and "pytest" not in " ".join(k for reading in attributed for k in reading)
+    callers = [s.caller_util_pct for s in samples if s.caller_util_pct is not None]
+    assert statistics.median(callers) > 15.0  # a spinning thread of this process: ~50% of a 2-core machine
+    result = BurstResult("w", Config(), "ok", telemetry=samples, steps=[
+        StepRecord(0, i, samples[0].t + 0.5 * (i + 1), 0.0, 0.0, 0.5, 0.5, 8) for i in range(4)])
+    assert dict(result.other_processes())["python -c"] > 50.0
+    assert result.caller_cpu_pct == pytest.approx(statistics.fmean(
+        s.caller_util_pct for s in result.measured_telemetry() if s.caller_util_pct is not None))
+
+
+def test_program_labels_read_like_top_but_say_what_python_runs() -> None:
+    from accel_widgets.engine.telemetry import program_label
+
+    assert program_label("python3", ["/usr/bin/python3", "-m", "jupyterlab", "--no-browser"]) == "jupyter-server"
+    assert program_label("python3", ["python", "-m", "ipykernel_launcher", "-f", "k.json"]) == "ipykernel"
+    assert program_label("python3.11", ["python", "-W", "ignore", "/srv/train.py", "--lr", "3"]) == "python train.py"
+    assert program_label("python3", ["python", "-c", "pass"]) == "python -c"
+    assert program_label("chromium", ["/usr/lib/chromium/chromium", "--type=renderer"]) == "chromium"
+    assert program_label("chrome", []) == "chromium"
+    assert program_label("jupyter-lab", ["/venv/bin/python3", "/venv/bin/jupyter-lab"]) == "jupyter-server"
+    assert program_label("sshd", ["sshd: root"]) == "sshd"
