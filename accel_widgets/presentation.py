@@ -237,7 +237,7 @@ class RunRow:
             faster = values["speedup"] is not None and values["speedup"] > 1.0
             return "faster but changes training" if faster else "changes training", "\n".join(self.verdict.reasons)
         text = f"{values['status']}: {values['error']}" if values["error"] else str(values["status"])
-        unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline")
+        unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline", "cannot_tell")
         return text, f"{text}\ntraining not checked: {self.verdict.reasons[-1]}" if unchecked else text
 
     def status_colour(self) -> str:

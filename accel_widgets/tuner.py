@@ -381,9 +381,9 @@ class _Search:
                 verdict = self.guard_verdict(challenger)
                 if verdict is None:
                     return None
-                if verdict.status == "changes_training":
-                    return TuneStep(name, value, False, None, "changes training: " + "; ".join(verdict.reasons),
-                                    results)
+                if verdict.status in ("changes_training", "cannot_tell"):  # a pick must be known to train the same
+                    said = "changes training" if verdict.status == "changes_training" else "training not checked"
+                    return TuneStep(name, value, False, None, f"{said}: " + "; ".join(verdict.reasons), results)
             after = self.run(current)
             results.append(after)
             if not _measured(after):

@@ -416,7 +416,7 @@ def test_keeps_loader_workers_on_augmented_data_with_real_bursts(fresh_noise_ban
     assert result.best == Config(num_workers=2)
     candidate = next(r for r in step.results if r.config == result.best)
     baseline = next(r for r in step.results if r.config == Config())
-    assert check_training(candidate, baseline).status == "changes_training"  # the false alarm the band ends
+    assert check_training(candidate, baseline).status == "cannot_tell"  # random draws: the band decides
     assert result.noise is not None and result.noise.data_seeds == (1, 2)
     verdict = check_training(candidate, baseline, result.noise)
     assert verdict.status == "ok" and verdict.max_relative_deviation < NOISE_MARGIN * result.noise.spread

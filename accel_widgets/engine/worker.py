@@ -39,6 +39,7 @@ from ..knobs import global_flags
 from ..results import StepRecord
 from ..workload import Workload
 from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
+from .streaming import stream_reading
 from .training import TrainingLoop, build_loop, rank_summary
 
 STEP_BATCH_S = 0.02  # step records leave at most this late: live plots stay live, fast steps stay cheap
@@ -87,6 +88,7 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
         workload, spec = cloudpickle.loads(payload)
         _die_with_owner(spec.owner_pid, spec.owner_started)
         _use_environment(spec.environment)
+        _use_rank_environment(rank, spec.config.ranks)
         _use_private_temp_dir(spec.temp_dir)
         _use_inductor_cache(spec.inductor_cache_dir)
 
@@ -365,6 +367,18 @@ def _use_environment(environment: dict[str, str]) -> None:
     os.environ.update(environment)
 
 
+def _use_rank_environment(rank: int, world_size: int) -> None:
+    """Tell code that reads its place from the environment, as torchrun sets it, which rank this is: a stream that
+    splits itself (MosaicML's StreamingDataset reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE), a library's
+    logging. One machine, one node: local = global. No MASTER_ADDR/MASTER_PORT: the ranks rendezvous in a private
+    file (see :func:`_process_group`), and code that would open a TCP store from them must fail, not listen."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                       "ROLE_WORLD_SIZE": str(world_size)})
+
+
 def _use_private_temp_dir(path: str) -> None:
     """Send every temp file of this rank (DataLoader's pymp-*, inductor scratch) to the burst's own dir."""
     os.environ["TMPDIR"] = path
@@ -406,7 +420,8 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         set_phase(Phase.FINISHING)
         capture = _profile(loop, spec, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
-                               loop.flops_per_sample(raw), capture)
+                               loop.flops_per_sample(raw), capture, loop.code_paths(raw), loop.random_data,
+                               stream_reading(loop.batches.loader.dataset))
     emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
 
 
