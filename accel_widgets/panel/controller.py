@@ -341,7 +341,12 @@ class PanelController:
         if outcome.best_samples_per_s is not None and outcome.baseline_samples_per_s is not None:
             rates = f"; {outcome.baseline_samples_per_s:,.1f} → {outcome.best_samples_per_s:,.1f} samples/s"
         stopped = "stopped" if self._stop.is_set() else "finished"
-        return (f"Tune {stopped}: best {outcome.best.label()}, {outcome.speedup:.2f}× over the start{rates} "
+        confirmation = outcome.confirmation
+        gain = (f"{confirmation.median:.2f}× over the start side by side ({confirmation.spread[0]:.2f}–"
+                f"{confirmation.spread[1]:.2f}, {len(confirmation.ratios)} pairs)" if confirmation is not None
+                else "1.00× (no knob beat the start)" if outcome.speedup is not None
+                else "its speedup not confirmed side by side")
+        return (f"Tune {stopped}: best {outcome.best.label()}, {gain}{rates} "
                 f"({len(outcome.bursts)} bursts in {outcome.wall_s:.0f} s; {outcome.stopped_reason}). "
                 "The controls now show it.")
 
