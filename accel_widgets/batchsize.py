@@ -212,7 +212,8 @@ def find_batch_size(
     memory there is (a GPU's own memory; on a CPU, the RAM available when the search starts).
     On a CPU it caps the RSS of the burst's processes (ranks and their loader workers, summed); it defaults
     to ``DEFAULT_CPU_SHARE`` of the available RAM. On a GPU it sets the ``memory_fraction`` knob of every
-    try (default: none, or the config's own ``memory_fraction``), and running out of device memory is the limit.
+    try (default: none, or the config's own ``memory_fraction``), and running out of device memory is the limit;
+    the result's ``cap_bytes`` is then that fraction of CUDA's total, as the ranks read it.
 
     Every try is a burst of ``steps`` measured steps through ``engine`` (called like ``run_burst`` with
     ``steps``, ``label``, ``on_event`` and ``stop``); ``refine_tries`` bisection tries follow the doubling
@@ -233,6 +234,8 @@ def find_batch_size(
     search = _Search(workload, config, engine, steps, None if device.has_cuda else cap, on_try, stop)
     search.grow(first, limit, limit_note)
     search.refine(refine_tries)
+    if device.has_cuda:
+        cap, cap_note = _enforced_cap(cap, cap_note, config, search.cuda_total)
     return BatchSizeSearch(workload.name, config, device.name if device.has_cuda else f"CPU ({device.name})",
                            "cuda_allocator" if device.has_cuda else "rss", cap, cap_note, batch_scope(config),
                            tuple(search.tries), search.stopped, time.perf_counter() - search.started)
@@ -299,15 +302,34 @@ def _memory_cap(memory_cap: int | float | str | None, config: Config,
 
 def _gpu_cap(memory_cap: int | float | str | None, config: Config,
              device: DeviceInfo) -> tuple[Config, int | None, str]:
-    """On a GPU the cap is the ``memory_fraction`` knob: the allocator raises OOM past it."""
+    """On a GPU the cap is the ``memory_fraction`` knob: the allocator raises OOM past it.
+
+    A share is the fraction itself, never a round trip through bytes: ``int(0.05 * memory) / memory`` falls
+    just below 0.05, the knob's minimum, on any GPU whose size is not a multiple of 20 bytes (an H200's
+    143,771 MiB). Bytes become the fraction of NVML's total (all the caller can read without CUDA); the
+    cap the allocator enforces is that fraction of CUDA's total, which :func:`_enforced_cap` reads back.
+    """
     memory = min(g.memory_bytes for g in device.gpus_for(config) or device.gpus)
     if memory_cap is None:
         if config.memory_fraction is None:
             return config, None, "none: the GPU's memory is the limit"
         return config, int(config.memory_fraction * memory), f"the config's memory_fraction={config.memory_fraction:g}"
     cap, note = _cap_bytes(memory_cap, memory, "the GPU's memory")
-    fraction = cap / memory
+    fraction = memory_cap if isinstance(memory_cap, float) else cap / memory
+    knob = KNOBS["memory_fraction"]
+    if not (knob.minimum or 0.0) <= fraction <= (knob.maximum or 1.0):
+        raise ValueError(f"memory_cap={memory_cap!r} is {fraction:.2%} of the GPU's {_bytes_text(memory)}: the "
+                         f"memory_fraction knob that enforces it takes {knob.valid_values_text()}")
     return config.replace(memory_fraction=fraction), cap, f"{note}, as memory_fraction={fraction:.3g}"
+
+
+def _enforced_cap(cap: int | None, note: str, config: Config, cuda_total: int | None) -> tuple[int | None, str]:
+    """The cap as the allocator enforced it: ``torch.cuda.set_per_process_memory_fraction`` takes its share of
+    CUDA's total (``cudaMemGetInfo``, read by the ranks), which is a little less than NVML's."""
+    if cap is None or config.memory_fraction is None or cuda_total is None:
+        return cap, note
+    enforced = int(config.memory_fraction * cuda_total)
+    return enforced, f"{note}; enforced on CUDA's total of {_bytes_text(cuda_total)}"
 
 
 def _cap_bytes(memory_cap: int | float | str, whole: int, whole_name: str) -> tuple[int, str]:
@@ -358,6 +380,7 @@ class _Search:
         self.tries: list[BatchTry] = []
         self.fit: int | None = None
         self.failed: int | None = None
+        self.cuda_total: int | None = None  # CUDA's total device memory, as a finished try's rank read it
         self.stopped = ""
         self.started = time.perf_counter()
 
@@ -397,6 +420,7 @@ class _Search:
         try:
             result = self.engine(self.workload, self.config.replace(batch_size=size), steps=self.steps,
                                  label=f"batch size {size}", on_event=watch, stop=watch.stop)
+            self.cuda_total = result.environment.get("cuda_memory_bytes", self.cuda_total)
             outcome = _judge(size, stage, result, watch)
         except BurstError as exc:
             outcome = _failed(size, stage, exc, watch)

@@ -131,18 +131,23 @@ def _reliability(result: BurstResult) -> list[Finding]:
 
 
 def _load_advice(result: BurstResult) -> str:
-    """What to do about the load that was measured: a browser drawing live plots, this kernel, another job."""
+    """What to do about the largest load that was measured: a browser drawing live plots, the process that
+    launched the burst, or another job."""
     cores = result.environment.get("cpu_count") or 1
-    browser = sum(pct for program, pct in result.other_processes() if program in BROWSERS)
+    others = result.other_processes()
+    browser = sum(pct for program, pct in others if program in BROWSERS)
     caller = (result.caller_cpu_pct or 0.0) * cores
-    if browser >= THRESHOLDS.process_notice_core_pct and browser >= caller:
+    job, job_pct = next(((p, pct) for p, pct in others if p not in BROWSERS), ("", 0.0))
+    largest = max(browser, caller, job_pct)
+    if largest < THRESHOLDS.process_notice_core_pct:
+        return ""
+    if largest == browser:
         return (f"The browser used {browser:.0f}% of a core while the burst ran: a tab drawing live plots (this "
                 "panel's or another's) competes with training; close or hide the other tabs. ")
-    if caller >= THRESHOLDS.process_notice_core_pct * 2:
+    if largest == caller:
         return (f"The process that launched the burst used {caller:.0f}% of a core meanwhile (in a notebook: other "
                 "cells or widgets working while it trained). ")
-    named = [program for program, pct in result.other_processes() if pct >= THRESHOLDS.process_notice_core_pct]
-    return f"Another job shares the machine ({', '.join(named[:3])}): re-run when it is quiet. " if named else ""
+    return f"Another job shares the machine ({job} {job_pct:.0f}% of a core): re-run when it is quiet. "
 
 
 # -- data pipeline ---------------------------------------------------------------------------------
@@ -219,6 +224,8 @@ def _device(result: BurstResult) -> list[Finding]:
                                     "breakdown for where the rest goes."))
     elif util is not None:
         findings.append(Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%)."))
+    elif result.utilisation_note.startswith("too short"):
+        findings.append(Finding("info", "Utilisation not read", f"{result.utilisation_note}."))
     if compute is not None and compute >= THRESHOLDS.compute_ok_share:
         findings.append(_compute_bound(result, compute))
     return findings
@@ -299,8 +306,8 @@ def _math(result: BurstResult) -> list[Finding]:
         return []
     if mfu is None:
         return [Finding("info", "Model math", f"{si(achieved, 'FLOP/s')} of matmul/conv work sustained.")]
-    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak for "
-                    f"{result.config.precision} ({si(achieved, 'FLOP/s')}).")]
+    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak, each FLOP at the peak of "
+                    f"its math ({result.mfu_basis}; {si(achieved, 'FLOP/s')}).")]
 
 
 # -- against the baseline --------------------------------------------------------------------------

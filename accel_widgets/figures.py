@@ -21,7 +21,16 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .presentation import COLOURS, Row, comparison_rows, run_colour, run_name, shorten, utilisation_title
+from .presentation import (
+    COLOURS,
+    UNRELIABLE,
+    Row,
+    comparison_rows,
+    run_colour,
+    run_name,
+    shorten,
+    utilisation_title,
+)
 from .results import BurstResult
 
 if TYPE_CHECKING:
@@ -29,6 +38,8 @@ if TYPE_CHECKING:
 
 NOISY_PATTERN = "/"  # hatch of a noisy run's bar
 NOISY_MARK = "~ noisy"
+UNRELIABLE_PATTERN = "x"  # cross-hatch of an unreliable run's bar, drawn faded: it measured the machine as much
+UNRELIABLE_OPACITY = 0.45
 _FACET_GAP_PX = 65  # the facet above's tick labels, then this facet's title
 _BAR_PX = 30
 _SPEEDUP_TICKS = [0.1, 0.2, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 50, 100]
@@ -109,7 +120,9 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
     """Speed-up over each workload's baseline: one facet per workload, runs in ladder order, a 1× line.
 
     Workloads hundreds of times apart in samples/s share one axis this way, since a speed-up has no unit.
-    Error bars: :func:`speedup_error`. A noisy run's bar is hatched and labelled "~ noisy".
+    Error bars: :func:`speedup_error`. A noisy run's bar is hatched and labelled "~ noisy"; an unreliable run's
+    (other load, a stalling machine: :attr:`~accel_widgets.results.BurstResult.reliability`) is cross-hatched,
+    faded and labelled "⚠ unreliable", so it never reads as a plain speed-up.
     """
     from plotly.subplots import make_subplots
 
@@ -126,7 +139,8 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
               default=1.0)
     figure.add_vline(x=1.0, line={"color": "#444", "dash": "dash", "width": 1}, row="all", col=1)
     figure.update_xaxes(range=[0, max(1.2, top * 1.18)], ticksuffix="×", showticklabels=True)
-    figure.update_xaxes(title_text="speed-up over the workload's baseline (± IQR; hatched: noisy)",
+    figure.update_xaxes(title_text="speed-up over the workload's baseline (± IQR; hatched: noisy; crossed, faded: "
+                        "unreliable)",
                         row=len(heights), col=1)
     figure.update_layout(**_LAYOUT, title="Speed-up per workload", height=_height(heights), showlegend=False,
                          margin={"l": 10, "r": 20, "t": 70, "b": 50}, bargap=0.25)
@@ -141,16 +155,24 @@ def _speedup_bars(workload: str, shown: Sequence[Row], runs: dict[int, Row]) -> 
         x=[r["speedup"] for r in shown], y=[_short_name(r) for r in shown], orientation="h",
         error_x={"type": "data", "array": errors, "color": "#333", "thickness": 1.2, "width": 4},
         marker={"color": [run_colour(int(r["run"])) for r in shown],
-                "pattern": {"shape": [NOISY_PATTERN if r["noisy"] else "" for r in shown],
-                            "fgcolor": "#222", "solidity": 0.2}},
-        text=[f"{r['speedup']:.2f}×" + (f" {NOISY_MARK}" if r["noisy"] else "") for r in shown],
+                "opacity": [UNRELIABLE_OPACITY if r.get("unreliable") else 1.0 for r in shown],
+                "pattern": {"shape": [_pattern(r) for r in shown], "fgcolor": "#222", "solidity": 0.2}},
+        text=[f"{r['speedup']:.2f}× {_mark(r)}".rstrip() for r in shown],
         textposition="inside", insidetextanchor="start",
         textfont={"color": [_text_colour(run_colour(int(r["run"]))) for r in shown]},
         customdata=[[e, r["samples_per_s"]] for e, r in zip(errors, shown, strict=True)],
         hovertemplate="%{y}: %{x:.2f}× ± %{customdata[0]:.2f} (%{customdata[1]:,.1f} samples/s)<extra></extra>",
         meta={"kind": "speedup", "workload": workload, "runs": [int(r["run"]) for r in shown],
-              "noisy": [bool(r["noisy"]) for r in shown]},
+              "noisy": [bool(r["noisy"]) for r in shown], "unreliable": [bool(r.get("unreliable")) for r in shown]},
     )
+
+
+def _pattern(row: Row) -> str:
+    return UNRELIABLE_PATTERN if row.get("unreliable") else NOISY_PATTERN if row["noisy"] else ""
+
+
+def _mark(row: Row) -> str:
+    return UNRELIABLE if row.get("unreliable") else NOISY_MARK if row["noisy"] else ""
 
 
 def _text_colour(background: str) -> str:

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from .config import Config
 from .guard import GuardVerdict, NoiseBand, check_training
 from .results import BurstResult, StepRecord, TelemetrySample
+from .stats import Summary
+from .thresholds import THRESHOLDS
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -36,6 +38,10 @@ Row = dict[str, Any]
 Cell = tuple[str, str]
 
 MISSING = "–"
+#: A finished run whose numbers cannot rank a knob (:attr:`~accel_widgets.results.BurstResult.reliability`): its
+#: status and its speed-up carry this mark in every face.
+UNRELIABLE = "⚠ unreliable"
+UNRELIABLE_MARK = "⚠"
 #: Title prefix of runs loaded from the run history rather than run in this session.
 LOADED_MARK = "⟲ "
 NAME_LIMIT = 40
@@ -115,6 +121,22 @@ def step_text(row: Row) -> str:
     return f"{median:.{places}f} ± {row['step_ms_iqr']:.{places}f}{noise}"
 
 
+def speedup_text(row: Row) -> str:
+    """The speed-up; "p" when it is a paired re-measure's median, ⚠ when the run is unreliable."""
+    if row["speedup"] is None:
+        return MISSING
+    paired = " p" if row.get("paired") else ""
+    mark = f" {UNRELIABLE_MARK}" if row.get("unreliable") else ""
+    return f"{row['speedup']:.2f}×{paired}{mark}"
+
+
+def paired_note(row: Row) -> str:
+    if not row.get("paired"):
+        return ""
+    q1, q3, pairs = row["paired"]
+    return f"median of {pairs} interleaved pairs with the baseline, IQR {q1:.2f}×-{q3:.2f}×"
+
+
 def flops_text(row: Row) -> str:
     """Model FLOP/s with the prefix its size needs, and the MFU in brackets where the GPU's peak is known."""
     tflops = row.get("tflops")
@@ -173,12 +195,17 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "step_ms_median": step.median * 1e3 if step is not None else None,
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),
+        # Measured on a shared or stalling machine: not ranked, not shown as a plain speed-up (thresholds.py).
+        "unreliable": result.status == "ok" and not result.reliability.reliable,
+        "unreliable_why": result.reliability.text(),
         "util_pct": result.mean_utilisation_pct,
+        "util_note": result.utilisation_note,
         "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
         "compile_s": result.compile_s,
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
         "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
+        "mfu_basis": result.mfu_basis,
         "joules_per_sample": result.joules_per_sample,
         "samples_per_joule": result.samples_per_joule,
         "mean_power_w": result.mean_power_w,
@@ -237,35 +264,52 @@ class RunRow:
             faster = values["speedup"] is not None and values["speedup"] > 1.0
             return "faster but changes training" if faster else "changes training", "\n".join(self.verdict.reasons)
         text = f"{values['status']}: {values['error']}" if values["error"] else str(values["status"])
+        if values["unreliable"]:
+            return UNRELIABLE, (f"finished, but unreliable: {values['unreliable_why']}.\nRe-measure it paired with "
+                                "its baseline (Re-measure in the panel, aw.remeasure) before ranking it.")
         unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline", "cannot_tell")
         return text, f"{text}\ntraining not checked: {self.verdict.reasons[-1]}" if unchecked else text
 
     def status_colour(self) -> str:
-        """Green for ok, amber for stopped, red for anything that did not train as it should."""
+        """Green for ok, amber for stopped or unreliable, red for anything that did not train as it should."""
         status = str(self.values["status"])
         if self.changes_training or status not in ("ok", "stopped"):
             return COLOURS["error"]
-        return COLOURS[status]
+        return COLOURS["warning"] if self.values["unreliable"] else COLOURS[status]
 
 
 def run_rows(results: Sequence[BurstResult], *, loaded: Mapping[int, str] | None = None,
              judged: Sequence[RunRow] = (),
-             noise_of: Callable[[BurstResult], NoiseBand | None] | None = None) -> list[RunRow]:
+             noise_of: Callable[[BurstResult], NoiseBand | None] | None = None,
+             paired: Mapping[int, Summary] | None = None) -> list[RunRow]:
     """Every run's table row, each judged by the guard against the baseline of its own speed-up.
 
     ``loaded`` maps the index of each run loaded from the run history to its hover note. ``judged`` are
     rows built before from the same runs (the panel's table before its latest run): a run whose baseline
     is still the same keeps its verdict, so the guard judges each run once, not once per table update.
     ``noise_of(baseline)`` gives the baseline's measured noise band when one is known (the guard then
-    tolerates what reseeding the data moves the loss by, not only the precision's floor).
+    tolerates what reseeding the data moves the loss by, not only the precision's floor). ``paired`` maps a
+    run re-measured against its baseline (:func:`~accel_widgets.remeasure.remeasure`) to its paired speed-ups:
+    that number replaces the row's, and the row is reliable again when the pairs agree.
     """
     notes = loaded or {}
     baselines = _baselines(results, None)
+    rows = [with_paired(values, (paired or {}).get(i)) for i, values in enumerate(_rows(results, baselines))]
     return [RunRow(result, chosen, values, _verdict(result, chosen, judged[i] if i < len(judged) else None,
                                                     noise_of),
                    notes.get(i))
-            for i, (result, chosen, values) in enumerate(zip(results, baselines, _rows(results, baselines),
-                                                             strict=True))]
+            for i, (result, chosen, values) in enumerate(zip(results, baselines, rows, strict=True))]
+
+
+def with_paired(values: Row, ratio: Summary | None) -> Row:
+    """A row whose speed-up is its re-measure's paired median (with its quartiles): believed over the single
+    burst's, and reliable when the pairs spread less than ``THRESHOLDS.paired_max_relative_iqr``."""
+    if ratio is None:
+        return values
+    agree = ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
+    why = "" if agree else f"its {ratio.n} paired re-measures spread {ratio.relative_iqr:.0%} of their median"
+    return {**values, "speedup": ratio.median, "paired": (ratio.q1, ratio.q3, ratio.n),
+            "unreliable": not agree, "unreliable_why": why}
 
 
 def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow | None,
@@ -290,6 +334,13 @@ class Column:
         return self.text(row), self.hover(row) if self.hover is not None else ""
 
 
+def util_text(row: Row) -> str:
+    """The mean utilisation, or "too short" where the window was shorter than NVML's readings can tell."""
+    if row["util_pct"] is None and str(row.get("util_note") or "").startswith("too short"):
+        return "too short"
+    return number(row["util_pct"], ".0f")
+
+
 def _noise_note(row: Row) -> str:
     return "noisy: IQR/median ≥ 10% or fewer than 4 steps" if row.get("noisy") else ""
 
@@ -305,18 +356,22 @@ def _energy_note(row: Row) -> str:
 
 TITLE = ("changes from baseline", "what differs from the baseline run (a ladder rung's name first)")
 STATUS = ("status", "ok, stopped, or failed with the error's first line; 'diverged' when a loss went NaN/inf (numbers "
-                    "measured, but it did not train); 'changes training' when the losses leave the baseline run's "
+                    "measured, but it did not train); 'changes training' when the losses leave the baseline run's; "
+                    "'unreliable' when other load or a stalling machine spread the steps too much to rank it "
                     "(hover for why)")
 COLUMNS: dict[str, Column] = {
     "samples": Column("samples/s", "steady-state throughput, summed over ranks",
                       lambda r: number(r["samples_per_s"], ",.1f")),
     "tokens": Column("tokens/s", "steady-state tokens per second, for workloads that count tokens",
                      lambda r: number(r["tokens_per_s"], ",.0f")),
-    "speedup": Column("speedup", "throughput over the baseline run's", lambda r: number(r["speedup"], ".2f", "×")),
+    "speedup": Column("speedup", "throughput over the baseline run's; ⚠ marks an unreliable run (hover its status), "
+                      "'p' one re-measured in pairs with its baseline (hover: the pairs' quartiles)",
+                      lambda r: speedup_text(r), lambda r: paired_note(r)),
     "step": Column("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", step_text,
                    _noise_note),
-    "util": Column("util %", "mean device utilisation (GPU: NVML; CPU: the workers' share of the machine)",
-                   lambda r: number(r["util_pct"], ".0f")),
+    "util": Column("util %", "mean device utilisation (GPU: NVML, from 1 s into the measured window: its readings "
+                   "average the last second; CPU: the workers' share of the machine)", util_text,
+                   lambda r: str(r.get("util_note") or "")),
     "data_wait": Column("data wait", "share of the step spent waiting for the data loader",
                         lambda r: number(r["data_wait_pct"], ".0f", "%")),
     "peak": Column("peak MiB", "peak memory (GPU allocator, or the workers' RSS on CPU)",
@@ -324,7 +379,8 @@ COLUMNS: dict[str, Column] = {
     "compile": Column("compile s", "extra time of the first step over a steady one (compiled runs)",
                       lambda r: number(r["compile_s"], ".1f")),
     "flops": Column("FLOP/s (MFU)", "model math sustained (forward + backward), summed over ranks; MFU, the share "
-                    "of the GPUs' dense peak, in brackets where the peak is known", flops_text),
+                    "of the GPUs' dense peak, in brackets where the peak is known; each FLOP at the peak of the math "
+                    "it ran in (hover)", flops_text, lambda r: str(r.get("mfu_basis") or "")),
     "energy": Column("J/sample", "energy per trained sample over the measured window: NVML on a GPU (summed over "
                      "the GPUs in use), RAPL on the CPU (the whole package, every process on it, not only the "
                      "burst); hover for how it was read or why it was not",
@@ -352,6 +408,8 @@ def findings_html(findings: Sequence[Finding]) -> str:
 
 # -- the timeline figure ---------------------------------------------------------------------------
 TIMELINE_HEIGHT = 380
+TIMELINE_META = "accel_widgets timeline"  # the figure's layout.meta: what a face reflowing figures looks for
+TIMELINE_MARGIN_B = 45
 TIMELINE_TITLES = ("Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)")
 _UTILISATION_TITLES = {"nvml": "GPU utilisation % (NVML)", "psutil": "workers' CPU % of machine (psutil)"}
 _DASHES = ("solid", "dot", "dash", "dashdot", "longdash", "longdashdot")
@@ -384,9 +442,10 @@ def timeline_figure(utilisation: str) -> Figure:
 
     figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=TIMELINE_TITLES)
     figure.update_layout(
-        height=TIMELINE_HEIGHT, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": 45},
+        height=TIMELINE_HEIGHT, template="plotly_white", margin={"l": 60, "r": 10, "t": 40, "b": TIMELINE_MARGIN_B},
         legend={"title": {"text": "runs"}, "x": 1.02, "y": 1}, hovermode="closest",
         uirevision="keep",  # keep the user's zoom while data streams in
+        meta=TIMELINE_META,
     )
     figure.update_xaxes(title_text="time since launch (s)", **_UTILISATION_AT)
     figure.update_yaxes(title_text=utilisation, range=[0, 105], **_UTILISATION_AT)

@@ -25,6 +25,7 @@ from .presentation import (
     STATUS,
     TEXT_COLUMNS,
     TITLE,
+    UNRELIABLE,
     Row,
     RunRow,
     findings_html,
@@ -53,15 +54,15 @@ def format_table(rows: list[Row]) -> str:
     columns: "changes" absorbs the squeeze.
 
     The cells read as in the panel and the report. Under the table, one line per failed run gives its
-    error, since the table only has room for the status. A ``~`` after the step time marks a noisy
-    measurement (IQR/median >= 10% or few steps).
+    error, and one per unreliable run says why. A ``~`` after the step time marks a noisy measurement
+    (IQR/median >= 10% or few steps); ``⚠`` after a speed-up, an unreliable one.
     """
     columns = [COLUMNS[key] for key in TEXT_COLUMNS]
     headers = [("", "#"), ("", "workload"), ("", "changes"), *(_two_lines(c.header) for c in columns),
                ("", "status")]
     cells = [
         [str(r["run"]), shorten(str(r["workload"]), _WORKLOAD_WIDTH), row_title(r),
-         *(_text_cell(key, r) for key in TEXT_COLUMNS), str(r["status"])]
+         *(_text_cell(key, r) for key in TEXT_COLUMNS), UNRELIABLE if r.get("unreliable") else str(r["status"])]
         for r in rows
     ]
     widths = [max(len(top), len(bottom), *(len(c[i]) for c in cells)) for i, (top, bottom) in enumerate(headers)]
@@ -72,6 +73,8 @@ def format_table(rows: list[Row]) -> str:
              _line(["-" * w for w in widths], widths, right)]
     lines += [_line([c[0], c[1], shorten(c[2], widths[2]), *c[3:]], widths, right) for c in cells]
     lines += [shorten(f"#{r['run']} {r['status']}: {r['error']}", TABLE_WIDTH) for r in rows if r["error"]]
+    lines += [shorten(f"#{r['run']} unreliable: {r['unreliable_why']}", TABLE_WIDTH)
+              for r in rows if r.get("unreliable")]
     return "\n".join(line for line in lines if line)
 
 

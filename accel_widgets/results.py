@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .config import Config
-from .energy import counter_energy_j, integrated_energy_j
+from .energy import counter_energy_j, integrated_energy_j, value_at
 from .flops import peak_flops
 from .knobs import CodePaths, Facts
 from .knobs import facts as knob_facts
@@ -23,6 +23,15 @@ from .thresholds import THRESHOLDS
 
 #: "diverged": the burst finished and has its numbers, but a loss went NaN/inf, so it did not train.
 Status = Literal["ok", "diverged", "failed", "stopped", "timeout"]
+
+#: NVML's utilisation is the share of the past sample period a kernel ran, that period 1/6 s to 1 s by the
+#: product: the longest is assumed, so a reading kept for the window never reaches back into warm-up.
+NVML_UTILISATION_PERIOD_S = 1.0
+#: NVML's power is averaged over the past second on GA10x (compute capability 8.6) and newer, Hopper
+#: included; GA100 (8.0) and older report it instantaneously.
+NVML_POWER_PERIOD_S = 1.0
+#: A window needs this many averaging periods for its settled readings to say anything (below: "too short").
+MIN_PERIODS_PER_WINDOW = 2.0
 
 
 @dataclass(frozen=True)
@@ -117,11 +126,16 @@ class OperatorTime:
 
 @dataclass(frozen=True)
 class ProfileCapture:
-    """A torch.profiler capture of a few steady-state steps, taken after the measured window."""
+    """A torch.profiler capture of a few steady-state steps, taken after the measured window.
+
+    ``error`` says why the capture failed (CUPTI, out of memory while profiling); it then has no trace
+    and no operators, and the burst's measurement, taken before it, stands.
+    """
 
     steps: int
     trace_path: str  # Chrome trace JSON: opens in Perfetto (ui.perfetto.dev) or chrome://tracing
     top_operators: list[OperatorTime]
+    error: str = ""
 
 
 #: Who splits a stream between its readers along one dimension (the DDP ranks, or one rank's loader workers):
@@ -167,6 +181,8 @@ class RankSummary:
     flops_per_sample: float | None = None  # training FLOPs (forward + backward) per sample
     profile: ProfileCapture | None = None
     measured_tokens: int | None = None  # real tokens over the window, when batches carry an attention mask
+    # flops_per_sample split by "<op class>:<math>" ("conv:tf32", "matmul:fp32"): MFU's peak per FLOP
+    flops_by_math: dict[str, float] | None = None
     code_paths: CodePaths | None = None
     random_data: bool | None = None
     stream: StreamReading | None = None
@@ -354,11 +370,49 @@ class BurstResult:
         start, end = window
         return [t for t in self.telemetry if start <= t.t <= end]
 
+    def settled_telemetry(self, period_s: float, source: str = "nvml") -> list[TelemetrySample]:
+        """The measured window's samples from ``source`` whose trailing average of ``period_s`` lies inside the
+        window: read at least one period after it began (a reading averages the time before it was taken)."""
+        window = self.measured_window()
+        samples = [t for t in self.measured_telemetry() if t.source == source]
+        return samples if window is None else [t for t in samples if t.t >= window[0] + period_s]
+
+    def too_short_for(self, period_s: float) -> bool:
+        """Whether the measured window is shorter than ``MIN_PERIODS_PER_WINDOW`` averaging periods."""
+        window = self.measured_window()
+        return window is not None and window[1] - window[0] < MIN_PERIODS_PER_WINDOW * period_s
+
     @property
     def mean_utilisation_pct(self) -> float | None:
-        """Mean device utilisation over the measured window (GPUs that do not report it left out)."""
-        values = [t.util_pct for t in self.measured_telemetry() if t.util_pct is not None]
+        """Mean device utilisation over the measured window (GPUs that do not report it left out); None when
+        the window is too short to read NVML's trailing averages (:attr:`utilisation_note` says so).
+
+        GPU readings count from one averaging period into the window; the workers' CPU share (psutil) is
+        a delta over the sampler's own tick, which the window already bounds."""
+        if self._utilisation_too_short():
+            return None
+        gpus = self.settled_telemetry(NVML_UTILISATION_PERIOD_S)
+        values = [t.util_pct for t in [*gpus, *self.settled_telemetry(0.0, "psutil")] if t.util_pct is not None]
         return sum(values) / len(values) if values else None
+
+    @property
+    def utilisation_note(self) -> str:
+        """How :attr:`mean_utilisation_pct` was read, or why it was not: the table's hover and the summary's line."""
+        window = self.measured_window()
+        if self._utilisation_too_short() and window is not None:
+            return (f"too short to read: NVML's utilisation averages the last {NVML_UTILISATION_PERIOD_S:g} s, and "
+                    f"the measured window is {window[1] - window[0]:.1f} s (measure at least "
+                    f"{MIN_PERIODS_PER_WINDOW * NVML_UTILISATION_PERIOD_S:g} s)")
+        if self.mean_utilisation_pct is None:
+            return "no utilisation readings in the measured window"
+        if any(t.source == "nvml" for t in self.telemetry):
+            return (f"NVML's readings taken at least {NVML_UTILISATION_PERIOD_S:g} s into the measured window "
+                    "(each averages the time before it was read)")
+        return "the workers' CPU use as a share of the machine's cores (psutil)"
+
+    def _utilisation_too_short(self) -> bool:
+        nvml = any(t.source == "nvml" and t.util_pct is not None for t in self.measured_telemetry())
+        return nvml and self.too_short_for(NVML_UTILISATION_PERIOD_S)
 
     @property
     def profile(self) -> ProfileCapture | None:
@@ -374,12 +428,41 @@ class BurstResult:
 
     @property
     def mfu(self) -> float | None:
-        """Model FLOPs utilisation against the GPUs' dense peak for the precision in use (None on CPU)."""
+        """Model FLOPs utilisation: the share of the measured time the GPUs would need at their dense peak,
+        each FLOP at the peak of the math it ran in (:attr:`mfu_basis`), ``sum(flops_i / peak_i) / time``
+        over the GPUs in use; None on a CPU, on a GPU not in the peak table, or for math without a peak.
+
+        A result stored before FLOPs were counted per op charges all of them the matmuls' math."""
         achieved = self.achieved_flops_per_s
         if achieved is None or self.environment.get("device_kind") != "cuda":
             return None
-        peak = peak_flops(str(self.environment.get("device_name", "")), self.run_facts.math)
-        return achieved / (peak * self.gpus_used) if peak else None
+        shares = self._flop_shares()
+        device = str(self.environment.get("device_name", ""))
+        peaks = [peak_flops(device, key.partition(":")[2]) for key in shares]
+        if not all(peaks):
+            return None
+        busy = sum(achieved * share / (peak or math.inf) for share, peak in zip(shares.values(), peaks, strict=True))
+        return busy / self.gpus_used
+
+    @property
+    def mfu_basis(self) -> str:
+        """Which math MFU charged the FLOPs at: "FLOPs: 98% convs in tf32, 2% matmuls in fp32"; "" without FLOPs."""
+        shares = sorted(self._flop_shares().items(), key=lambda item: -item[1])
+        parts = [f"{share:.0%} {'ops' if op == 'all' else op + 's'} in {math_}"
+                 for (op, _, math_), share in ((key.partition(":"), share) for key, share in shares)]
+        return f"FLOPs: {', '.join(parts)}" if parts else ""
+
+    def _flop_shares(self) -> dict[str, float]:
+        """Each ``"<op class>:<math>"``'s share of the achieved FLOP/s, over every rank's counts."""
+        rates: dict[str, float] = {}
+        for r in self.ranks:
+            if not r.flops_per_sample or r.measured_s <= 0:
+                continue
+            split = r.flops_by_math or {f"all:{self.run_facts.math}": r.flops_per_sample}
+            for key, flops in split.items():
+                rates[key] = rates.get(key, 0.0) + flops * r.measured_samples / r.measured_s
+        total = sum(rates.values())
+        return {key: rate / total for key, rate in rates.items()} if total > 0 else {}
 
     @property
     def gpus_used(self) -> int:
@@ -525,13 +608,12 @@ class BurstResult:
         total, methods, devices = 0.0, set[str](), _by_device(self.telemetry)
         for device, samples in devices.items():
             counter = [(t.t, t.energy_j) for t in samples if t.energy_j is not None]
-            power = [(t.t, t.power_w) for t in samples if t.power_w is not None]
             joules = counter_energy_j(counter, *window)
             method = "NVML's energy counter"
             if joules is None:
-                joules, method = integrated_energy_j(power, *window), "NVML's power readings integrated"
+                joules, method = self._power_energy_j(samples, window)
             if joules is None:
-                return None, f"energy not measured: {device}'s readings do not cover the measured window"
+                return None, method or f"energy not measured: {device}'s readings do not cover the measured window"
             total += joules
             methods.add(method)
         if scopes == {"cpu_package"}:
@@ -539,6 +621,25 @@ class BurstResult:
                            "process on it, not only the burst")
         gpus = f", summed over {len(devices)} GPUs" if len(devices) > 1 else ""
         return total, f"GPU energy over the measured window{gpus}, from {' and '.join(sorted(methods))}"
+
+    def _power_energy_j(self, samples: list[TelemetrySample], window: tuple[float, float]) -> tuple[float | None, str]:
+        """(joules from one GPU's power readings, how): integrated where NVML reports power instantaneously;
+        where it reports a trailing average (:func:`power_period_s`), the readings settled inside the window
+        averaged over its length; none from a window under two periods (the method says "too short")."""
+        nvml = any(t.source == "nvml" for t in samples)
+        period = power_period_s(self.environment.get("capability")) if nvml else 0.0
+        power = [(t.t, t.power_w) for t in samples if t.power_w is not None]
+        if not period:
+            return integrated_energy_j(power, *window), "NVML's power readings integrated"
+        start, end = window
+        if value_at(power, start) is None or value_at(power, end) is None:
+            return None, ""
+        if end - start < MIN_PERIODS_PER_WINDOW * period:
+            return None, (f"energy not measured: too short to read, NVML's power averages the last {period:g} s "
+                          f"and the measured window is {end - start:.1f} s")
+        settled = [w for t, w in power if start + period <= t <= end]
+        return (sum(settled) / len(settled) * (end - start) if settled else None,
+                f"NVML's power readings ({period:g} s averages) settled in the window, times its length")
 
     def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
         """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
@@ -572,10 +673,13 @@ class BurstResult:
         if self.compile_s is not None:
             lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)")
         if self.achieved_flops_per_s is not None:
-            mfu = f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
+            mfu = f", MFU {self.mfu:.1%} ({self.mfu_basis}, each at its peak)" if self.mfu is not None else ""
             lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
         if self.peak_memory_bytes is not None:
             lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")
+        if self.telemetry:
+            util = self.mean_utilisation_pct
+            lines.append(f"  util        {util:.0f}%" if util is not None else f"  util        {self.utilisation_note}")
         if self.joules_per_sample is not None:
             lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
         if not self.reliability.reliable:
@@ -609,6 +713,16 @@ class BurstResult:
         return cls.from_dict(json.loads(text))
 
 
+def power_period_s(capability: str | None) -> float:
+    """NVML's power averaging period for a GPU of compute capability ``capability`` ("9.0"): 1 s from GA10x
+    (8.6) on, 0 (instantaneous) up to GA100 (8.0); the 1 s of current GPUs where it is not known."""
+    try:
+        major, minor = (int(part) for part in str(capability).split(".")[:2])
+    except ValueError:
+        return NVML_POWER_PERIOD_S
+    return NVML_POWER_PERIOD_S if (major, minor) > (8, 0) else 0.0
+
+
 def _json_safe(value: Any) -> Any:
     """Spell NaN/inf (a diverged loss) as strings: strict JSON (and the browser) has no spelling for them."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -624,7 +738,8 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
     profile = data.get("profile")
     if profile is not None:
         operators = [OperatorTime(**o) for o in profile["top_operators"]]
-        data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators)}
+        data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators,
+                                                  profile.get("error", ""))}
     if data.get("code_paths") is not None:
         data = {**data, "code_paths": CodePaths(**data["code_paths"])}
     if data.get("stream") is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -296,6 +297,57 @@ def test_a_gpu_cap_becomes_the_memory_fraction_knob():
     assert result.cap_bytes == GPU_MEMORY // 2 and result.cap_note == "the config's memory_fraction=0.5"
 
 
+H200_MIB, H100_MIB = 143_771, 81_559  # what NVML reports for an H200 and an H100 (80 GB)
+
+
+@pytest.mark.parametrize("mib", [H200_MIB, H100_MIB])
+def test_a_share_of_a_real_sized_gpu_is_the_fraction_itself(mib):
+    """0.05 of 143,771 MiB through bytes came back as 0.0499999999947, under the knob's minimum: a crash."""
+    gpu = DeviceInfo(cpu_count=16, cpu_name="Host", gpus=(GpuInfo(0, 0, "NVIDIA H200", mib * MiB),))
+    engine = FakeEngine(kind="cuda_allocator")
+    result, _ = search(engine, device=gpu, memory_cap=0.05, refine_tries=0, max_batch_size=128)
+    assert {c.memory_fraction for c in engine.calls} == {0.05} and result.config.memory_fraction == 0.05
+    assert result.cap_bytes == int(0.05 * mib * MiB) and "memory_fraction=0.05" in result.cap_note
+
+    result, _ = search(FakeEngine(kind="cuda_allocator"), device=gpu, memory_cap=f"{mib // 2}MiB", refine_tries=0,
+                       max_batch_size=128)
+    assert result.config.memory_fraction == pytest.approx((mib // 2) / mib) and result.cap_bytes == mib // 2 * MiB
+
+
+def test_a_gpu_cap_outside_the_knobs_range_is_refused_before_any_burst():
+    engine = FakeEngine(kind="cuda_allocator")
+    with pytest.raises(ValueError, match=r"1.25% of the GPU's 80.00 GiB: .* takes a number in \[0.05, 1\]"):
+        search(engine, device=GPU, memory_cap="1GiB")
+    with pytest.raises(ValueError, match=r"125\.00% of the GPU's"):
+        search(engine, device=GPU, memory_cap="100GiB")
+    assert engine.calls == []
+
+
+@dataclass
+class CudaTotalEngine(FakeEngine):
+    """A GPU whose ranks read CUDA's total memory (``cudaMemGetInfo``), less than NVML's, as a real rank does."""
+
+    cuda_total: int = 0
+
+    def __call__(self, workload: Workload, config: Config, **kwargs: Any) -> BurstResult:
+        result = super().__call__(workload, config, **kwargs)
+        result.environment["cuda_memory_bytes"] = self.cuda_total
+        return result
+
+
+def test_the_reported_gpu_cap_is_the_fraction_of_cudas_total_the_allocator_enforces():
+    nvml_total = H200_MIB * MiB
+    cuda_total = nvml_total - 560 * MiB
+    gpu = DeviceInfo(cpu_count=16, cpu_name="Host", gpus=(GpuInfo(0, 0, "NVIDIA H200", nvml_total),))
+    engine = CudaTotalEngine(kind="cuda_allocator", cuda_total=cuda_total)
+    result, _ = search(engine, device=gpu, memory_cap=0.25, refine_tries=0, max_batch_size=128)
+    assert result.cap_bytes == int(0.25 * cuda_total) < int(0.25 * nvml_total)
+    assert result.cap_note.endswith("enforced on CUDA's total of 139.85 GiB")
+    unknown, _ = search(FakeEngine(kind="cuda_allocator"), device=gpu, memory_cap=0.25, refine_tries=0,
+                        max_batch_size=128)
+    assert unknown.cap_bytes == int(0.25 * nvml_total) and "CUDA" not in unknown.cap_note
+
+
 # -- the cap and bad arguments ----------------------------------------------------------------------------------
 def test_memory_cap_forms():
     assert parse_memory_size("2GiB") == 2 * 2**30
@@ -414,11 +466,13 @@ def test_stops_at_a_real_rss_cap_the_growth_crosses():
 
 
 @pytest.mark.gpu
+@pytest.mark.timeout(45)  # the GPU check's plan holds each GPU test to 45 s and each burst to 60 s
 def test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit():
     per_sample = 4 * MiB
     wl = Workload(model=lambda: Hoard(per_sample), dataset=tensors(8192), loss_fn=F.cross_entropy, batch_size=256,
                   name="hoard")
-    result = find_batch_size(wl, memory_cap=0.05, steps=4, refine_tries=2)  # the knob's smallest memory_fraction
+    result = find_batch_size(wl, memory_cap=0.05, steps=4, refine_tries=2,  # the knob's smallest memory_fraction
+                             engine=functools.partial(run_burst, timeout_s=20))
     assert result.memory_kind == "cuda_allocator" and result.config.memory_fraction == 0.05
     assert result.largest_fitting is not None and result.largest_fitting * per_sample <= result.cap_bytes
     assert {t.failure for t in result.tries if not t.fits} == {"oom"}

@@ -22,7 +22,7 @@ def by_title(findings: list[Finding], title: str) -> Finding:
 
 
 def test_a_healthy_gpu_run_reads_as_healthy_and_points_at_the_next_lever() -> None:
-    findings = diagnose(synthetic_result(util=95, source="nvml", peak_mib=40_000, total_mib=80_000))
+    findings = diagnose(synthetic_result(util=95, source="nvml", peak_mib=40_000, total_mib=80_000, steps=60))
     assert {f.severity for f in findings} == {"good"}
     assert by_title(findings, "Device kept busy").detail.startswith("GPU at 95%")
     assert by_title(findings, "Compute-bound").knob == "precision"
@@ -57,10 +57,17 @@ def test_low_utilisation_with_fast_steps_points_at_the_batch_size() -> None:
 
 
 def test_a_gpu_idling_while_the_loss_is_read_every_step_looks_sync_bound() -> None:
-    finding = by_title(diagnose(synthetic_result(util=60, source="nvml")), "Possibly sync-bound")
+    finding = by_title(diagnose(synthetic_result(util=60, source="nvml", steps=60)), "Possibly sync-bound")
     assert finding.knob == "sync_every"
-    unsynced = diagnose(synthetic_result(Config(sync_every=0), util=60, source="nvml"))
+    unsynced = diagnose(synthetic_result(Config(sync_every=0), util=60, source="nvml", steps=60))
     assert "Possibly sync-bound" not in titles(unsynced) and "Utilisation below 80%" in titles(unsynced)
+
+
+def test_a_gpu_window_too_short_for_nvml_says_so_instead_of_judging_utilisation() -> None:
+    findings = diagnose(synthetic_result(util=20, source="nvml", steps=10))  # a 0.5 s window
+    finding = by_title(findings, "Utilisation not read")
+    assert finding.severity == "info" and finding.detail.startswith("too short to read: NVML's utilisation averages")
+    assert not {"Utilisation below 80%", "Possibly sync-bound", "Low utilisation, fast steps"} & set(titles(findings))
 
 
 def test_compute_bound_advice_follows_what_is_already_on() -> None:

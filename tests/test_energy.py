@@ -108,10 +108,11 @@ def _gpu(t: float, device: str = "cuda:0", *, counter_j: float | None = None, po
                            energy_j=counter_j, energy_scope=scope)
 
 
-def _result(telemetry: list[TelemetrySample]) -> BurstResult:
+def _result(telemetry: list[TelemetrySample], capability: str | None = None) -> BurstResult:
     rank = RankSummary(0, SAMPLES_PER_STEP * MEASURED, 2.0, 1, "cuda_allocator", 0.1, 1.0, "cuda:0")
     return BurstResult(workload="w", config=Config(), status="ok", warmup_steps=1, steps=_steps(),
-                       telemetry=telemetry, ranks=[rank])
+                       telemetry=telemetry, ranks=[rank],
+                       environment={"capability": capability} if capability is not None else {})
 
 
 TICKS = [0.1 * k for k in range(0, 41)]  # 0 to 4 s at 10 Hz: warm-up, window and teardown
@@ -135,11 +136,34 @@ def test_without_a_counter_power_is_integrated_over_the_window_only() -> None:
     def watts(t: float) -> float:
         return 400.0 if abs(t - 2.0) < 1e-9 else 100.0 if 1.0 <= t <= 3.0 else 1000.0
 
-    result = _result([_gpu(round(t, 1), power_w=watts(round(t, 1))) for t in TICKS])
+    # An A100 (compute capability 8.0): NVML reads its power instantaneously.
+    result = _result([_gpu(round(t, 1), power_w=watts(round(t, 1))) for t in TICKS], capability="8.0")
     # 100 W for 2 s, plus the 400 W tick's triangle: 300 W high, 0.2 s wide.
     assert result.energy_j == pytest.approx(200.0 + 300.0 * 0.2 / 2)
     assert result.joules_per_sample == pytest.approx(230.0 / SAMPLES)
     assert result.energy_note == "GPU energy over the measured window, from NVML's power readings integrated"
+
+
+def test_power_averaged_over_a_second_counts_only_readings_settled_inside_the_window() -> None:
+    """A Hopper GPU's reading at t averages the second before t: those in the window's first second still
+    hold the warm-up's 1000 W; the settled ones (2.0 to 3.0 s) are averaged over the window's 2 s."""
+    def watts(t: float) -> float:
+        return 400.0 if abs(t - 2.5) < 1e-9 else 100.0 if 2.0 <= t <= 3.0 else 1000.0
+
+    result = _result([_gpu(round(t, 1), power_w=watts(round(t, 1))) for t in TICKS], capability="9.0")
+    assert result.energy_j == pytest.approx((10 * 100.0 + 400.0) / 11 * 2.0)
+    assert result.energy_note == ("GPU energy over the measured window, from NVML's power readings (1 s averages) "
+                                  "settled in the window, times its length")
+    assert result.mean_power_w == pytest.approx((10 * 100.0 + 400.0) / 11)
+
+
+def test_averaged_power_over_a_window_under_two_seconds_is_too_short_to_read() -> None:
+    steps = _steps()[:4]  # the window is [1.0, 2.5]
+    result = _result([_gpu(t, power_w=300.0) for t in TICKS], capability="9.0")
+    result.steps = steps
+    assert result.energy_j is None and result.mean_power_w is None
+    assert result.energy_note == ("energy not measured: too short to read, NVML's power averages the last 1 s and "
+                                  "the measured window is 1.5 s")
 
 
 def test_window_edges_between_ticks_are_interpolated() -> None:
@@ -157,7 +181,8 @@ def test_every_gpu_in_use_is_summed() -> None:
     assert result.energy_j == pytest.approx(500.0 + 200.0)
     assert result.joules_per_sample == pytest.approx(700.0 / SAMPLES)
     assert result.energy_note == ("GPU energy over the measured window, summed over 2 GPUs, from NVML's energy "
-                                  "counter and NVML's power readings integrated")
+                                  "counter and NVML's power readings (1 s averages) settled in the window, times its "
+                                  "length")
 
 
 def test_a_gpu_whose_readings_do_not_cover_the_window_leaves_no_number() -> None:

@@ -7,6 +7,8 @@ caught here rather than on the device.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -232,10 +234,51 @@ def test_budget_counts_down_on_its_clock():
     assert budget.allot(120.0, 20.0) is None
 
 
-def test_a_skipped_burst_starts_nothing():
-    budget = gc.Budget(10.0)
-    outcome = gc.run_budgeted(budget, None, Config(), floor_s=20.0, cap_s=60.0, label="x", steps=1)
-    assert outcome.status == "skipped" and outcome.result is None and "needs 20 s" in outcome.message
+def _work(name: str, planned: float, floor: float, cap: float, required: bool = False, ran: list | None = None,
+          status: str = "PASS") -> gc.Work:
+    def action(timeout: float) -> str:
+        if ran is not None:
+            ran.append((name, timeout))
+        return status
+
+    return gc.Work(name, "checks", planned, floor, cap, required, action)
+
+
+def _execute(plan: list[gc.Work], total: float) -> tuple[list[gc.Step], gc.PlannedClock]:
+    clock = gc.PlannedClock()
+    budget = gc.Budget(total, clock=clock, started=0.0)
+
+    def run(work: gc.Work, timeout: float) -> str:
+        clock.advance(min(work.planned_s, timeout))
+        return work.action(timeout)
+
+    return gc.execute(plan, budget, run), clock
+
+
+def test_the_plan_keeps_the_floors_of_required_work_and_skips_what_cannot_start_with_its_floor():
+    ran: list = []
+    plan = [_work("tests", 50, 30, 120, ran=ran), _work("greedy", 200, 20, 300, ran=ran),
+            _work("compile", 70, 100, 150, required=True, ran=ran), _work("extra", 70, 100, 150, ran=ran)]
+    steps, clock = _execute(plan, 300.0)
+    # tests: its cap (300 - 100 kept for compile); greedy: cut to what compile's floor leaves (250 - 100)
+    assert ran == [("tests", 120.0), ("greedy", 150.0), ("compile", 100.0)]
+    assert [s.status for s in steps] == ["PASS", "PASS", "PASS", "SKIP"]
+    assert steps[3].why == "skipped: needs 100 s, 30 s left" and steps[3].spent_s == 0.0
+    assert [round(s.start_s) for s in steps] == [0, 50, 200, 270] and clock.now == 270.0
+    totals = gc.phase_totals(steps)
+    assert totals == {"checks": {"planned_s": 320.0, "spent_s": 270.0}}  # the skipped piece planned nothing
+
+
+def test_a_skipped_piece_says_what_it_kept_back_and_stop_ends_the_plan():
+    ran: list = []
+    plan = [_work("fail fast", 10, 20, 20, required=True, ran=ran, status="STOP"), _work("after", 5, 5, 5, ran=ran)]
+    steps, _ = _execute(plan, 100.0)
+    assert [s.work.name for s in steps] == ["fail fast"] and ran == [("fail fast", 20.0)]
+    steps, _ = _execute([_work("a", 10, 50, 60, ran=ran), _work("b", 10, 60, 60, required=True, ran=ran)], 100.0)
+    assert steps[0].why == "skipped: needs 50 s, 100 s left, keeping 60 s for 1 required after it"
+    # a required piece never yields to a later one: the plan is in order of need
+    steps, _ = _execute([_work("a", 50, 50, 60, required=True), _work("b", 10, 60, 60, required=True)], 100.0)
+    assert [s.status for s in steps] == ["PASS", "SKIP"] and steps[0].timeout_s == 60.0
 
 
 # -- the GPU-marked tests ---------------------------------------------------------------------------
@@ -263,16 +306,43 @@ sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovid
 """
 
 
-def test_gpu_tests_are_collected_alone_without_the_ui_packages():
+def test_gpu_tests_are_collected_alone_without_the_ui_packages_and_ddp_last():
     files = gc.gpu_test_files()
-    assert {"tests/engine/test_gpu.py", "tests/test_batchsize.py"} <= {str(f.relative_to(gc.ROOT)) for f in files}
+    assert [str(f.relative_to(gc.ROOT)) for f in files] == [
+        "tests/engine/test_gpu.py", "tests/test_batchsize.py", "tests/engine/test_gpu_ddp.py"]
     code = BLOCK_AND_COLLECT.format(absent=set(ABSENT_ON_THE_GPU_MACHINE), files=[str(f) for f in files])
     collected = subprocess.run([sys.executable, "-c", code], cwd=gc.ROOT, capture_output=True, text=True,
                                timeout=120, check=False)
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
-    assert "tests/engine/test_gpu.py::test_cuda_burst_times_with_events_and_samples_nvml" in collected.stdout
-    assert "tests/test_batchsize.py::test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit" in (
-        collected.stdout)
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+    assert ids == [
+        "tests/engine/test_gpu.py::test_cuda_knobs_train[precision=bf16, tf32=True]",
+        "tests/engine/test_gpu.py::test_cuda_knobs_train[empty_cache=True]",
+        "tests/engine/test_gpu.py::test_memory_fraction_caps_the_worker",
+        "tests/engine/test_gpu.py::test_sync_debug_catches_a_sync_hidden_in_the_step",
+        "tests/engine/test_gpu.py::test_dataparallel_runs_on_two_gpus",
+        "tests/test_batchsize.py::test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit",
+        "tests/engine/test_gpu_ddp.py::test_ddp_on_cuda_uses_nccl_without_touching_cuda_here",
+    ]
+
+
+def test_the_gpu_tests_fit_the_plan_and_the_audit_names_what_would_not(tmp_path):
+    assert gc.audit_gpu_tests(gc.gpu_test_files()) == []
+    bad = tmp_path / "test_bad.py"
+    bad.write_text(
+        "import functools\nimport pytest\nfrom accel_widgets import Config, find_batch_size, run_burst\n"
+        "LIMIT = 90\n\n"
+        "@pytest.mark.gpu\ndef test_ddp():\n    run_burst(None, Config(parallel=\"ddp\"), timeout_s=30)\n\n"
+        "@pytest.mark.gpu\n@pytest.mark.timeout(60)\ndef test_slow():\n    run_burst(None, timeout_s=LIMIT)\n"
+        "    find_batch_size(None, engine=functools.partial(run_burst))\n\n"
+        "def test_on_cpu():\n    run_burst(None)\n")
+    assert gc.audit_gpu_tests([bad]) == [
+        f"{bad}::test_ddp: no pytest.mark.timeout of at most 45 s",
+        f"{bad}::test_slow: no pytest.mark.timeout of at most 45 s",
+        f"{bad}::test_slow: run_burst(...) without a timeout_s of at most 60 s (line 13)",
+        f"{bad}::test_slow: find_batch_size(...) without a timeout_s of at most 60 s (line 14)",
+        f"DDP tests must run last: {bad}::test_ddp",
+    ]
 
 
 def test_pytest_outcomes_are_read_line_by_line():
@@ -345,3 +415,64 @@ def test_the_report_is_on_disk_after_every_check(tmp_path):
     report.check("telemetry", "FAIL", "no telemetry samples")
     assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["failed"] is True
     assert not list((tmp_path / "out").glob("*.partial"))
+
+
+# -- the plan's dry run and the call's first seconds --------------------------------------------------
+def _dry_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(gc.ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", *args],
+                          cwd=gc.ROOT, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONPATH": str(gc.ROOT)})
+
+
+def test_the_dry_run_plans_the_h200_call_within_its_480_s():
+    """What the one device call will do, planned on its sizes and timings: it must fit, or CI fails."""
+    run = _dry_run()
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "for NVIDIA H200, 143,771 MiB (NVML), 16 cores: budget 460 s of the call's 480 s" in out
+    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if re.match(r"^\s+\d+\s", line)]
+    assert [row[3] for row in rows] == [
+        "start-up", "fail fast", "gpu tests", "check probe", "check no host sync", "check fp16+fused",
+        "check channels_last", "image baseline", "image +loader", "image +bf16", "lm baseline", "lm +loader",
+        "lm +bf16", "lm +compile", "image +compile", "check reduce-overhead", "lm +rest", "image +rest"]
+    table = {row[3]: row for row in rows}
+    assert table["fail fast"][:3] == ["5", "10", "20"]  # first, 10 s planned, 20 s at most
+    assert all(row[5].startswith("PLANNED") for row in rows[1:])
+    assert all(int(table[name][2]) >= 100 for name in ("lm +compile", "image +compile", "lm +rest", "image +rest"))
+    assert "preflight PASS gpu test limits" in out and "memory_fraction=0.05" in out
+    assert "FITS: every required piece runs: fail fast, image baseline, image +loader, image +bf16, lm baseline, " \
+           "lm +loader, lm +bf16, lm +compile" in out
+
+
+def test_a_dry_run_whose_budget_cannot_hold_the_lms_compile_fails_and_says_why():
+    run = _dry_run("--budget-s", "150")
+    assert run.returncode == 1
+    assert "lm +compile" in run.stdout and "DOES NOT FIT: required but not run in full: lm +compile" in run.stdout
+    assert "skipped: needs 100 s" in run.stdout
+
+
+def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_start(monkeypatch, tmp_path):
+    """The forkserver initialised CUDA: every rank would fail the same way, so the call stops at fail fast."""
+    out = tmp_path / "out"
+    seen_before_the_burst: list[dict] = []
+
+    def broken(workload, config, **kwargs):
+        seen_before_the_burst.append(json.loads((out / "gpu_check.json").read_text()))
+        result = BurstResult(workload=workload.name, config=config, status="failed")
+        raise gc.aw.WorkerError(f"rank 0 failed: RuntimeError: {gc.CUDA_REINIT}. To use CUDA with "
+                                "multiprocessing, you must use the 'spawn' start method", result)
+
+    monkeypatch.setenv("OUT", str(out))
+    monkeypatch.setattr(gc.aw, "run_burst", broken)
+    assert gc.main(["--allow-cpu", "--size", "small", "--workloads", "lm"]) == 1
+    (before,) = seen_before_the_burst
+    assert [w["work"] for w in before["plan"]][:2] == ["fail fast", "gpu tests"]
+    assert before["timeline"][0]["work"] == "start"
+    saved = json.loads((out / "gpu_check.json").read_text())
+    assert [s["work"] for s in saved["timeline"]] == ["start", "fail fast"]
+    assert saved["timeline"][1]["status"] == "STOP" and saved["timeline"][1]["planned_s"] == 10.0
+    assert set(saved["phases"]) == {"start", "fail fast"}
+    (fail_fast,) = [c for c in saved["checks"] if c["name"] == "fail fast"]
+    assert fail_fast["status"] == "FAIL" and gc.CUDA_REINIT in fail_fast["message"]
+    assert "the forkserver initialised CUDA before it forked the ranks" in fail_fast["message"]
+    assert not list(out.glob("gpu_tests.log"))  # nothing after it ran

@@ -10,6 +10,7 @@ import pytest
 from accel_widgets import Config
 from accel_widgets.guard import check_training, find_baseline
 from accel_widgets.presentation import (
+    COLUMNS,
     MISSING,
     PALETTE,
     decimals,
@@ -129,3 +130,12 @@ def test_step_axis_refits_as_steps_stream_in_and_to_the_shown_runs_only() -> Non
     warm.visible = False
     fit_step_axis(figure)
     assert figure.layout.xaxis2.title.text == "step"
+
+
+def test_a_gpu_window_too_short_for_nvml_reads_too_short_with_the_reason_on_hover() -> None:
+    short = run_rows([synthetic_result(util=90, source="nvml", steps=10)])[0]  # a 0.5 s window
+    text, hover = COLUMNS["util"].cell(short.values)
+    assert text == "too short" and hover.startswith("too short to read: NVML's utilisation averages the last 1 s")
+    long = run_rows([synthetic_result(util=90, source="nvml", steps=60)])[0]
+    text, hover = COLUMNS["util"].cell(long.values)
+    assert text == "90" and hover.startswith("NVML's readings taken at least 1 s into the measured window")

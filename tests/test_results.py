@@ -152,11 +152,44 @@ def test_without_measured_steps_every_sample_counts_and_an_empty_window_reads_no
     assert _windowed(samples).mean_utilisation_pct is None  # measured 10.0-10.3 s: no sample in it
 
 
+def _gpu_window(seconds: float, telemetry: list[TelemetrySample]) -> BurstResult:
+    """A warm-up step (a 10 s compile) ending at 10.0, then measured steps of 0.1 s for ``seconds``."""
+    measured = round(seconds / 0.1)
+    steps = [StepRecord(0, 0, 10.0, 0.0, 0.0, 10.0, 10.0, 32, warmup=True)]
+    steps += [StepRecord(0, i, 10.0 + 0.1 * i, 0.0, 0.0, 0.1, 0.1, 32) for i in range(1, measured + 1)]
+    return make_result(world_size=1, steps=steps, ranks=[_rank(0, 32 * measured, seconds)], telemetry=telemetry)
+
+
+def _nvml(t: float, util: float | None, device: str = "cuda:0") -> TelemetrySample:
+    return TelemetrySample(round(t, 3), "nvml", util, 5 << 30, device)
+
+
 def test_a_gpu_without_utilisation_readings_is_left_out_of_the_mean():
-    mig = TelemetrySample(10.1, "nvml", None, 5 << 30, "cuda:0")
-    full = TelemetrySample(10.1, "nvml", 90.0, 5 << 30, "cuda:1")
-    assert _windowed([mig, full]).mean_utilisation_pct == pytest.approx(90.0)
-    assert _windowed([mig]).mean_utilisation_pct is None
+    mig = [_nvml(10.0 + 0.1 * k, None) for k in range(31)]
+    full = [_nvml(10.0 + 0.1 * k, 90.0, "cuda:1") for k in range(31)]
+    assert _gpu_window(3.0, mig + full).mean_utilisation_pct == pytest.approx(90.0)
+    assert _gpu_window(3.0, mig).mean_utilisation_pct is None
+
+
+def test_nvml_utilisation_counts_from_one_averaging_period_into_the_window():
+    """NVML's reading at t averages the second before t: the first second's readings still hold the compile."""
+    compile_idle = [_nvml(0.1 * k, 5.0) for k in range(100)]
+    ramp = [_nvml(10.0 + 0.1 * k, 5.0 + 9.0 * k) for k in range(10)]  # still averaging the idle compile
+    settled = [_nvml(11.0 + 0.1 * k, 95.0) for k in range(21)]
+    result = _gpu_window(3.0, compile_idle + ramp + settled)
+    assert result.measured_window() == pytest.approx((10.0, 13.0))
+    assert result.mean_utilisation_pct == pytest.approx(95.0)  # the read-time window would say ~75%
+    assert result.utilisation_note.startswith("NVML's readings taken at least 1 s into the measured window")
+    assert "  util        95%" in result.summary()
+
+
+def test_a_window_under_two_seconds_is_too_short_to_read_nvml_utilisation():
+    result = _gpu_window(1.5, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(16)])
+    assert result.mean_utilisation_pct is None
+    assert result.utilisation_note == ("too short to read: NVML's utilisation averages the last 1 s, and the measured "
+                                       "window is 1.5 s (measure at least 2 s)")
+    assert "  util        too short to read" in result.summary()
+    assert _gpu_window(2.0, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(21)]).mean_utilisation_pct == 80.0
 
 
 def _on_gpus(config: Config, world_size: int, gpus: int) -> BurstResult:

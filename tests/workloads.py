@@ -142,6 +142,45 @@ def tensors(n: int = 512, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+class SlowToExit(TinyNet):
+    """Starts a non-daemon thread that runs a minute longer: the rank delivers its result, then cannot exit
+    (as when persistent loader workers, a compile pool or a CUDA context take long to close)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        threading.Thread(target=time.sleep, args=(60.0,), name="slow-to-exit", daemon=False).start()
+
+
+class FailsWhileProfiled(TinyNet):
+    """Raises in forward while torch.profiler records, as an out-of-memory in a profiled step would."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.autograd._profiler_enabled():
+            raise torch.OutOfMemoryError("CUDA out of memory while profiling (the profiler's buffers)")
+        return super().forward(x)
+
+
+class _UnstartableProfiler:
+    """torch.profiler.profile on a machine whose CUPTI cannot start."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def __enter__(self) -> None:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED: cupti initialization failed")
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class BreaksTheProfiler(TinyNet):
+    """Built in its rank, it leaves that process a profiler that cannot start (the test's own is untouched)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.profiler.profile = _UnstartableProfiler
+
+
 def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
     """A TinyNet factory by default: the engine seeds it, so every burst starts from the same weights."""
     return Workload(model=model or TinyNet, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32,

@@ -50,9 +50,15 @@ DEFAULT_TIMEOUT_S = 600.0
 #: wake-up of this process preempts one of them, so the count of wake-ups, not their work, is the cost.
 PUMP_TICK_S = 0.05
 TEARDOWN_GRACE_S = 0.5
+#: Once every rank has delivered its result, how long its processes get to exit on their own (loader workers
+#: joining, a compile worker pool, a large CUDA context) before they are ended and the result kept.
+EXIT_GRACE_S = 3.0
 COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
 
 Event = StepRecord | TelemetrySample | BurstPhase
+SYNC_DEBUG_DDP_NOTE = ("sync_debug covers the host-device syncs of torch's CUDA calls, not torch.distributed's: "
+                       "NCCL collectives and DDP's gradient buckets are not checked, so a burst that passes says "
+                       "nothing about them")
 
 
 class BurstError(RuntimeError):
@@ -226,7 +232,9 @@ def run_burst(
     measured window (rank 0) and writes the trace under ``profile_dir`` (``result.profile``).
     ``sync_debug=True`` runs the measured steps under torch's CUDA sync-debug mode "error": a hidden
     host-device sync (anything but the loss read ``sync_every`` asks for) fails the burst with the
-    traceback of the line that synced. Raises :class:`BurstRequestError` or :class:`ConfigError` before
+    traceback of the line that synced; torch.distributed's own syncs (NCCL collectives, DDP's bucket
+    and buffer traffic) are outside that mode, so under DDP it vouches for the rest of the step only (the
+    result's warnings say so). Raises :class:`BurstRequestError` or :class:`ConfigError` before
     starting anything if an argument is unusable (steps and seconds together too) or the config cannot
     run here, and a
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
@@ -240,6 +248,8 @@ def run_burst(
     config = config or Config()
     device = device or probe_device()
     config_warnings = check_config(config, device) + data.loader_notes(workload, config)
+    if sync_debug and config.parallel == "ddp":
+        config_warnings.append(SYNC_DEBUG_DDP_NOTE)
     if steps is None and seconds is None:
         steps = DEFAULT_STEPS
     if warmup_steps is None:
@@ -364,6 +374,7 @@ def _collect(
     wrote meanwhile, so steps streaming in never wake it; a rank process that ends wakes it at once.
     """
     codes: list[int | None] = [None] * len(context.processes)
+    delivered_at: float | None = None
     while True:
         if collected.first_step_at is None:
             _drain(events, collected, on_event, timeout=PUMP_TICK_S, watch=watch)
@@ -389,6 +400,11 @@ def _collect(
             _drain(events, collected, on_event, watch=watch)
             collected.exit_codes = codes
             return "exited"
+        if delivered_at is None and len(collected.ranks) == len(codes):
+            delivered_at = time.perf_counter()
+        if delivered_at is not None and time.perf_counter() - delivered_at > EXIT_GRACE_S:
+            collected.exit_codes, collected.phases = codes, watch.now()
+            return "slow_exit"  # every result is in: teardown ends the ranks that are still running
         if time.perf_counter() > deadline:
             collected.exit_codes, collected.phases = codes, watch.now()
             return "timeout"
@@ -513,7 +529,13 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
         result.time_to_first_step_s = collected.first_step_at - called_at
     all_done = len(collected.ranks) == result.world_size
     cause = collected.root_cause()
-    if all_done and (outcome == "exited" or (outcome == "failed" and cause is None)):
+    if all_done and (outcome in ("exited", "slow_exit") or (outcome == "failed" and cause is None)):
+        if outcome == "slow_exit":
+            slow = [str(rank) for rank, code in enumerate(collected.exit_codes) if code is None]
+            who = f"rank {slow[0]}" if len(slow) == 1 else f"ranks {', '.join(slow)}"
+            result.warnings.append(f"{who} delivered the result but had not exited {EXIT_GRACE_S:g} s later "
+                                   "(loader workers, a compile pool or a CUDA context slow to close?): ended, and "
+                                   "the result kept")
         if outcome == "failed":
             # Every rank delivered its complete measurement before one died in teardown: keep the numbers.
             rank, code = collected.crashed_ranks()[0]

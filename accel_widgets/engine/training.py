@@ -58,8 +58,18 @@ class StepTiming:
         return max(0.0, self.total_s - self.data_s - self.h2d_s)
 
 
+#: How often a GPU's pending steps are looked at (host seconds): each look queries CUDA events, and the
+#: records leave for the caller in batches of ~20 ms anyway (``worker.STEP_BATCH_S``).
+RESOLVE_EVERY_S = 0.01
+
+
 class Timeline(Protocol):
-    """Markers on the clock of whatever runs the step's work (the host on a CPU, a CUDA stream on a GPU)."""
+    """Markers on the clock of whatever runs the step's work (the host on a CPU, a CUDA stream on a GPU).
+
+    ``look_every_s``: how often pending markers are worth asking about (host seconds).
+    """
+
+    look_every_s: float
 
     def mark(self) -> Any:
         """A marker placed after everything issued so far; it is *reached* once all of that has run."""
@@ -69,12 +79,17 @@ class Timeline(Protocol):
 
     def seconds_between(self, start: Any, end: Any) -> float: ...
 
+    def release(self, marker: Any) -> None:
+        """``marker`` has been read for the last time: the timeline may place it again."""
+
     def synchronize(self) -> None:
         """Wait until every marker placed so far is reached."""
 
 
 class HostTimeline:
     """The host's wall clock: on a CPU every op has finished before the next Python line runs."""
+
+    look_every_s = 0.0  # every marker is reached when placed: asking costs nothing
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -88,6 +103,9 @@ class HostTimeline:
     def seconds_between(self, start: float, end: float) -> float:
         return end - start
 
+    def release(self, marker: float) -> None:
+        """A host marker is a number: nothing to reuse."""
+
     def synchronize(self) -> None:
         """Nothing is in flight on the host."""
 
@@ -96,14 +114,19 @@ class CudaTimeline:
     """CUDA events on the current stream, so measuring never adds a host-device sync.
 
     The host runs ahead of the GPU; events are read only once the GPU has passed them
-    (``Event.query``), so a config that avoids syncs is measured without one.
+    (``Event.query``), so a config that avoids syncs is measured without one. Events come from a pool:
+    creating one costs host time inside the measured window on every marker (five a step), a re-recorded
+    one only its record, so a released marker is placed again and the steady state creates none.
     """
+
+    look_every_s = RESOLVE_EVERY_S
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
+        self._free: list[Any] = []
 
     def mark(self) -> Any:
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
@@ -112,6 +135,9 @@ class CudaTimeline:
 
     def seconds_between(self, start: Any, end: Any) -> float:
         return start.elapsed_time(end) / 1e3
+
+    def release(self, marker: Any) -> None:
+        self._free.append(marker)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self._device)
@@ -149,10 +175,15 @@ class StepClock:
     arrived. On a GPU that interval is the time the GPU sat idle because of the loader, not the host's
     wait: a host running ahead (``sync_every`` != 1) hides its data wait behind queued kernels, and
     then the GPU sees no stall. *h2d* brackets the copy the same way; compute is the rest.
+
+    Steps are resolved in batches, every ``timeline.look_every_s`` at most: one query of the newest end
+    marker tells whether every pending step has run (markers on one stream are reached in order); only
+    when it has not are the older ones queried. A resolved step's markers go back to the timeline, except
+    its end, which is the next step's start and goes back with that step.
     """
 
     def __init__(self, timeline: Timeline, clock: Clock, origin: float) -> None:
-        self._timeline = timeline
+        self._timeline, self._clock, self._origin = timeline, clock, origin
         timeline.synchronize()
         self._reference = timeline.mark()
         timeline.synchronize()
@@ -160,9 +191,13 @@ class StepClock:
         self._previous_end: Any = None
         self._open: _OpenStep | None = None
         self._pending: deque[_OpenStep] = deque()
+        self._scanned_at = -float("inf")
+        self.last_end: float | None = None  # on ``clock``: where the last resolved step ended
 
     def restart(self) -> None:
         """The next step starts at a fresh marker (after a pause that belongs to no step, e.g. a sync)."""
+        if self._previous_end is not None and not (self._pending and self._pending[-1].end is self._previous_end):
+            self._timeline.release(self._previous_end)  # resolved, and no step will start at it now
         self._previous_end = None
 
     def start_step(self) -> None:
@@ -185,16 +220,30 @@ class StepClock:
         self._timeline.synchronize()
 
     def completed(self) -> list[StepTiming]:
-        """Timings of the steps whose end the timeline has reached; never waits."""
-        out = []
-        while self._pending and self._timeline.reached(self._pending[0].end):
-            out.append(self._resolve(self._pending.popleft()))
-        return out
+        """Timings of the steps whose end the timeline has reached, looked at every ``look_every_s`` at
+        most (the first call always looks); never waits."""
+        if not self._pending:
+            return []
+        if self._timeline.look_every_s:
+            now = self._clock()
+            if now - self._scanned_at < self._timeline.look_every_s:
+                return []
+            self._scanned_at = now
+        return self.reached()
 
     def flush(self) -> list[StepTiming]:
         """Wait for every pending step and return its timing."""
         self._timeline.synchronize()
-        return self.completed()
+        return self.reached()
+
+    def reached(self) -> list[StepTiming]:
+        """Timings of the steps whose end the timeline has reached, looked at now; never waits."""
+        if self._pending and self._timeline.reached(self._pending[-1].end):
+            return [self._resolve(self._pending.popleft()) for _ in range(len(self._pending))]
+        out = []
+        while self._pending and self._timeline.reached(self._pending[0].end):
+            out.append(self._resolve(self._pending.popleft()))
+        return out
 
     def _require_open(self) -> _OpenStep:
         if self._open is None:
@@ -206,7 +255,11 @@ class StepClock:
         data = sum(between(a, b) for a, b in step.data)
         h2d = sum(between(a, b) for a, b in step.copies)
         t = self._reference_t + between(self._reference, step.end)
-        return StepTiming(t, data, h2d, between(step.start, step.end))
+        timing = StepTiming(t, data, h2d, between(step.start, step.end))
+        for marker in (step.start, *(m for pair in (*step.data, *step.copies) for m in pair)):
+            self._timeline.release(marker)
+        self.last_end = self._origin + t
+        return timing
 
 
 # -- building blocks ------------------------------------------------------------------------------
@@ -351,9 +404,11 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
 
 
-def peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+def peak_memory_bytes(devices: list[torch.device]) -> int:
+    """The allocator's peak on the busiest of the rank's GPUs (DataParallel's replicas included); on a CPU
+    the process's peak RSS."""
+    if devices[0].type == "cuda":
+        return max(int(torch.cuda.max_memory_allocated(device)) for device in devices)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -402,9 +457,11 @@ class TrainingLoop:
     def __post_init__(self) -> None:
         self.mixed_precision = precision.MixedPrecision(self.config, self.device)
         self._next_step = 0
+        self._step_samples = 0  # samples of the latest step
 
-    def flops_per_sample(self, raw_model: nn.Module) -> float | None:
-        """Training FLOPs per sample, counted on one extra micro-batch after measuring (None if uncountable)."""
+    def flops_by_math(self, raw_model: nn.Module) -> dict[str, float] | None:
+        """Training FLOPs per sample by ``"<op class>:<math>"`` ("conv:tf32", "matmul:bf16"), counted on one
+        extra micro-batch after measuring (None if uncountable)."""
         if self.last_micro_batch is None:
             return None
         batch = self.last_micro_batch
@@ -414,7 +471,14 @@ class TrainingLoop:
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
             warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
             return None
-        return flops / self._samples_in(batch) if flops else None
+        if not flops.total:
+            return None
+        samples = self._samples_in(batch)
+        by_math: dict[str, float] = {}
+        for (op_class, dtype), count in flops.by_op.items():
+            key = f"{op_class}:{precision.op_math(self.config, self.device.type, op_class, dtype)}"
+            by_math[key] = by_math.get(key, 0.0) + count / samples
+        return by_math
 
     def code_paths(self, raw_model: nn.Module) -> CodePaths | None:
         """The code paths the step runs (what a knob needs to act), recorded over one more forward of the last
@@ -456,16 +520,39 @@ class TrainingLoop:
     def profile(self, steps: int, trace_path: str, top: int = 15) -> ProfileCapture:
         """Record ``steps`` more steady-state steps with torch.profiler; their timings are discarded.
 
-        Runs after the measured window, so the profiler's overhead never reaches the burst's numbers.
+        Runs after the measured window, so the profiler's overhead never reaches the burst's numbers, and its
+        failure (CUPTI, out of memory while profiling) never takes them away: it comes back as the capture's
+        ``error``, with a warning. Under DDP the peers take the profiled steps too, so the steps a profiler
+        failure left untaken are taken without it; a profiled step that fails there is raised, since its
+        collectives are half done and the peers wait in them.
         """
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as profiler:
-            self.extra_steps(steps)
-        profiler.export_chrome_trace(trace_path)
-        averages = sorted(profiler.key_averages(), reverse=True,
-                          key=lambda e: e.self_device_time_total + e.self_cpu_time_total)
+        taken, in_step = 0, False
+        try:
+            with torch.profiler.profile(activities=activities) as profiler:
+                for _ in range(steps):
+                    in_step = True
+                    self._step()
+                    in_step, taken = False, taken + 1
+                self.step_clock.flush()
+            profiler.export_chrome_trace(trace_path)
+            averages = sorted(profiler.key_averages(), reverse=True,
+                              key=lambda e: e.self_device_time_total + e.self_cpu_time_total)
+        except Exception as exc:
+            distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+            if in_step and distributed:
+                raise
+            with contextlib.suppress(OSError):
+                os.remove(trace_path)  # a partial trace would read as a capture
+            if distributed:
+                self.extra_steps(steps - taken)
+            text = str(exc).strip()
+            message = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+            warnings.warn(f"profiling failed ({message}): the burst's measurement is kept, without a trace",
+                          stacklevel=2)
+            return ProfileCapture(steps, "", [], error=message)
         operators = [OperatorTime(e.key, int(e.count), e.self_cpu_time_total / 1e3, e.self_device_time_total / 1e3)
                      for e in averages[:top]]
         return ProfileCapture(steps, trace_path, operators)
@@ -505,6 +592,7 @@ class TrainingLoop:
         if overhead.loss_read_due(len(self._pending_losses), config):
             self._read_losses()
         clock.end_step()
+        self._step_samples = samples
         return samples
 
     def _read_losses(self) -> None:
@@ -526,6 +614,17 @@ class TrainingLoop:
                                 timing.total_s, samples, loss, warmup, self._tokens[step])
             self.emit(record)
             self._next_step += 1
+
+    @contextlib.contextmanager
+    def _reported_on_failure(self, *, warmup: bool) -> Iterator[None]:
+        """A step that raises loses no record of the steps before it the timeline has reached: looked at
+        once more without waiting (a sync could raise again, or hang on a broken device)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._emit_completed(self.step_clock.reached(), warmup, self._step_samples)
+            raise
 
     def _first_step(self) -> int:
         try:
@@ -551,17 +650,19 @@ class TrainingLoop:
         self.step_clock.synchronize()
         first_step_s = last_s = self.clock() - start
         self._emit_completed(self.step_clock.completed(), True, samples)
-        for _ in range(max(0, warmup_steps - 1)):
-            begin = self.clock()
-            samples = self._step()
-            self.step_clock.synchronize()
-            last_s = self.clock() - begin
-            self._emit_completed(self.step_clock.completed(), True, samples)
+        with self._reported_on_failure(warmup=True):
+            for _ in range(max(0, warmup_steps - 1)):
+                begin = self.clock()
+                samples = self._step()
+                self.step_clock.synchronize()
+                last_s = self.clock() - begin
+                self._emit_completed(self.step_clock.completed(), True, samples)
         self._emit_completed(self.step_clock.flush(), True, samples)
         system.release_cached_memory(self.config, self.device)
         if self.device.type == "cuda":
             # The peak then covers the steady-state window only, never compilation or warm-up.
-            torch.cuda.reset_peak_memory_stats(self.device)
+            for device in parallel.devices_used(self.config, self.device):
+                torch.cuda.reset_peak_memory_stats(device)
         return first_step_s, last_s
 
     def measure(self, steps: int | None, seconds: float | None, first_step_s: float,
@@ -574,7 +675,10 @@ class TrainingLoop:
         measured_samples, measured_steps, samples = 0, 0, 0
         self.step_clock.restart()
         window_start = self.clock()
-        with _cuda_sync_debug_mode(self.device, "error" if sync_debug else None):
+        with (
+            _cuda_sync_debug_mode(self.device, "error" if sync_debug else None),
+            self._reported_on_failure(warmup=False),
+        ):
             while not self.should_stop():
                 if steps is not None and measured_steps >= steps:
                     break
@@ -586,8 +690,10 @@ class TrainingLoop:
                 self._emit_completed(self.step_clock.completed(), False, samples)
         self._read_losses()
         timings = self.step_clock.flush()
-        window_s = self.clock() - window_start
-        peak = peak_memory_bytes(self.device)
+        # The window ends where the last measured step did, not after the loss read-back and the flush.
+        last_end = self.step_clock.last_end
+        window_s = last_end - window_start if measured_steps and last_end is not None else 0.0
+        peak = peak_memory_bytes(parallel.devices_used(self.config, self.device))
         self._emit_completed(timings, False, samples)
         self.emit(RankLosses(self.rank, list(self._losses)))
         window_tokens = self._tokens[len(self._tokens) - measured_steps:] if measured_steps else []
@@ -644,6 +750,7 @@ def build_loop(
     torch.manual_seed(workload.seed)
     system.cap_memory(config, device)
     dataset = data.prepare_dataset(workload.build_dataset(), config, cache_dir)
+    data.check_shared_memory(dataset, workload, config, world_size)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
     model, raw = prepare_model(workload.build_model(), config, device)
@@ -660,7 +767,7 @@ def build_loop(
 
 def rank_summary(
     rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
-    scaler_skipped_steps: int | None = None, flops_per_sample: float | None = None,
+    scaler_skipped_steps: int | None = None, flops_by_math: dict[str, float] | None = None,
     profile: ProfileCapture | None = None, code_paths: CodePaths | None = None, random_data: bool | None = None,
     stream: StreamReading | None = None,
 ) -> RankSummary:
@@ -675,7 +782,8 @@ def rank_summary(
         first_step_s=window.first_step_s,
         device=device_name,
         scaler_skipped_steps=scaler_skipped_steps,
-        flops_per_sample=flops_per_sample,
+        flops_per_sample=sum(flops_by_math.values()) if flops_by_math else None,
+        flops_by_math=flops_by_math,
         profile=profile,
         code_paths=code_paths,
         random_data=random_data,

@@ -420,7 +420,7 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         set_phase(Phase.FINISHING)
         capture = _profile(loop, spec, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
-                               loop.flops_per_sample(raw), capture, loop.code_paths(raw), loop.random_data,
+                               loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
                                stream_reading(loop.batches.loader.dataset))
     emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
 
@@ -581,4 +581,6 @@ def _environment(device: torch.device, spec: BurstSpec, model: torch.nn.Module) 
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        # What memory_fraction is a share of (cudaMemGetInfo's total; NVML's total is a little larger).
+        env["cuda_memory_bytes"] = int(torch.cuda.mem_get_info(device)[1])
     return env

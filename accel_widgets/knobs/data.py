@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    default_collate,
+)
 
 from .base import Knob, Rule
 
@@ -31,6 +41,15 @@ class FrozenAugmentationWarning(UserWarning):
     correctness guard reads it there.
     """
 
+
+class SharedMemoryTooSmall(RuntimeError):
+    """The batches the loader's workers hold in flight would not fit in the free shared memory (/dev/shm)."""
+
+
+SHARED_MEMORY = "/dev/shm"
+#: Batches in flight above this share of the free shared memory leave too little for NCCL and the rest of the
+#: machine (other processes, the next burst's workers): the burst is told so.
+SHARED_MEMORY_WARN_SHARE = 0.5
 
 GROUP = "data"
 TITLE = "Data loading"
@@ -176,6 +195,54 @@ def build_loader(
         # Python 3.14 changes the Linux default to forkserver.
         multiprocessing_context="fork" if workers else None,
     )
+
+
+def check_shared_memory(dataset: Any, workload: Workload, config: Config, world_size: int) -> None:
+    """Before a loader's workers start: refuse a burst whose batches in flight need more shared memory than
+    /dev/shm has free, and warn when they need more than ``SHARED_MEMORY_WARN_SHARE`` of it.
+
+    A loader worker hands each batch to its rank through shared memory, and holds ``prefetch_factor`` of
+    them ahead, so every rank needs ``num_workers x prefetch_factor`` batches of it (a docker container's
+    64 MB /dev/shm holds five batches of 256 RGB images at 64 px). Past the free space a worker dies of
+    SIGBUS mid-burst. Switching torch's sharing strategy to "file_system" would not help: it puts the same
+    bytes in /dev/shm, only under names (it helps a process that runs out of file descriptors). A batch's
+    size is one item collated and scaled to the batch size; a stream is not read ahead of its loader, and
+    an item that cannot be read or collated alone is left to the loader to report.
+    """
+    if config.num_workers == 0 or isinstance(dataset, IterableDataset):
+        return
+    try:
+        stats = os.statvfs(SHARED_MEMORY)
+    except OSError:  # no /dev/shm (not Linux): nothing to compare with
+        return
+    collate = workload.collate_fn or default_collate
+    try:
+        batch_bytes = tensor_bytes(collate([dataset[0]])) * resolve_batch_size(config, workload)
+    except Exception:  # an estimate only: the loader itself reports what is wrong with the data, with context
+        return
+    need = world_size * config.num_workers * config.prefetch_factor * batch_bytes
+    free = stats.f_bavail * stats.f_frsize
+    ranks = f"{world_size} ranks x " if world_size > 1 else ""
+    text = (f"the DataLoader's workers hold ~{need / 2**20:,.0f} MiB of batches in shared memory ({ranks}"
+            f"{config.num_workers} workers x prefetch_factor {config.prefetch_factor} x {batch_bytes / 2**20:,.1f} "
+            f"MiB), and {SHARED_MEMORY} has {free / 2**20:,.0f} MiB free")
+    if need > free:
+        raise SharedMemoryTooSmall(f"{text}: the workers would die of SIGBUS. Use fewer num_workers, a smaller "
+                                   "prefetch_factor or batch_size, or give the machine more shared memory "
+                                   "(docker run --shm-size=2g)")
+    if need > SHARED_MEMORY_WARN_SHARE * free:
+        warnings.warn(f"{text}: more than {SHARED_MEMORY_WARN_SHARE:.0%} of it, and NCCL and other processes use it "
+                      "too", stacklevel=2)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor and array in a (nested) batch."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    values = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(tensor_bytes(value) for value in values)
 
 
 def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, rank: int, world_size: int,

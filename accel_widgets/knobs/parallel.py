@@ -76,6 +76,14 @@ def gpus_used(config: Config, device_kind: str, visible_gpus: int) -> int:
     return max(1, visible_gpus) if config.parallel == "dataparallel" else ranks(config)
 
 
+def devices_used(config: Config, device: torch.device) -> list[torch.device]:
+    """The devices one rank's work lands on: DataParallel replicates onto every visible GPU (its default
+    ``device_ids``), anything else stays on the rank's own device."""
+    if config.parallel == "dataparallel" and device.type == "cuda":
+        return [torch.device("cuda", index) for index in range(torch.cuda.device_count())]
+    return [device]
+
+
 def wrap_model(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
     """DDP with one rank too (that measures what DDP itself costs); DataParallel for comparison only."""
     if config.parallel == "ddp":

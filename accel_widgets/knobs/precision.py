@@ -77,11 +77,27 @@ RULES = [
 def math_precision(config: Config, device_kind: str) -> str:
     """The arithmetic matmuls really ran in: fp32 with TF32 on a GPU multiplies with 10-bit mantissas.
 
-    What the correctness guard's tolerance and the MFU's peak are chosen by.
+    What the correctness guard's tolerance is chosen by (MFU charges each op its own math: :func:`op_math`).
     """
     if config.precision == "fp32" and config.tf32 and device_kind == "cuda":
         return "tf32"
     return config.precision
+
+
+_DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+def op_math(config: Config, device_kind: str, op_class: str, dtype: str) -> str:
+    """The arithmetic one counted op ran in, from its class ("conv" or "matmul") and its inputs' dtype.
+
+    Autocast casts before an op runs, so bf16/fp16 inputs mean bf16/fp16 math. A float32 convolution on a
+    GPU runs on cuDNN with TF32 allowed in every burst (:func:`global_flags` keeps stock PyTorch's
+    setting), so it counts as TF32, the peak it may reach; a float32 matmul (attention included) is TF32
+    only with ``tf32=True``. On a CPU float32 is fp32. Other dtypes keep their own name (no peak for them).
+    """
+    if dtype == "float32" and device_kind == "cuda" and (op_class == "conv" or config.tf32):
+        return "tf32"
+    return _DTYPE_MATH.get(dtype, dtype)
 
 
 class MixedPrecision:

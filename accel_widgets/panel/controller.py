@@ -26,7 +26,9 @@ from ..guard import NoiseBand, cached_noise
 from ..history import HistoryError, RunHistory, workload_fingerprint
 from ..ladder import classic_ladder
 from ..progress import BurstProgress
+from ..remeasure import remeasure
 from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
+from ..thresholds import THRESHOLDS
 from ..tuner import TuneResult, TuneStep
 from ..validation import ConfigError
 from ..workload import Workload
@@ -36,7 +38,10 @@ Engine = Callable[..., BurstResult]
 Tuner = Callable[..., TuneResult]
 HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
 
-FLUSH_INTERVAL_S = 0.25  # ~4 Hz: smooth enough to watch, rare enough not to flood the comm channel
+FLUSH_INTERVAL_S = 0.25  # ~4 Hz: events reach the state (and the live chart's send budget) this often
+#: The status line and progress bar change at most this often while a burst runs (and at every phase change):
+#: each change is a message to the page and a relayout of the panel there, taken from the burst's cores.
+STATUS_INTERVAL_S = 1.0
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
 #: starts one burst, not one per keystroke.
 LIVE_DELAY_S = 0.5
@@ -185,6 +190,14 @@ class PanelController:
     def find_batch_size(self, steps: int) -> None:
         config = self.state.runnable_config()
         self._start("Batch size", lambda: self._run_batch_search(config, steps))
+
+    def remeasure(self, pairs: int) -> None:
+        """Re-measure the run the reading is about, interleaved with its baseline in ``pairs`` pairs."""
+        run = self.state.remeasurable()
+        if run is None:
+            raise RuntimeError("nothing to re-measure: the reading's run has no baseline to pair it with")
+        row = self.state.rows[run]
+        self._start("Re-measure", lambda: self._run_remeasure(run, row.result, row.baseline, pairs))
 
     def load_history(self) -> None:
         if self.history is None:
@@ -373,6 +386,27 @@ class PanelController:
         return (f"Batch size: the largest that fits is {search.largest_fitting:,}, the fastest {search.fastest:,} "
                 f"({len(search.tries)} tries in {search.wall_s:.0f} s). Set batch_size to try it.")
 
+    def _run_remeasure(self, run: int, result: BurstResult, baseline: BurstResult | None, pairs: int) -> str:
+        """Bursts of the run's and its baseline's configs, interleaved; the paired speed-up replaces the row's.
+        They are not runs of the table (they measure one run again), so they are not plotted or recorded."""
+        name = self.state.runs[run].name
+
+        def on_burst(_result: BurstResult, done: int, planned: int) -> None:
+            self.state.set_progress(done / planned)
+            self.state.set_status(f"Re-measure {name}: burst {done}/{planned}", busy=not self._stop.is_set())
+
+        comparison = remeasure(self.workload, result, baseline or result, pairs=pairs, engine=self._engine,
+                               stop=self._stop, on_burst=on_burst)
+        self.state.set_paired(run, comparison.speedup)
+        self.state.set_progress(1.0)
+        ratio = comparison.speedup
+        if ratio is None:
+            return f"Re-measure of {name} {'stopped' if comparison.stopped else 'failed'}: no pair finished."
+        verdict = ("the pairs agree" if ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
+                   else "the pairs still disagree: the machine is too busy to rank it")
+        return (f"Re-measured {name} in {ratio.n} pair{'s' if ratio.n != 1 else ''} with its baseline: "
+                f"{ratio.median:.2f}× (IQR {ratio.q1:.2f}-{ratio.q3:.2f}×); {verdict}.")
+
     def _run_load(self) -> str:
         """Add the stored runs of this workload's fingerprint, oldest first, skipping those already shown."""
         self.state.set_status("Load: reading the run history", busy=True)
@@ -405,11 +439,18 @@ class PanelController:
         tracker = BurstProgress.for_burst(item.config, steps=length["steps"], seconds=length["seconds"])
         started = time.monotonic()
 
-        def flush() -> None:
+        status_at = -STATUS_INTERVAL_S
+
+        def flush(*, phase_changed: bool = True) -> None:
+            nonlocal status_at
             batch = batcher.take()
             if batch:
                 self.state.add_events(run, batch.steps, batch.samples)
-            view = tracker.view(time.monotonic() - started)  # the CLI's progress line, in words
+            now = time.monotonic()
+            if not phase_changed and now - status_at < STATUS_INTERVAL_S:
+                return
+            status_at = now
+            view = tracker.view(now - started)  # the CLI's progress line, in words
             self.state.set_progress(progress(view.fraction))
             if not self._stop.is_set():
                 self.state.set_status(f"{prefix}: {view.text()}", busy=True)
@@ -417,7 +458,7 @@ class PanelController:
         def on_event(event: Event) -> None:
             phase_changed = tracker.update(event)
             if batcher.add(event) or phase_changed:
-                flush()
+                flush(phase_changed=phase_changed)
 
         self.state.set_status(f"{prefix}: starting", busy=True)
         try:

@@ -1,57 +1,66 @@
-"""The live figure: the report's timeline (:func:`~accel_widgets.presentation.timeline_figure`) as a plotly
-``FigureWidget`` that grows while a burst runs, as wide as the panel is drawn.
+"""The panel's timeline: device utilisation against time and step time against step, drawn on a canvas.
 
-Built complete (both subplots, axes, titles) before anything displays it, then only extended: a run gets its
-legend entry when it starts, a trace when its first rank or device reports (built by the same functions
-as the report's), and its points in batches inside ``batch_update`` (one comm message per flush, not per
-event), the step axis refitted to the measured steps in the same update. Every trace carries
-``meta={"run", "kind", ...}`` so the browser and tests find a run's traces without relying on names or order.
+The panel must not move the numbers it shows. Its first timeline was the report's plotly figure as a
+``FigureWidget`` that grew while a burst ran; it has no extendTraces, so every update resent each changed trace
+whole and the page laid the whole SVG figure out again. Measured in JupyterLab in Chromium on a 2-core machine,
+that took 70-85% of a core while the burst measured, and a burst started from the panel reached 0.14-0.33 of
+the same burst headless (benchmarks/panel_observer.py). So the timeline is a small canvas of its own
+(:class:`TimelineChart`, ``timeline_chart.js``):
+
+- finished runs are its synced state, thinned to ``MAX_TRACE_POINTS`` per series (a reloaded page draws them);
+- a running burst's points go as messages holding only what is new, at most every ``SEND_INTERVAL_S``, and
+  only while the page says the chart is on screen (what it missed follows when it is back);
+- the page draws at most twice a second, the lowest and highest point of each pixel column of a long series,
+  and nothing while the panel is scrolled away or its tab hidden; hovering names the nearest point.
+
+The report's plotly timeline (hover, zoom) is a Compare tab of the panel, drawn when looked at.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any
 
 import anywidget
 import ipywidgets as w
-import plotly.graph_objects as go
 import traitlets
 
 from ..device import DeviceInfo
 from ..presentation import (
-    add_run_legend,
-    add_step_trace,
-    add_utilisation_trace,
+    TIMELINE_HEIGHT,
+    TIMELINE_MARGIN_B,
+    TIMELINE_TITLES,
     device_groups,
-    fit_step_axis,
+    run_colour,
     step_groups,
-    step_points,
-    timeline_figure,
-    utilisation_points,
     utilisation_title,
 )
+from ..results import StepRecord, TelemetrySample
 from .state import Run
 
 WIDTH = 1180  # until the browser says how wide the panel is (see WidthProbe)
 MIN_WIDTH = 460  # two readable subplots; narrower, the panel scrolls
-#: Narrower than this, the legend goes under the plots and the subplot titles shorten, so two subplots
-#: keep their room (the panel is ~570 px in a 1000 px JupyterLab with the file browser open).
+#: Narrower than this, the timeline figure's legend goes under the plots and its subplot titles shorten, so two
+#: subplots keep their room (the panel is ~570 px in a 1000 px JupyterLab with the file browser open).
 NARROW_PX = 820
 SHORT_TITLES = ("Utilisation", "Step time (log)")
 LEGEND_BESIDE = {"orientation": "v", "x": 1.02, "y": 1, "xanchor": "left", "yanchor": "top", "yref": "paper"}
 LEGEND_BELOW = {"orientation": "h", "x": 0, "y": 0, "xanchor": "left", "yanchor": "bottom", "yref": "container"}
 BELOW_EXTRA_PX = 70  # the legend's room under the plots
 MAX_TRACE_POINTS = 1500
-Key = tuple[int, str, Any]  # (run, "steps" or "util", (rank, warm-up) or device)
+#: The kernel sends a running burst's new points at most this often: twice a second reads as live, and each send
+#: is work for the kernel, the Jupyter server and the page while the burst measures.
+SEND_INTERVAL_S = 0.5
 
 
 def _bounded(values: tuple[Any, ...]) -> tuple[Any, ...]:
     """Thin a trace by a whole stride once it passes MAX_TRACE_POINTS.
 
-    Every flush resends a changed trace whole (FigureWidget has no extendTraces), so a 1 ms step over a
-    minute-long burst would otherwise push 60k points four times a second. x, y and customdata of a
-    trace always have the same length, so the same stride keeps them aligned.
+    A 1 ms step over a minute-long burst is 60k points: more than a figure with hover can draw, and each of them
+    is synced as widget state for a page reload. x, y and customdata of a trace always have the same length, so
+    the same stride keeps them aligned.
     """
     stride = -(-len(values) // MAX_TRACE_POINTS)  # ceiling division
     return values[::stride] if stride > 1 else values
@@ -88,113 +97,116 @@ class WidthProbe(anywidget.AnyWidget):
     width = traitlets.Int(0).tag(sync=True)
 
 
-class LivePlots:
-    """Owns the FigureWidget and draws the state's runs into it: whatever is new since the last draw.
+class TimelineChart(anywidget.AnyWidget):
+    """The timeline as the page draws it (``timeline_chart.js`` says what it is sent).
 
-    ``probe`` goes right above the figure in the panel; :meth:`fit` gives the figure the width it reports.
+    ``runs``: the finished runs' points; ``hidden``: the runs the table's ticks hide; ``utilisation_title``:
+    what the left axis measures; ``visible``: the page's to set, the chart is on screen and its tab shown.
+    """
+
+    _esm = Path(__file__).with_name("timeline_chart.js")
+    runs = traitlets.List(traitlets.Dict()).tag(sync=True)
+    hidden = traitlets.List(traitlets.Int()).tag(sync=True)
+    utilisation_title = traitlets.Unicode("").tag(sync=True)
+    visible = traitlets.Bool(False).tag(sync=True)
+
+
+def step_rows(steps: Sequence[StepRecord]) -> list[list[Any]]:
+    """Steps as the chart reads them: ``[rank, warm-up, step, ms]``, the time to 4 significant digits."""
+    return [[s.rank, int(s.warmup), s.step, float(f"{s.total_s * 1e3:.4g}")] for s in steps]
+
+
+def util_rows(samples: Sequence[TelemetrySample]) -> list[list[Any]]:
+    """Telemetry as the chart reads it: ``[device, t, utilisation %, memory MiB]`` (utilisation None where a
+    GPU does not report it); memory rides along for the hover, as in the report's figure."""
+    return [[s.device, round(s.t, 3), None if s.util_pct is None else round(s.util_pct, 1),
+             round(s.mem_used_bytes / 2**20)] for s in samples]
+
+
+def run_points(run: Run, steps: Sequence[StepRecord], samples: Sequence[TelemetrySample]) -> dict[str, Any]:
+    """One run's header with the given points of it: a "points" message, or a run of the chart's state."""
+    return {"run": run.index, "name": run.name, "colour": run_colour(run.index), "ranks": run.ranks,
+            "steps": step_rows(steps), "util": util_rows(samples)}
+
+
+class Timeline:
+    """What the chart has been given: the finished runs as its state, a running run's points as they come.
+
+    ``probe`` measures the panel's width for the Compare figures and the control columns (the chart measures
+    its own).
     """
 
     def __init__(self, device: DeviceInfo) -> None:
-        figure = timeline_figure(utilisation_title({"nvml" if device.has_cuda else "psutil"}))
-        figure.update_layout(width=WIDTH, legend=LEGEND_BESIDE)
-        self._titles = tuple(annotation.text for annotation in figure.layout.annotations)
-        self._height, self._bottom = figure.layout.height, figure.layout.margin.b
-        self.figure = go.FigureWidget(figure)
+        self.chart = TimelineChart(utilisation_title=utilisation_title({"nvml" if device.has_cuda else "psutil"}))
         self.probe = WidthProbe(layout=w.Layout(width="100%", height="0px"))
-        self._traces: dict[Key, Any] = {}
-        self._drawn: dict[int, tuple[int, int]] = {}  # run -> (steps, samples) already in the figure
-        self._source: str | None = None
+        self._sent: dict[int, tuple[int, int]] = {}  # running run -> (steps, samples) the page holds
+        self._sent_at = -SEND_INTERVAL_S
+        self._settled: tuple[tuple[int, int], ...] = ()  # (run, id of its result) in the chart's state
 
-    def draw(self, runs: Sequence[Run], hidden: Collection[int]) -> None:
-        """Add the runs not drawn yet and the events they received since the last draw.
-
-        A rank or device seen for the first time gets a trace built with its points (by the report's
-        functions); the points of traces that exist are appended in one batched update.
-        """
-        added = False
-        extend: list[tuple[Any, list[Any], list[float], list[float] | None]] = []
-        sources: set[str] = set()
+    def stream(self, runs: Sequence[Run], *, force: bool = False) -> None:
+        """Send the running runs' new points, at most every SEND_INTERVAL_S (``force``: now), only while the page
+        shows the chart; what is held back goes with the next send."""
+        now = time.monotonic()
+        if not self.chart.visible or (not force and now - self._sent_at < SEND_INTERVAL_S):
+            return
         for run in runs:
-            visible = run.index not in hidden
-            if run.index not in self._drawn:
-                add_run_legend(self.figure, run.index, run.name, visible=visible)
-                self._drawn[run.index] = (0, 0)
-                added = True
-            steps_done, samples_done = self._drawn[run.index]
-            steps, samples = run.steps[steps_done:], run.samples[samples_done:]
-            self._drawn[run.index] = (len(run.steps), len(run.samples))
-            sources.update(s.source for s in samples)
-            for (rank, warmup), group in step_groups(steps).items():
-                key = (run.index, "steps", (rank, warmup))
-                if key in self._traces:
-                    extend.append((self._traces[key], *step_points(group), None))
-                else:
-                    self._traces[key] = add_step_trace(self.figure, run.index, run.name, rank=rank, ranks=run.ranks,
-                                                       warmup=warmup, steps=_bounded(tuple(group)),
-                                                       visible=visible)
-                    added = True
-            for device, group in device_groups(samples).items():
-                key = (run.index, "util", device)
-                if key in self._traces:
-                    extend.append((self._traces[key], *utilisation_points(group)))
-                else:
-                    devices = sum(1 for r, kind, _ in self._traces if r == run.index and kind == "util")
-                    self._traces[key] = add_utilisation_trace(self.figure, run.index, run.name, device=device,
-                                                              index=devices, samples=_bounded(tuple(group)),
-                                                              visible=visible)
-                    added = True
-        if added:
-            self.sync_state()  # a view created from here on (a page reload) must already hold the new traces
-        with self.figure.batch_update():
-            for trace, x, y, memory in extend:
-                trace.x, trace.y = _bounded((*trace.x, *x)), _bounded((*trace.y, *y))
-                if memory is not None:
-                    trace.customdata = _bounded((*trace.customdata, *memory))
-            fit_step_axis(self.figure)
-        self._retitle(sources)
+            if run.result is not None:
+                continue
+            steps_sent, samples_sent = self._sent.get(run.index, (0, 0))
+            steps, samples = run.steps[steps_sent:], run.samples[samples_sent:]
+            if steps or samples or run.index not in self._sent:
+                self.chart.send({"kind": "points", **run_points(run, steps, samples)})
+                self._sent[run.index] = (len(run.steps), len(run.samples))
+        self._sent_at = now
+
+    def settle(self, runs: Sequence[Run]) -> None:
+        """Put every finished run into the chart's state (once per finished run): it replaces what was streamed."""
+        done = tuple((run.index, id(run.result)) for run in runs if run.result is not None)
+        if done == self._settled:
+            return
+        self._settled = done
+        finished = [run for run in runs if run.result is not None]
+        self.chart.runs = [run_points(run, *thinned_points(run)) for run in finished]
+        for run in finished:
+            self._sent.pop(run.index, None)
+        sources = {s.source for run in runs for s in run.samples}
+        if len(sources) == 1:
+            self.chart.utilisation_title = utilisation_title(sources)
 
     def forget(self, run: int) -> None:
-        """Take ``run``'s traces out of the figure: a live run replaced by the next one; its slot is drawn
-        again from the new run's events."""
-        self.figure.data = tuple(trace for trace in self.figure.data if trace.meta["run"] != run)
-        self._traces = {key: trace for key, trace in self._traces.items() if key[0] != run}
-        self._drawn.pop(run, None)
-        self.sync_state()
+        """Take ``run`` out of the chart: a live run replaced by the next one (same index, drawn anew)."""
+        self._sent.pop(run, None)
+        self.chart.send({"kind": "forget", "run": run})
 
     def show(self, hidden: Collection[int]) -> None:
-        """Show only the runs that are not hidden (the runs table's ticks); the step axis fits the shown ones."""
-        with self.figure.batch_update():
-            for trace in self.figure.data:
-                trace.visible = trace.meta["run"] not in hidden
-            fit_step_axis(self.figure)
+        """Draw only the runs that are not hidden (the runs table's ticks)."""
+        self.chart.hidden = sorted(hidden)
 
-    def fit(self, width: int) -> None:
-        """Draw the figure ``width`` pixels wide (what the probe measured), never narrower than MIN_WIDTH;
-        narrower than NARROW_PX with the legend under the plots and short subplot titles."""
-        width = max(MIN_WIDTH, width)
-        narrow = width < NARROW_PX
-        with self.figure.batch_update():
-            self.figure.layout.width = width
-            self.figure.layout.legend.update(LEGEND_BELOW if narrow else LEGEND_BESIDE)
-            self.figure.layout.height = self._height + (BELOW_EXTRA_PX if narrow else 0)
-            self.figure.layout.margin.b = self._bottom + (BELOW_EXTRA_PX if narrow else 0)
-            for annotation, title, short in zip(self.figure.layout.annotations, self._titles, SHORT_TITLES,
-                                                strict=False):
-                annotation.text = short if narrow else title
-        self.sync_state()  # a page reload's view starts from the widget state: it must have the width too
 
-    def sync_state(self) -> None:
-        """Copy the figure into its widget state, so a view created later (a page reload) is current.
+def thinned_points(run: Run) -> tuple[list[StepRecord], list[TelemetrySample]]:
+    """A finished run's steps and samples, each rank's (measured, warm-up) steps and each device's samples
+    thinned to MAX_TRACE_POINTS on their own, so a short series is never thinned by a long one's stride."""
+    steps = [s for group in step_groups(run.steps).values() for s in _bounded(tuple(group))]
+    samples = [s for group in device_groups(run.samples).values() for s in _bounded(tuple(group))]
+    return steps, samples
 
-        plotly only copies the figure into the widget's synced state when the figure itself is
-        displayed; inside a VBox it never is, and later views would start from the empty figure. Called
-        when traces are added and after each run, not per flush: streamed points reach live views as
-        restyles, and a full copy at 4 Hz would resend every run's points each time.
-        """
-        self.figure._repr_mimebundle_()
 
-    def _retitle(self, sources: set[str]) -> None:
-        """Name what the utilisation axis measures from the samples themselves (NVML may be unavailable)."""
-        if len(sources) == 1 and self._source not in sources:
-            (self._source,) = sources
-            self.figure.layout.yaxis.title.text = utilisation_title(sources)
+def sync_state(figure: Any) -> None:
+    """Copy a ``FigureWidget`` into its widget state, so a view created later (a page reload) is current.
+
+    plotly only copies the figure into the widget's synced state when the figure itself is displayed; inside a
+    box it never is, and later views would start from the figure as it was built.
+    """
+    figure._repr_mimebundle_()
+
+
+def fit_timeline(figure: Any, width: int) -> None:
+    """The report's timeline ``width`` pixels wide, never narrower than MIN_WIDTH; narrower than NARROW_PX with
+    the legend under the plots and short subplot titles, so both subplots keep their room."""
+    width = max(MIN_WIDTH, width)
+    narrow = width < NARROW_PX
+    figure.update_layout(width=width, legend=LEGEND_BELOW if narrow else LEGEND_BESIDE,
+                         height=TIMELINE_HEIGHT + (BELOW_EXTRA_PX if narrow else 0),
+                         margin={"b": TIMELINE_MARGIN_B + (BELOW_EXTRA_PX if narrow else 0)})
+    for annotation, title, short in zip(figure.layout.annotations, TIMELINE_TITLES, SHORT_TITLES, strict=False):
+        annotation.text = short if narrow else title

@@ -22,6 +22,8 @@ from ..guard import NoiseBand
 from ..knobs import KNOBS, Knob
 from ..presentation import LOADED_MARK, RunRow, run_name, run_rows
 from ..results import BurstResult, ProfileCapture, StepRecord, TelemetrySample
+from ..stats import Summary
+from ..thresholds import THRESHOLDS
 from ..validation import RULES, ConfigError, check_config, knob_availability
 
 if TYPE_CHECKING:
@@ -229,6 +231,8 @@ class PanelState:
         self.replaced: int | None = None  # the run whose slot the newest live run took (the plots drop it)
         #: The baseline's measured noise band, when one is known (the controller looks it up; no bursts).
         self.noise_of: Callable[[BurstResult], NoiseBand | None] | None = None
+        #: Runs re-measured in interleaved pairs with their baseline: run index -> the paired speed-ups.
+        self.paired: dict[int, Summary] = {}
         self.lock = threading.RLock()
         self._listeners: list[Listener] = []
 
@@ -277,6 +281,7 @@ class PanelState:
             if live and self.runs and self.runs[-1].live:
                 index = self.runs[-1].index
                 self.runs[index] = Run(index, run_name(index, label), ranks, live=True)
+                self.paired.pop(index, None)
                 self.replaced = index
                 self._rejudge()
                 self._changed("replaced")
@@ -389,8 +394,35 @@ class PanelState:
             self.tune_result = outcome
 
     # -- internals --------------------------------------------------------------------------------
+    def set_paired(self, run: int, ratio: Summary | None) -> None:
+        """A re-measure of ``run`` paired with its baseline ended: its row shows that speed-up from now on."""
+        with self.lock:
+            if ratio is None:
+                return
+            self.paired[run] = ratio
+            self._rejudge()
+            self._changed("runs")
+            if self.reading is not None and self.reading.run == run:
+                agree = ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
+                said = (f"{ratio.median:.2f}× over its baseline, the median of {ratio.n} interleaved pairs (IQR "
+                        f"{ratio.q1:.2f}-{ratio.q3:.2f}×): "
+                        + ("the number to rank it by." if agree else "they still disagree; the machine is too busy."))
+                finding = Finding("good" if agree else "warn", "Re-measured in pairs", said)
+                self.reading = Reading(run, self.reading.name, [finding, *self.reading.findings])
+                self._changed("reading")
+
+    def remeasurable(self) -> int | None:
+        """The run a Re-measure would pair with its baseline: the one the reading is about, when it finished and
+        has a baseline other than itself."""
+        reading = self.reading
+        if reading is None or reading.run >= len(self.rows):
+            return None
+        row = self.rows[reading.run]
+        return reading.run if row.result.ok and row.baseline is not None and row.baseline is not row.result else None
+
     def _rejudge(self) -> None:
-        self.rows = run_rows(self.results, loaded=self.loaded, judged=self.rows, noise_of=self.noise_of)
+        self.rows = run_rows(self.results, loaded=self.loaded, judged=self.rows, noise_of=self.noise_of,
+                             paired=self.paired)
 
     def _changed(self, part: Part) -> None:
         for listener in self._listeners:

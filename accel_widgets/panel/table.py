@@ -30,11 +30,17 @@ _ROW_EDGE = "1px solid #e0e0e0"
 
 
 class RunsTable:
-    """Renders the rows; a tick or untick calls ``on_toggle(run, shown)``."""
+    """Renders the rows; a tick or untick calls ``on_toggle(run, shown)``.
+
+    Each row's widgets are made once and then only given new text: a table rebuilt from new widgets on every
+    run would open a widget per cell in the page each time, which is work taken from the next burst.
+    """
 
     def __init__(self, on_toggle: Callable[[int, bool], None]) -> None:
         self._on_toggle = on_toggle
         self.checkboxes: list[w.Checkbox] = []
+        self._cells_of: list[list[w.HTML]] = []  # each row's cells after its checkbox, reused across renders
+        self._lines: list[w.HBox] = []  # each row's first cell: its colour and checkbox
         self.header = [w.HTML(f'<div style="{_HEADER} text-align: {align};" title="{html.escape(tip)}">'
                               f"{html.escape(name)}</div>", layout=w.Layout(align_self="flex-end"))
                        for name, tip, _, align in _HEADERS]
@@ -44,18 +50,21 @@ class RunsTable:
         self.empty = w.HTML('<i style="color: #777;">No runs yet: Run burst or Run ladder.</i>')
 
     def render(self, rows: Sequence[RunRow], hidden: Collection[int]) -> None:
-        """Rebuild the rows (a new baseline can change earlier rows' speed-ups and verdicts)."""
-        while len(self.checkboxes) < len(rows):
-            run = len(self.checkboxes)
-            box = w.Checkbox(value=True, indent=False, layout=w.Layout(width="auto"), description=f"#{run}",
-                             tooltip="show this run in the plots")
-            box.observe(lambda change, run=run: self._on_toggle(run, bool(change["new"])), names="value")
-            self.checkboxes.append(box)
+        """Show ``rows`` (a new baseline can change earlier rows' speed-ups and verdicts): new text where it
+        changed, new widgets only for rows not shown before."""
+        for row in rows:
+            texts = self._cells_html(row)
+            if row.run < len(self._cells_of):
+                for cell, text in zip(self._cells_of[row.run], texts, strict=True):
+                    if cell.value != text:
+                        cell.value = text
+            else:
+                self._add_row(row.run, texts)
         self.show(hidden)
-        children: list[w.Widget] = list(self.header)
-        for row, box in zip(rows, self.checkboxes, strict=False):
-            children += [self._show_cell(row.run, box), *self._cells(row)]
-        self.widget.children = children
+        children = [*self.header, *(widget for run in range(len(rows))
+                                    for widget in (self._lines[run], *self._cells_of[run]))]
+        if len(children) != len(self.widget.children):
+            self.widget.children = children
         self.empty.layout.display = "none" if rows else None
 
     def show(self, hidden: Collection[int]) -> None:
@@ -63,15 +72,20 @@ class RunsTable:
         for run, box in enumerate(self.checkboxes):
             box.value = run not in hidden
 
-    @staticmethod
-    def _show_cell(run: int, box: w.Checkbox) -> w.HBox:
+    def _add_row(self, run: int, texts: list[str]) -> None:
+        box = w.Checkbox(value=True, indent=False, layout=w.Layout(width="auto"), description=f"#{run}",
+                         tooltip="show this run in the plots")
+        box.observe(lambda change, run=run: self._on_toggle(run, bool(change["new"])), names="value")
+        self.checkboxes.append(box)
         swatch = w.HTML(f'<span style="display: inline-block; width: 10px; height: 10px; margin-top: 9px; '
                         f'background: {run_colour(run)}; border-radius: 2px;"></span>',
                         layout=w.Layout(width="14px"))
-        return w.HBox([swatch, box], layout=w.Layout(border_top=_ROW_EDGE))
+        self._lines.append(w.HBox([swatch, box], layout=w.Layout(border_top=_ROW_EDGE)))
+        self._cells_of.append([w.HTML(text, layout=w.Layout(border_top=_ROW_EDGE, overflow="hidden"))
+                               for text in texts])
 
     @staticmethod
-    def _cells(row: RunRow) -> list[w.HTML]:
+    def _cells_html(row: RunRow) -> list[str]:
         *cells, status = row.cells(PANEL_COLUMNS)
         styled = [(text, hover, f"text-align: {'left' if index == 0 else 'right'};")
                   for index, (text, hover) in enumerate(cells)]
@@ -80,6 +94,5 @@ class RunsTable:
         out = []
         for text, hover, style in styled:
             title = f' title="{html.escape(hover)}"' if hover else ""
-            out.append(w.HTML(f'<div style="{_CELL} {style}"{title}>{html.escape(text)}</div>',
-                              layout=w.Layout(border_top=_ROW_EDGE, overflow="hidden")))
+            out.append(f'<div style="{_CELL} {style}"{title}>{html.escape(text)}</div>')
         return out

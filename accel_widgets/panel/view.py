@@ -21,17 +21,20 @@ from ..device import DeviceInfo, probe_device
 from ..engine.launcher import run_burst, warm_up
 from ..figures import COMPARISONS, comparison_figures
 from ..history import RunHistory
-from ..presentation import COLOURS, findings_html
+from ..presentation import COLOURS, TIMELINE_META, findings_html, fit_step_axis, timeline
+from ..remeasure import DEFAULT_PAIRS
 from ..results import BurstResult, ProfileCapture
 from ..tuner import TuneResult, tune
 from ..workload import Workload
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
 from .controls import COLUMN_PX, KnobControls
-from .plots import LivePlots
+from .plots import MIN_WIDTH, WIDTH, Timeline, fit_timeline, sync_state
 from .state import PanelState, Part, ProfileShown
 from .table import RunsTable
 
 PERFETTO_URL = "https://ui.perfetto.dev"
+#: The Compare tabs: the report's comparison figures, then its timeline of the finished runs (hover, zoom).
+COMPARE_TABS = {**COMPARISONS, "timeline": "Timeline (hover, zoom)"}
 PROFILE_TOP = 10  # operators shown; the full list is in the trace
 ACTIONS_PX = 320  # the actions column with its padding and border
 BUTTON_WIDTH = "148px"
@@ -86,13 +89,15 @@ class TuningPanel:
         self.controller = PanelController(workload, self.state, engine=engine, tuner=tuner, history=history,
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
         self.controls = KnobControls(self.state.draft, self.state.edit)
-        self.plots = LivePlots(self.device)
+        self.plots = Timeline(self.device)
+        self._width = WIDTH  # until the browser says how wide the panel is
         self.table = RunsTable(self.state.set_shown)
         self._build_actions(steps)
         self.diagnosis = w.HTML(layout=w.Layout(margin="10px 0 0 0"))
         self.profile_view = w.HTML(layout=w.Layout(margin="6px 0 0 0", display="none"))
-        self.compare = w.Tab(children=[w.VBox() for _ in COMPARISONS], titles=list(COMPARISONS.values()),
-                             layout=w.Layout(display="none", margin="8px 0 0 0"))
+        # Every section closed until the user opens one: a figure no one looks at is never laid out in the page.
+        self.compare = w.Accordion(children=[w.VBox() for _ in COMPARE_TABS], titles=list(COMPARE_TABS.values()),
+                                   selected_index=None, layout=w.Layout(display="none", margin="8px 0 0 0"))
         self.compare.observe(lambda _: self._render_compare(), names="selected_index")
         self._compared: dict[int, tuple[int, ...]] = {}  # tab -> the finished runs its figure shows
         self.root = self._assemble()
@@ -101,6 +106,7 @@ class TuningPanel:
             for part in ("draft", "action", "status", "progress"):
                 self._render(part)
         self.plots.probe.observe(self._fit, names="width")
+        self.plots.chart.observe(self._chart_shown, names="visible")
         if engine is run_burst:
             warm_up()  # the forkserver imports torch now, so the first burst starts fast
 
@@ -160,6 +166,12 @@ class TuningPanel:
         batch sizes in worker processes, then shows samples/s against batch size and the largest that fits."""
         self.controller.find_batch_size(int(self._length()["steps"] or 8))
 
+    def remeasure(self, pairs: int = DEFAULT_PAIRS) -> None:
+        """Re-measure the run the reading is about interleaved with its baseline, ``pairs`` pairs (the Re-measure
+        button): its row then shows the paired speed-up with its spread, the number to believe on a busy
+        machine."""
+        self.controller.remeasure(pairs)
+
     def load_history(self) -> None:
         """Add the history's runs of this workload that the table does not show yet (Load earlier runs)."""
         self.controller.load_history()
@@ -197,12 +209,16 @@ class TuningPanel:
         return self.controller.last_run if self.controller.wait(timeout) else None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        self.plots.sync_state()  # the figure's widget state must be current before a view is created
         return self.root._repr_mimebundle_(**kwargs)
 
     # -- rendering --------------------------------------------------------------------------------
     def _render(self, part: Part) -> None:
-        """Show the part of the state that changed (called under the state's lock)."""
+        """Show the part of the state that changed (called under the state's lock).
+
+        The timeline gets a running burst's new points and each finished run once; the Compare tab looked at
+        is drawn again only when no action runs: laying a plotly figure out in the page while a burst measures
+        (or between a ladder's rungs) would cost the burst the CPU it takes.
+        """
         state = self.state
         if part == "draft":
             self.controls.render(state.draft)
@@ -210,6 +226,8 @@ class TuningPanel:
             self._render_buttons()
         elif part in ("action", "live"):
             self._render_buttons()
+            if part == "action" and state.action is None:
+                self._render_compare()  # the action has ended: the figure looked at catches up, once
         elif part == "replaced" and state.replaced is not None:
             self.plots.forget(state.replaced)
         elif part == "status":
@@ -217,16 +235,18 @@ class TuningPanel:
         elif part == "progress":
             self.progress.value = state.progress
         elif part == "points":
-            self.plots.draw(state.runs, state.hidden)
+            self.plots.stream(state.runs)
         elif part == "runs":
-            self.plots.draw(state.runs, state.hidden)
-            self.plots.sync_state()
+            self.plots.stream(state.runs, force=True)
+            self.plots.settle(state.runs)
             self.table.render(state.rows, state.hidden)
-            self._render_compare()
+            if state.action is None:
+                self._render_compare()
         elif part == "shown":
             self.plots.show(state.hidden)
             self.table.show(state.hidden)
         elif part == "reading" and state.reading is not None:
+            self._render_buttons()  # Re-measure acts on the run the reading is about
             self.diagnosis.value = (f'<div style="font-size: 0.9em; line-height: 1.3;"><b>Reading of '
                                     f"{html.escape(state.reading.name)}</b>{findings_html(state.reading.findings)}"
                                     "</div>")
@@ -235,6 +255,12 @@ class TuningPanel:
         elif part == "profile":
             self.profile_view.layout.display = "none" if state.profile is None else None
             self.profile_view.value = "" if state.profile is None else profile_html(state.profile)
+
+    def _chart_shown(self, change: dict[str, Any]) -> None:
+        """The page shows the timeline again (scrolled back, tab shown): send what it missed meanwhile."""
+        if change["new"]:
+            with self.state.lock:
+                self.plots.stream(self.state.runs, force=True)
 
     def _fit(self, change: dict[str, Any]) -> None:
         """The browser measured the panel's width: fit the figures and the control columns to it (under the
@@ -245,12 +271,12 @@ class TuningPanel:
         """
         width = int(change["new"])
         with self.state.lock:
-            self.plots.fit(width)
+            self._width = width
             # Figures drawn before the browser measured (runs loaded at start) were drawn at the default width.
             for box in (*self.compare.children, self.batch_view):
                 for figure in box.children:
                     if isinstance(figure, go.FigureWidget):
-                        figure.layout.width = self.plots.figure.layout.width
+                        self._fit_figure(figure)
             columns = 3 if width >= 3 * COLUMN_PX + ACTIONS_PX else 2 if width >= 2 * COLUMN_PX + 10 else 1
             self.controls.arrange(columns)
 
@@ -260,6 +286,13 @@ class TuningPanel:
             button.disabled = running or not ok
         self.ladder_button.disabled = running
         self.load_button.disabled = running or not self.state.history_on
+        target = self.state.remeasurable()
+        self.remeasure_button.disabled = running or target is None
+        if target is not None:
+            unreliable = self.state.rows[target].values["unreliable"]
+            self.remeasure_button.button_style = "warning" if unreliable else ""
+            self.remeasure_button.tooltip = (f"measure {self.state.runs[target].name} again, interleaved with its "
+                                             f"baseline in {DEFAULT_PAIRS} pairs: the paired speed-up and its spread")
         self.stop_button.disabled = not running
         self.live_button.value = self.state.live
         self.pin_button.disabled = self.state.live_run is None
@@ -276,7 +309,8 @@ class TuningPanel:
 
     def _status_html(self) -> str:
         state = self.state
-        spinner = '<i class="fa fa-spinner fa-spin"></i> ' if state.busy else ""
+        # A still mark, not a spinning icon: an animation repaints the page every frame while a burst measures.
+        spinner = "⏳ " if state.busy else ""
         problem = ""
         if state.history_problem:
             problem = (f'<div style="color: {COLOURS["warning"]}; font-size: 0.85em; line-height: 1.2;">⚠ Run '
@@ -284,23 +318,44 @@ class TuningPanel:
         return f'<div style="font-size: 0.95em;">{spinner}{html.escape(state.status)}</div>{problem}'
 
     def _render_compare(self) -> None:
-        """Draw the selected Compare tab's figure (the report's) from the finished runs, once per change: a
-        tab not looked at costs nothing, and a ladder's rungs do not rebuild four figures each."""
+        """Draw the selected Compare tab's figure (the report's) from the finished runs, once per change and only
+        when a tab is selected: a tab not looked at costs nothing, and a ladder's rungs do not rebuild four
+        figures each."""
         results = self.state.results
         self.compare.layout.display = None if results else "none"
-        tab = self.compare.selected_index or 0
+        tab = self.compare.selected_index
         shown = tuple(id(result) for result in results)  # a live run replaced keeps the count, not the ids
-        if not results or self._compared.get(tab) == shown:
+        if tab is None or not results or self._compared.get(tab) == shown:
             return
-        key = list(COMPARISONS)[tab]
-        figure = comparison_figures(results, keys=(key,)).get(key)  # only the tab looked at
+        key = list(COMPARE_TABS)[tab]
+        if key == "timeline":
+            figure = self._timeline_figure(results)
+        else:
+            figure = comparison_figures(results, keys=(key,)).get(key)  # only the tab looked at
         if figure is None:
             why = "needs a ladder (runs besides the baseline)" if key == "waterfall" else "has nothing to show yet"
             self.compare.children[tab].children = (w.HTML(f"<i>This figure {why}.</i>"),)
         else:
-            figure.update_layout(width=self.plots.figure.layout.width)
-            self.compare.children[tab].children = (go.FigureWidget(figure),)
+            widget = go.FigureWidget(figure)
+            self._fit_figure(widget)
+            self.compare.children[tab].children = (widget,)
         self._compared = {tab: shown}
+
+    def _timeline_figure(self, results: list[BurstResult]) -> go.Figure:
+        """The report's timeline of the finished runs, the runs unticked in the table hidden."""
+        figure = timeline(results, [run.name for run in self.state.runs if run.result is not None])
+        for trace in figure.data:
+            trace.visible = trace.meta["run"] not in self.state.hidden
+        fit_step_axis(figure)
+        return figure
+
+    def _fit_figure(self, figure: go.FigureWidget) -> None:
+        """A figure of the panel as wide as the panel is drawn; the timeline with its narrow layout too."""
+        if figure.layout.meta == TIMELINE_META:
+            fit_timeline(figure, self._width)
+        else:
+            figure.layout.width = max(MIN_WIDTH, self._width)
+        sync_state(figure)
 
     def _render_batch_search(self) -> None:
         """The finder's curve and its table of tries, under the runs; hidden until a search has finished."""
@@ -309,7 +364,7 @@ class TuningPanel:
             self.batch_view.children, self.batch_view.layout.display = (), "none"
             return
         figure = go.FigureWidget(search.figure())
-        figure.layout.width = self.plots.figure.layout.width
+        self._fit_figure(figure)
         self.batch_view.children = (figure, w.HTML(f"<pre style='font-size: 0.85em;'>{html.escape(search.summary())}"
                                                    "</pre>"))
         self.batch_view.layout.display = None
@@ -353,11 +408,15 @@ class TuningPanel:
                                                   "change); the newest live run replaces the previous one")
         self.pin_button = w.Button(description="Pin", icon="thumb-tack", disabled=True,
                                    tooltip="keep the live run: the next live burst adds a run of its own")
+        self.remeasure_button = w.Button(description="Re-measure", icon="balance-scale", disabled=True,
+                                         tooltip="measure the run in the reading again, interleaved with its "
+                                                 "baseline: the paired speed-up and its spread")
         self.load_button = w.Button(description="Load earlier runs", icon="history",
                                     tooltip="add this workload's runs recorded in the history file (⟲ in the "
                                             "table) that are not shown yet")
         for button in (self.run_button, self.ladder_button, self.stop_button, self.reset_button,
-                       self.profile_button, self.tune_button, self.live_button, self.pin_button):
+                       self.profile_button, self.tune_button, self.live_button, self.pin_button,
+                       self.remeasure_button):
             button.layout = w.Layout(width=BUTTON_WIDTH)
         self.load_button.layout = w.Layout(width="auto")
         self.batch_button.layout = w.Layout(width="auto")  # the actions column's width, inside its border
@@ -371,6 +430,7 @@ class TuningPanel:
         self.live_button.observe(self._live_toggled, names="value")
         self.pin_button.on_click(lambda _: self.pin())
         self.batch_button.on_click(lambda _: self.find_batch_size())
+        self.remeasure_button.on_click(lambda _: self.remeasure())
         self.batch_view = w.VBox(layout=w.Layout(display="none", margin="6px 0 0 0"))
         self.validation = w.HTML()
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="100%"))
@@ -390,7 +450,7 @@ class TuningPanel:
         actions = w.VBox(
             [length, w.HBox([self.run_button, self.ladder_button]), w.HBox([self.stop_button, self.reset_button]),
              budget, w.HBox([self.profile_button, self.tune_button]), w.HBox([self.live_button, self.pin_button]),
-             self.batch_button, self.load_button,
+             w.HBox([self.remeasure_button]), self.batch_button, self.load_button,
              self.progress, self.status, self.validation],
             layout=w.Layout(width=f"{ACTIONS_PX - 10}px", min_width=f"{ACTIONS_PX - 10}px", padding="0 0 0 10px",
                             border_left="1px solid #e0e0e0", margin="0 0 8px 0"),
@@ -404,15 +464,18 @@ class TuningPanel:
                                                                     flex_flow="row wrap-reverse"))
         runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>",
                             layout=w.Layout(margin="8px 0 0 0"))
-        root = w.VBox([header, top, self.plots.probe, self.plots.figure, runs_title, self.table.widget,
-                       self.table.empty, self.diagnosis, self.compare, self.profile_view, self.batch_view],
+        root = w.VBox([header, top, self.plots.probe, self.plots.chart, runs_title,
+                       self.table.widget, self.table.empty, self.diagnosis, self.compare, self.profile_view,
+                       self.batch_view],
                       layout=w.Layout(width="100%", max_width="1400px"))
         # Stable CSS hooks for browser tests and user styling; ipywidgets' own classes are generic.
         for widget, name in ((root, "panel"), (self.run_button, "run-burst"), (self.ladder_button, "run-ladder"),
                              (self.stop_button, "stop"), (self.status, "status"), (self.table.widget, "runs"),
-                             (self.plots.figure, "plots"), (self.profile_button, "profile"),
+                             (self.plots.chart, "plots"),
+                             (self.profile_button, "profile"),
                              (self.tune_button, "tune"), (self.load_button, "load-history"),
                              (self.live_button, "live"), (self.pin_button, "pin"),
+                             (self.remeasure_button, "remeasure"),
                              (self.batch_button, "find-batch-size"), (self.batch_view, "batch-view"),
                              (self.compare, "compare"),
                              (self.profile_view, "profile-view"), (actions, "actions")):

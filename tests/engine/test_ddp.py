@@ -16,6 +16,7 @@ import pytest
 
 from accel_widgets import Config, StepRecord, WorkerCrashed, WorkerError
 from accel_widgets import run_burst as _run_burst
+from accel_widgets.engine.launcher import SYNC_DEBUG_DDP_NOTE
 from tests.devices import cpu_device
 from tests.workloads import FailAt, tiny_workload
 
@@ -197,3 +198,11 @@ def test_a_rank_dying_after_it_finished_keeps_the_measurement():
     result = _finish(BurstResult("w", DDP, "ok", world_size=2), collected, "failed", time.perf_counter(), 60.0)
     assert result.ok and result.samples_per_s > 0
     assert any("rank 1 was killed by SIGABRT" in w and "after finishing" in w for w in result.warnings)
+
+
+def test_sync_debug_under_ddp_says_it_does_not_cover_torch_distributed():
+    """torch's sync-debug mode watches its CUDA calls only: a passing DDP burst vouches for nothing NCCL does."""
+    ddp = run_burst(tiny_workload(), DDP, steps=2, sync_debug=True)
+    assert ddp.ok and SYNC_DEBUG_DDP_NOTE in ddp.warnings and "torch.distributed's" in SYNC_DEBUG_DDP_NOTE
+    assert SYNC_DEBUG_DDP_NOTE not in run_burst(tiny_workload(), Config(), steps=2, sync_debug=True).warnings
+    assert SYNC_DEBUG_DDP_NOTE not in run_burst(tiny_workload(), DDP, steps=2).warnings

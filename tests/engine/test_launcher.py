@@ -22,9 +22,20 @@ from accel_widgets import (
     run_burst,
 )
 from accel_widgets.diagnosis import diagnose
-from accel_widgets.results import BurstPhase
+from accel_widgets.engine.launcher import EXIT_GRACE_S
+from accel_widgets.results import BurstPhase, ProfileCapture
 from tests.devices import cpu_device
-from tests.workloads import DivergesAt, FailAt, LockedDataset, TinyNet, conv_workload, tiny_workload
+from tests.workloads import (
+    BreaksTheProfiler,
+    DivergesAt,
+    FailAt,
+    FailsWhileProfiled,
+    LockedDataset,
+    SlowToExit,
+    TinyNet,
+    conv_workload,
+    tiny_workload,
+)
 
 
 def test_burst_runs_in_a_worker_and_streams_every_step_live():
@@ -111,6 +122,17 @@ def test_seconds_bound_bursts_stop_on_time():
 def test_data_loading_knobs_work_in_workers(config):
     result = run_burst(tiny_workload(), config, steps=6)
     assert result.ok and result.ranks[0].measured_samples == 6 * 32 * config.grad_accum_steps
+
+
+def test_a_rank_slow_to_exit_after_delivering_keeps_its_result():
+    """The rank sent its summary, then hung in exit: the burst used to end in a BurstTimeout at the deadline."""
+    started = time.perf_counter()
+    result = run_burst(tiny_workload(SlowToExit), Config(), steps=4, timeout_s=30)
+    elapsed = time.perf_counter() - started
+    assert result.ok and result.ranks[0].measured_samples == 4 * 32
+    assert any(w.startswith(f"rank 0 delivered the result but had not exited {EXIT_GRACE_S:g} s later")
+               for w in result.warnings)
+    assert elapsed < EXIT_GRACE_S + 15
 
 
 def test_a_raising_worker_reports_its_own_traceback():
@@ -241,6 +263,27 @@ def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):
     assert any(event.get("name") == "aten::addmm" for event in trace["traceEvents"])
     assert len(result.measured_steps()) == 5  # the profiled steps are not part of the measurement
     assert BurstResult.from_json(result.to_json()).profile == capture
+
+
+@pytest.mark.parametrize(("model", "error"), [
+    (FailsWhileProfiled, "OutOfMemoryError: CUDA out of memory while profiling (the profiler's buffers)"),
+    (BreaksTheProfiler, "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED: cupti initialization failed"),
+])
+def test_a_profile_that_fails_keeps_the_measured_burst_and_says_why(tmp_path, model, error):
+    result = run_burst(tiny_workload(model), Config(), steps=5, profile_steps=3, profile_dir=str(tmp_path))
+    assert result.ok and len(result.measured_steps()) == 5 and result.samples_per_s > 0
+    assert result.profile == ProfileCapture(3, "", [], error=error)
+    assert any(w == f"UserWarning: profiling failed ({error}): the burst's measurement is kept, without a trace"
+               for w in result.warnings)
+    assert list(tmp_path.iterdir()) == []  # no partial trace
+    assert BurstResult.from_json(result.to_json()).profile == result.profile
+
+
+def test_a_profiler_that_cannot_start_under_ddp_still_pairs_the_peers_steps(tmp_path):
+    """Rank 0 takes the profiled steps without the profiler: rank 1's collectives have their partner."""
+    result = run_burst(tiny_workload(BreaksTheProfiler), Config(parallel="ddp", world_size=2), steps=3,
+                       profile_steps=2, profile_dir=str(tmp_path), device=cpu_device(), timeout_s=60)
+    assert result.ok and result.profile is not None and result.profile.error.startswith("RuntimeError: CUPTI")
 
 
 def test_host_telemetry_attributes_cpu_to_the_loader_workers():

@@ -4,6 +4,8 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from typing import ClassVar
 
 import pytest
@@ -13,16 +15,19 @@ from torch import nn
 
 from accel_widgets import Config, Workload, run_burst
 from accel_widgets.engine.training import (
+    RESOLVE_EVERY_S,
     BatchFormatError,
     CudaTimeline,
     DieWithRank,
     HostTimeline,
     StepClock,
     batch_length,
+    build_loop,
+    peak_memory_bytes,
     split_batch,
 )
 from accel_widgets.engine.worker import torch_threads
-from accel_widgets.knobs import global_flags
+from accel_widgets.knobs import global_flags, parallel
 from accel_widgets.knobs.data import to_device
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, tiny_workload
@@ -72,6 +77,8 @@ class FakeStream:
     recorded CUDA events, with the same arithmetic the real timeline does on event timestamps.
     """
 
+    look_every_s = 0.0
+
     def __init__(self, host: FakeClock) -> None:
         self.host, self.busy_until, self.synced = host, 0.0, 0
 
@@ -86,6 +93,9 @@ class FakeStream:
 
     def seconds_between(self, start: float, end: float) -> float:
         return end - start
+
+    def release(self, marker: float) -> None:
+        """A fake marker is a number."""
 
     def synchronize(self) -> None:
         self.synced += 1
@@ -159,10 +169,137 @@ def test_cuda_timeline_reads_events_only_once_the_gpu_passed_them(monkeypatch):
     timer.end_step()
     assert timer.completed() == []  # the GPU has not reached the end marker: no sync forced
     FakeEvent.done_until = 30.0
+    assert timer.completed() == []  # looked at again only RESOLVE_EVERY_S later
+    clock.now += RESOLVE_EVERY_S
     (timing,) = timer.completed()
     assert (timing.total_s, timing.data_s, timing.h2d_s) == pytest.approx((0.020, 0.004, 0.002))
     assert timing.t == pytest.approx(1.0 + 0.030)
     assert len(synced) == 2  # only at construction, never per step
+
+
+class TickingClock(FakeClock):
+    """A host clock that moves 2 ms each time it is read: the loop's steps take that long."""
+
+    def __call__(self) -> float:
+        self.now += 0.002
+        return self.now
+
+
+class CountedEvent:
+    """A CUDA event on a fake GPU that runs ``lag`` host seconds behind the host: counts creations and queries."""
+
+    created = 0
+    queries = 0
+    lag = 0.0
+    clock: ClassVar[FakeClock | None] = None
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        CountedEvent.created += 1
+        self.at = None
+
+    def record(self) -> None:
+        self.at = CountedEvent.clock.now + CountedEvent.lag
+
+    def query(self) -> bool:
+        CountedEvent.queries += 1
+        return self.at <= CountedEvent.clock.now
+
+    def elapsed_time(self, other: "CountedEvent") -> float:
+        return (other.at - self.at) * 1e3
+
+
+@pytest.fixture
+def counted_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", CountedEvent)
+    def synchronize(device=None) -> None:
+        if CountedEvent.lag:
+            CountedEvent.clock.now += CountedEvent.lag
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    CountedEvent.created = CountedEvent.queries = 0
+    CountedEvent.clock = FakeClock()
+    return CountedEvent
+
+
+@pytest.mark.parametrize("lag", [0.0, 0.05])  # a synced loop; a host 50 ms ahead of the GPU (sync_every=0)
+def test_the_step_clock_reuses_its_cuda_events_and_resolves_steps_in_batches(counted_events, lag):
+    """Five markers a step used to be five new CUDA events a step, each created inside the measured window."""
+    counted_events.lag = lag
+    clock = counted_events.clock
+    timer = StepClock(CudaTimeline(torch.device("cuda", 0)), clock, origin=99.0)
+    timings = []
+    for _ in range(1000):
+        timer.start_step()
+        with timer.waiting_for_data():
+            clock.now += 0.0005
+        with timer.copying():
+            clock.now += 0.0001
+        clock.now += 0.002
+        timer.end_step()
+        timings += timer.completed()
+    timings += timer.flush()
+    assert len(timings) == 1000
+    assert sum(t.total_s for t in timings) == pytest.approx(1000 * 0.0026)
+    assert all(t.data_s == pytest.approx(0.0005) and t.h2d_s == pytest.approx(0.0001) for t in timings)
+    # the pool holds what is in flight: ~lag / step time steps of five markers, plus the reference
+    in_flight = 5 * (lag / 0.0026 + RESOLVE_EVERY_S / 0.0026 + 2) + 1
+    assert counted_events.created <= in_flight
+    steps_per_look = RESOLVE_EVERY_S / 0.0026
+    assert counted_events.queries <= 1000 / steps_per_look * (steps_per_look + 2)  # not two or more per step
+    if lag == 0.0:  # everything reached: one query per look, not one per step
+        assert counted_events.queries <= 1000 / steps_per_look + 2
+
+
+def test_a_training_loop_on_the_cuda_timeline_creates_no_event_in_steady_state(counted_events):
+    """The real loop's markers (data, copy, end) on the pooled timeline: after warm-up no event is created."""
+    counted_events.lag, counted_events.clock = 0.0, TickingClock()
+    with tempfile.TemporaryDirectory() as cache:
+        loop, _ = build_loop(tiny_workload(), Config(), torch.device("cpu"), 0, 1, cache_dir=cache,
+                             emit=lambda event: None, clock_origin=time.perf_counter())
+        loop.step_clock = StepClock(CudaTimeline(torch.device("cuda", 0)), counted_events.clock, origin=99.0)
+        first_step_s, _ = loop.warm_up(2)
+        after_warm_up = counted_events.created
+        with torch_threads(1):
+            window = loop.measure(100, None, first_step_s)
+            pool = counted_events.created
+            loop.measure(300, None, first_step_s)
+    # pending steps are looked at every 5 steps (10 ms of 2 ms steps): the pool holds ~6 steps of 5 markers
+    assert window.steps == 100 and after_warm_up <= 11 and pool - after_warm_up <= 5 * 6
+    assert counted_events.created == pool  # 300 more steps, not one event more (it was 5 a step)
+
+
+def test_the_measured_window_closes_at_the_last_steps_end_not_after_the_final_loss_read(monkeypatch):
+    """sync_every=0 reads every loss after the last step (on a GPU, a wait for the queued work): not a step."""
+    records = []
+    with tempfile.TemporaryDirectory() as cache:
+        loop, _ = build_loop(tiny_workload(), Config(sync_every=0), torch.device("cpu"), 0, 1, cache_dir=cache,
+                             emit=records.append, clock_origin=time.perf_counter())
+        first_step_s, _ = loop.warm_up(2)
+        read_losses = loop._read_losses
+
+        def slow_read() -> None:
+            time.sleep(0.3)
+            read_losses()
+
+        monkeypatch.setattr(loop, "_read_losses", slow_read)
+        window = loop.measure(5, None, first_step_s)
+    measured = [r for r in records if getattr(r, "warmup", True) is False]
+    assert len(measured) == 5 and all(r.loss is not None for r in records[-5:] if hasattr(r, "loss")) is not None
+    steps_total = sum(r.total_s for r in measured)
+    assert window.seconds < 0.3 and window.seconds == pytest.approx(steps_total, rel=0.05, abs=0.005)
+
+
+def test_dataparallel_peak_memory_is_the_busiest_gpus_not_device_zeros(monkeypatch):
+    """DataParallel gathers outputs and the loss on GPU 0, but its replicas' activations can peak elsewhere."""
+    peaks = {0: 3 << 30, 1: 5 << 30, 2: 4 << 30}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks[device.index])
+    cuda0 = torch.device("cuda", 0)
+    dataparallel = parallel.devices_used(Config(parallel="dataparallel"), cuda0)
+    assert dataparallel == [torch.device("cuda", i) for i in range(3)]
+    assert peak_memory_bytes(dataparallel) == 5 << 30
+    assert peak_memory_bytes(parallel.devices_used(Config(), cuda0)) == 3 << 30
+    assert parallel.devices_used(Config(parallel="dataparallel"), torch.device("cpu")) == [torch.device("cpu")]
 
 
 def test_batch_helpers():
@@ -212,7 +349,7 @@ def test_gradient_accumulation_matches_one_big_batch():
 def test_sync_every_zero_still_reports_every_loss_at_the_end():
     live = []
     result = burst(tiny_workload(), Config(sync_every=0), on_event=live.append)
-    assert all(record.loss is None for record in live)  # nothing was read while training
+    assert live[0].loss is None  # the first step's record leaves at once: its loss is read only at the end
     assert all(loss is not None for loss in result.losses())
     assert result.losses() == burst(tiny_workload()).losses()
 

@@ -108,7 +108,8 @@ class FakeEngine:
                 events.append(step_record(rank, step, warmup=step < WARMUP))
             events.append(sample(0.5 + step * 0.05, mem_mib=100 + step))
             for event in events[-(config.ranks + 1):]:
-                on_event(event)
+                if on_event is not None:
+                    on_event(event)
             step += 1
             if self.pace_s:
                 time.sleep(self.pace_s)

@@ -16,7 +16,7 @@ from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.controller import LIVE_DELAY_S
 from tests.devices import cpu_device
 from tests.panel.fakes import CPU, FakeEngine
-from tests.panel.reading import traces
+from tests.panel.reading import ChartPage
 from tests.workloads import tiny_workload
 
 
@@ -35,6 +35,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 def test_live_runs_the_settings_after_the_knobs_are_still_and_replaces_the_previous_live_run() -> None:
     engine = FakeEngine(until_stop=True, pace_s=0.01)
     panel = make_panel(engine)
+    page = ChartPage(panel.plots.chart)
     try:
         turned_on = time.monotonic()
         panel.live_button.value = True  # the toggle, as a click sets it
@@ -51,9 +52,11 @@ def test_live_runs_the_settings_after_the_knobs_are_still_and_replaces_the_previ
         wait_for(lambda: len(panel.state.runs[0].steps) > 3 and panel.state.runs[0].name.endswith("num_workers=3"))
         assert len(panel.state.runs) == 1 and panel.state.runs[0].live
         assert panel.state.results == []  # the replaced run left the table; the new one is still running
-        # The plots hold the new run's points only: the replaced run's traces were taken out.
-        plotted = sum(len(t.x) for t in traces(panel.plots.figure, 0, "step"))
-        assert 0 < plotted <= len(panel.state.runs[0].steps)
+        # The live chart holds the new run's points only: the replaced run's were taken out.
+        wait_for(lambda: len(page.steps(0)) > 0)
+        with panel.state.lock:
+            assert 0 < len(page.steps(0)) <= len([s for s in panel.state.runs[0].steps if not s.warmup])
+        assert {"kind": "forget", "run": 0} in [message for _, message in page.messages]
     finally:
         panel.close()
     assert len(engine.calls) == 2 and not panel.running and panel.state.results[0].status == "stopped"

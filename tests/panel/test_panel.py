@@ -20,12 +20,20 @@ from accel_widgets.knobs import GROUP_TITLES
 from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.controls import COLUMN_PX
-from accel_widgets.panel.plots import BELOW_EXTRA_PX, MAX_TRACE_POINTS, MIN_WIDTH, NARROW_PX, SHORT_TITLES, LivePlots
+from accel_widgets.panel.plots import (
+    BELOW_EXTRA_PX,
+    MAX_TRACE_POINTS,
+    MIN_WIDTH,
+    NARROW_PX,
+    SEND_INTERVAL_S,
+    SHORT_TITLES,
+    Timeline,
+)
 from accel_widgets.panel.state import PanelState
-from accel_widgets.panel.view import ACTIONS_PX
+from accel_widgets.panel.view import ACTIONS_PX, COMPARE_TABS
 from accel_widgets.presentation import run_colour, timeline
-from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample
-from tests.panel.reading import table_text, traces
+from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample, synthetic_result
+from tests.panel.reading import ChartPage, chart_rows, table_text, traces
 from tests.workloads import tiny_workload
 
 CUDA_ONLY = [name for name, knob in KNOBS.items() if knob.applies_to == ("cuda",)]
@@ -43,6 +51,14 @@ def run(panel: TuningPanel, button: str = "run_button") -> None:
 
 def status(panel: TuningPanel) -> str:
     return panel.status.value
+
+
+def timeline_tab(panel: TuningPanel) -> Any:
+    """Open the Compare tab with the report's timeline (hover, zoom) and return its figure."""
+    tab = list(COMPARE_TABS).index("timeline")
+    panel.compare.selected_index = tab
+    (figure,) = panel.compare.children[tab].children
+    return figure
 
 
 # -- controls -----------------------------------------------------------------------------------------
@@ -147,25 +163,26 @@ def test_table_rows_and_plot_traces_show_what_the_engine_emitted() -> None:
     assert [r[0] for r in rows] == ["#0", "#1"]
     assert rows[0][1] == "baseline" and rows[1][1] == "num_workers=1"
     assert rows[0][3] == "1.00×" and rows[1][-1] == "ok"
+    chart = panel.plots.chart
     for run_index, events in enumerate(engine.emitted):
         steps = [e for e in events if hasattr(e, "rank")]
         samples = [e for e in events if hasattr(e, "util_pct")]
-        (measured,) = traces(panel.plots.figure, run_index, "step")
-        (warmup,) = traces(panel.plots.figure, run_index, "warmup")
-        (util,) = traces(panel.plots.figure, run_index, "util")
-        assert list(measured.x) == [s.step for s in steps if not s.warmup]
-        assert list(measured.y) == pytest.approx([s.total_s * 1e3 for s in steps if not s.warmup])
-        assert list(warmup.x) == list(range(WARMUP)) and warmup.marker.symbol == "circle-open"
-        assert list(util.x) == pytest.approx([s.t for s in samples])
-        assert list(util.y) == pytest.approx([s.util_pct for s in samples])
-        assert list(util.customdata) == pytest.approx([s.mem_used_bytes / 2**20 for s in samples])
-        assert measured.line.color == util.line.color == warmup.marker.color == run_colour(run_index)
+        measured, warmup, util = (chart_rows(chart, run_index, kind) for kind in ("step", "warmup", "util"))
+        assert [row[2] for row in measured] == [s.step for s in steps if not s.warmup]
+        assert [row[3] for row in measured] == pytest.approx([s.total_s * 1e3 for s in steps if not s.warmup],
+                                                             rel=1e-3)
+        assert [row[2] for row in warmup] == list(range(WARMUP))
+        assert [row[1] for row in util] == pytest.approx([s.t for s in samples], abs=1e-3)
+        assert [row[2] for row in util] == pytest.approx([s.util_pct for s in samples], abs=0.1)
+        assert [row[3] for row in util] == pytest.approx([s.mem_used_bytes / 2**20 for s in samples], abs=1)
+        (held,) = [r for r in chart.runs if r["run"] == run_index]
+        assert held["colour"] == run_colour(run_index) and held["name"] == panel.state.runs[run_index].name
     assert run_colour(0) != run_colour(1)
-    assert panel.plots.figure.layout.yaxis.title.text == "workers' CPU % of machine (psutil)"
+    assert chart.utilisation_title == "workers' CPU % of machine (psutil)"
     assert "Reading of #1" in panel.diagnosis.value
 
 
-def test_the_live_figure_is_the_static_timeline_built_by_the_same_functions() -> None:
+def test_the_timeline_tab_is_the_reports_timeline_built_by_the_same_functions() -> None:
     """The report shows this figure's step-time half (its utilisation is per run there, in small panels)."""
     panel = make_panel(FakeEngine(), steps=6)
     run(panel)
@@ -179,16 +196,18 @@ def test_the_live_figure_is_the_static_timeline_built_by_the_same_functions() ->
                  t.showlegend, t.hovertemplate, tuple(t.x), tuple(t.y), tuple(t.customdata or ()))
                 for t in figure.data}
 
-    live = described(panel.plots.figure)
-    assert live == described(static) and len(live) == (2 + 1 * 2) + (2 + 2 * 2)  # legend, util, ranks x 2 kinds
+    figure = timeline_tab(panel)
+    shown = described(figure)
+    assert shown == described(static) and len(shown) == (2 + 1 * 2) + (2 + 2 * 2)  # legend, util, ranks x 2 kinds
     for axis in ("yaxis", "yaxis2", "xaxis", "xaxis2"):
-        assert panel.plots.figure.layout[axis].title.text == static.layout[axis].title.text
-    assert panel.plots.figure.layout.yaxis2.type == static.layout.yaxis2.type == "log"
+        assert figure.layout[axis].title.text == static.layout[axis].title.text
+    assert figure.layout.yaxis2.type == static.layout.yaxis2.type == "log"
 
 
 def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures() -> None:
     panel = make_panel()
-    assert panel.plots.figure.layout.width == 1180 and len(panel.controls.widget.children) == 3  # until measured
+    run(panel)
+    assert timeline_tab(panel).layout.width == 1180 and len(panel.controls.widget.children) == 3  # until measured
     groups = [card for column in panel.controls.widget.children for card in column.children]
     three, two = 3 * COLUMN_PX + ACTIONS_PX, 2 * COLUMN_PX + 10
     for width, columns in ((three - 1, 2), (three, 3), (two, 2), (two - 1, 1)):
@@ -196,7 +215,8 @@ def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures()
         assert len(panel.controls.widget.children) == columns, width
         assert [card for column in panel.controls.widget.children for card in column.children] == groups
     panel.plots.probe.width = NARROW_PX
-    layout = panel.plots.figure.layout
+    figure = timeline_tab(panel)
+    layout = figure.layout
     wide_height = layout.height
     panel.plots.probe.width = MIN_WIDTH - 100
     assert layout.width == MIN_WIDTH  # never narrower than two readable subplots need
@@ -207,7 +227,7 @@ def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures()
     panel.plots.probe.width = NARROW_PX
     assert layout.legend.orientation == "v" and layout.height == wide_height
     assert "Step time" in layout.annotations[1].text and layout.annotations[1].text != SHORT_TITLES[1]
-    assert panel.plots.figure._widget_layout["width"] == NARROW_PX  # a page reload's view starts at that width
+    assert figure._widget_layout["width"] == NARROW_PX  # a page reload's view starts at that width
 
 
 def test_unticking_a_run_hides_its_traces() -> None:
@@ -215,38 +235,44 @@ def test_unticking_a_run_hides_its_traces() -> None:
     run(panel)
     run(panel)
     panel.table.checkboxes[0].value = False
-    assert panel.state.hidden == {0}
-    assert all(t.visible is False for t in panel.plots.figure.data if t.meta["run"] == 0)
-    assert all(t.visible is True for t in panel.plots.figure.data if t.meta["run"] == 1)
+    assert panel.state.hidden == {0} and panel.plots.chart.hidden == [0]
+    figure = timeline_tab(panel)
+    assert all(t.visible is False for t in figure.data if t.meta["run"] == 0)
+    assert all(t.visible is True for t in figure.data if t.meta["run"] == 1)
     run(panel)  # a new run keeps the old one hidden, in the plots and in the table
     assert not panel.table.checkboxes[0].value and panel.table.checkboxes[2].value
-    assert all(t.visible is False for t in panel.plots.figure.data if t.meta["run"] == 0)
+    assert panel.plots.chart.hidden == [0]
+    assert all(t.visible is False for t in timeline_tab(panel).data if t.meta["run"] == 0)
     panel.table.checkboxes[0].value = True
-    assert all(t.visible is True for t in panel.plots.figure.data)
+    assert panel.plots.chart.hidden == []
 
 
 def test_ddp_gets_one_step_trace_per_rank() -> None:
     panel = make_panel()
     panel.set_config(Config(parallel="ddp", world_size=2))
     run(panel)
-    ranks = traces(panel.plots.figure, 0, "step")
+    assert sorted({row[0] for row in chart_rows(panel.plots.chart, 0, "step")}) == [0, 1]
+    ranks = traces(timeline_tab(panel), 0, "step")
     assert sorted(t.meta["rank"] for t in ranks) == [0, 1]
     assert {t.line.dash for t in ranks} == {"solid", "dot"}
     assert sorted(t.name for t in ranks) == [f"#0 parallel=ddp, world_size=2 rank {rank}" for rank in (0, 1)]
 
 
 def test_each_gpu_gets_its_own_utilisation_line_and_the_axis_says_nvml() -> None:
-    state, plots = PanelState(GPU1), LivePlots(GPU1)
+    state, plots = PanelState(GPU1), Timeline(GPU1)
+    page = ChartPage(plots.chart)
     run = state.begin_run("ddp", ranks=2)
     samples = [replace(sample(0.1 * i, source="nvml"), device=f"cuda:{i % 2}") for i in range(6)]
     state.add_events(run, [], samples[:2])
-    plots.draw(state.runs, state.hidden)
+    plots.stream(state.runs, force=True)
     state.add_events(run, [], samples[2:])
-    plots.draw(state.runs, state.hidden)
-    lines = traces(plots.figure, 0, "util")
-    assert sorted(t.meta["device"] for t in lines) == ["cuda:0", "cuda:1"]
-    assert len({t.line.dash for t in lines}) == 2 and all(len(t.x) == 3 for t in lines)
-    assert plots.figure.layout.yaxis.title.text == "GPU utilisation % (NVML)"
+    plots.stream(state.runs, force=True)
+    streamed = page.runs()[0]["util"]
+    assert sorted({row[0] for row in streamed}) == ["cuda:0", "cuda:1"] and len(streamed) == 6
+    state.finish_run(run, synthetic_result(source="nvml"))
+    plots.settle(state.runs)
+    assert sorted({row[0] for row in chart_rows(plots.chart, 0, "util")}) == ["cuda:0", "cuda:1"]
+    assert plots.chart.utilisation_title == "GPU utilisation % (NVML)"
 
 
 def test_live_updates_are_batched_to_a_few_per_second() -> None:
@@ -264,16 +290,54 @@ def test_live_updates_are_batched_to_a_few_per_second() -> None:
     assert pushes < events / 20
 
 
-def test_long_bursts_keep_each_trace_bounded_and_aligned() -> None:
+def test_long_bursts_keep_each_series_bounded_and_aligned() -> None:
     panel = make_panel(FakeEngine(), steps=4000)
     run(panel)
-    (measured,) = traces(panel.plots.figure, 0, "step")
-    (util,) = traces(panel.plots.figure, 0, "util")
-    for trace in (measured, util):
-        assert 0 < len(trace.x) <= MAX_TRACE_POINTS and len(trace.x) == len(trace.y)
-        assert list(trace.x) == sorted(trace.x) and trace.x[-1] > 3000 * (1 if trace is measured else 0.05)
-    assert len(util.customdata) == len(util.x)
-    assert list(util.customdata) == pytest.approx([100 + (t - 0.5) / 0.05 for t in util.x])
+    measured = chart_rows(panel.plots.chart, 0, "step")
+    util = chart_rows(panel.plots.chart, 0, "util")
+    assert len(chart_rows(panel.plots.chart, 0, "warmup")) == WARMUP  # a short series is never thinned by a long one
+    for rows, x in ((measured, 2), (util, 1)):
+        assert 0 < len(rows) <= MAX_TRACE_POINTS
+        xs = [row[x] for row in rows]
+        assert xs == sorted(xs) and xs[-1] > 3000 * (1 if rows is measured else 0.05)
+    assert [row[3] for row in util] == pytest.approx([100 + (row[1] - 0.5) / 0.05 for row in util], abs=1)
+
+
+def test_a_running_burst_sends_only_new_points_a_few_times_a_second_and_nothing_off_screen() -> None:
+    """The observer must not cost the measurement: the page gets each point once, at most every SEND_INTERVAL_S,
+    and nothing while it does not show the chart; what it missed follows when it is back."""
+    engine = FakeEngine(pace_s=0.005, until_stop=True)
+    panel = make_panel(engine, steps=250)
+    page = ChartPage(panel.plots.chart)
+    try:
+        panel.run_burst()
+        assert engine.started.wait(5)
+        time.sleep(1.6)
+        with panel.state.lock:
+            sent = [m for _, m in page.messages if m["kind"] == "points"]
+            assert 2 <= len(sent) <= 1.6 / SEND_INTERVAL_S + 2, len(sent)
+            rows = [row for m in sent for row in m["steps"]]
+            assert len(rows) == len({(row[0], row[2]) for row in rows})  # every step once
+        panel.plots.chart.visible = False  # scrolled away
+        before = len(page.messages)
+        time.sleep(1.0)
+        assert len(page.messages) == before
+        panel.plots.chart.visible = True  # back: the missed points at once
+        with panel.state.lock:
+            held = len(page.steps(0)) + len(page.steps(0, warmup=True))
+            assert held == len(panel.state.runs[0].steps)
+    finally:
+        panel.stop()
+        panel.wait(10)
+
+
+def test_compare_figures_are_built_only_for_the_tab_the_user_opens() -> None:
+    panel = make_panel()
+    run(panel, "ladder_button")
+    assert panel.compare.layout.display is None and panel.compare.selected_index is None
+    assert all(not box.children for box in panel.compare.children)  # nothing laid out until a tab is opened
+    panel.compare.selected_index = 0
+    assert panel.compare.children[0].children and not panel.compare.children[1].children
 
 
 def test_buttons_while_running_and_only_one_action_at_a_time() -> None:
@@ -369,9 +433,9 @@ def test_the_panel_displays_as_its_root_widget_with_the_figure_state_current() -
     run(panel)
     bundle = panel._repr_mimebundle_()
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == panel.root.model_id
-    synced = panel.plots.figure._widget_data
-    assert [t["meta"]["kind"] for t in synced] == [t.meta["kind"] for t in panel.plots.figure.data]
-    assert any(len(t.get("x", ())) > 1 for t in synced)
+    # A page loaded now (a reload) draws the finished run from the chart's synced state alone.
+    synced = panel.plots.chart.get_state()["runs"]
+    assert [r["run"] for r in synced] == [0] and len(synced[0]["steps"]) == len(panel.state.runs[0].steps)
 
 
 def test_the_live_figure_is_an_anywidget_which_plotly_does_not_install() -> None:
@@ -381,7 +445,9 @@ def test_the_live_figure_is_an_anywidget_which_plotly_does_not_install() -> None
 
     import anywidget
 
-    assert isinstance(make_panel().plots.figure, anywidget.AnyWidget)
+    panel = make_panel()
+    run(panel)
+    assert isinstance(timeline_tab(panel), anywidget.AnyWidget) and isinstance(panel.plots.chart, anywidget.AnyWidget)
     plotly_needs = importlib.metadata.requires("plotly") or []
     assert not [r for r in plotly_needs if r.startswith("anywidget") and "extra ==" not in r]
 
@@ -399,8 +465,7 @@ def test_a_real_short_burst_fills_the_panel() -> None:
     run(panel)
     (result,) = panel.runs
     assert result.ok, result.error
-    (measured,) = traces(panel.plots.figure, 0, "step")
-    assert len(measured.x) == 5
+    assert len(chart_rows(panel.plots.chart, 0, "step")) == 5
     assert table_text(panel.table)[0][-1] == "ok" and "finished" in status(panel)
 
 
@@ -409,10 +474,11 @@ def test_stopping_a_real_burst_takes_under_a_second() -> None:
     panel.length_unit.value = "seconds"
     panel.length_value.value = 60
     panel.run_button.click()
+    page = ChartPage(panel.plots.chart)
     deadline = time.monotonic() + 60
-    while not traces(panel.plots.figure, 0, "step") and time.monotonic() < deadline:
+    while not page.steps(0) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert traces(panel.plots.figure, 0, "step"), "no measured step arrived"
+    assert page.steps(0), "no measured step reached the live chart"
     clicked = time.monotonic()
     panel.stop_button.click()
     assert panel.wait(timeout=10)

@@ -23,7 +23,7 @@ from accel_widgets.presentation import run_rows
 from accel_widgets.results import BurstResult
 from accel_widgets.tuner import PairedComparison, TuneResult, TuneStep, tune
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
-from tests.panel.reading import header_text, table_text, traces
+from tests.panel.reading import chart_rows, header_text, table_text
 from tests.workloads import tiny_workload
 
 
@@ -91,9 +91,9 @@ def test_a_new_panel_on_the_same_file_loads_the_earlier_runs_once(tmp_path: Path
     assert titles == ["baseline", "⟲ baseline", "⟲ num_workers=1"]
     assert sorted(second.loaded) == [1, 2] and "recorded" in second.loaded[1]
     assert second.runs[2].config == Config(num_workers=1)
-    (legend,) = traces(second.plots.figure, 2, "legend")
-    assert legend.name.startswith("#2 ⟲")
-    assert len(traces(second.plots.figure, 2, "step")[0].x) == len([s for s in second.runs[2].steps if not s.warmup])
+    (loaded,) = [r for r in second.plots.chart.runs if r["run"] == 2]
+    assert loaded["name"].startswith("#2 ⟲")
+    assert len(chart_rows(second.plots.chart, 2, "step")) == len([s for s in second.runs[2].steps if not s.warmup])
     assert "recorded" in second.table.widget.children[len(second.table.header) * 3 + 1].value  # the title's hover
     assert "Loaded 2 earlier runs" in second.status.value
     click(second, "load_button")
@@ -253,7 +253,7 @@ def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp
     assert all(c.kwargs["stop"] is call["stop"] for c in engine.calls)  # Stop reaches every burst
     assert [row[1].split(":")[0] for row in table_text(panel.table)] == ["tune"] * 3
     for run in range(3):
-        assert traces(panel.plots.figure, run, "step"), run
+        assert chart_rows(panel.plots.chart, run, "step"), run
     assert panel.config == Config(num_workers=1)
     text = panel.status.value
     assert "Tune finished" in text and "num_workers=1" in text and "3 bursts" in text
@@ -363,6 +363,8 @@ def test_the_compare_tabs_draw_the_reports_figures_of_the_finished_runs() -> Non
     assert panel.compare.layout.display == "none"  # nothing to compare yet
     click(panel, "ladder_button")
     assert panel.compare.layout.display is None
+    assert panel.compare.selected_index is None  # no figure is laid out until a tab is opened
+    panel.compare.selected_index = 0
     speedup = panel.compare.children[0].children[0]
     assert {t.meta["kind"] for t in speedup.data} >= {"speedup"}
     assert sorted(r for t in speedup.data if t.meta.get("kind") == "speedup" for r in t.meta["runs"]) == \
@@ -373,5 +375,57 @@ def test_the_compare_tabs_draw_the_reports_figures_of_the_finished_runs() -> Non
     click(panel, "run_button")  # a new run: the shown tab is drawn again, with it
     assert panel.compare.children[2].children[0] is not breakdown
     panel.plots.probe.width = 900  # measured after the tabs were drawn: they are refitted, not left at 1180
-    assert panel.compare.children[0].children[0].layout.width == panel.compare.children[2].children[0].layout.width \
-        == panel.plots.figure.layout.width == 900
+    assert panel.compare.children[2].children[0].layout.width == 900
+    panel.compare.selected_index = 0
+    assert panel.compare.children[0].children[0].layout.width == 900
+
+
+@dataclass
+class BusyMachine:
+    """Bursts at 32/step_s samples/s: the second one measured while another job took 40% of the machine (its
+    steps stable, but the load past the threshold), everything after it quiet, the run 1.25x the baseline."""
+
+    calls: list[Config] = field(default_factory=list)
+
+    def __call__(self, workload: Any, config: Config, **kwargs: Any) -> BurstResult:
+        self.calls.append(config)
+        step_s = 0.04 if config == Config(num_workers=1) else 0.05
+        if len(self.calls) == 2:
+            return synthetic_result(config, step_s=step_s, util=40, foreign=40)
+        return synthetic_result(config, step_s=step_s)
+
+
+def test_an_unreliable_run_is_marked_and_a_paired_re_measure_replaces_its_speed_up() -> None:
+    engine = BusyMachine()
+    panel = make_panel(engine)
+    assert panel.remeasure_button.disabled  # nothing to pair yet
+    click(panel, "run_button")
+    panel.set_config(Config(num_workers=1))
+    click(panel, "run_button")
+    row = table_text(panel.table)[1]
+    assert row[3] == "1.25× ⚠" and row[-1] == "⚠ unreliable"
+    status_cell = panel.table.widget.children[len(panel.table.header) * 3 - 1]
+    assert "other load took 40% of the machine" in status_cell.value and "Re-measure" in status_cell.value
+    assert "Unreliable measurement" in panel.diagnosis.value
+    assert not panel.remeasure_button.disabled and panel.remeasure_button.button_style == "warning"
+    click(panel, "remeasure_button")
+    assert engine.calls[2:] == [Config(), Config(num_workers=1)] * 4 + [Config()]  # 4 pairs, interleaved
+    assert len(panel.runs) == 2  # the re-measure's bursts are not runs of the table
+    row = table_text(panel.table)[1]
+    assert row[3] == "1.25× p" and row[-1] == "ok"
+    assert "Re-measured #1 num_workers=1 in 4 pairs with its baseline: 1.25×" in panel.status.value
+    assert "Re-measured in pairs" in panel.diagnosis.value and "the number to rank it by" in panel.diagnosis.value
+
+
+def test_unreliable_runs_are_marked_in_the_text_table_and_the_speed_up_figure() -> None:
+    from accel_widgets.figures import speedup_figure
+    from accel_widgets.presentation import comparison_rows
+    from accel_widgets.reporting import format_table
+
+    runs = [synthetic_result(), synthetic_result(Config(num_workers=1), step_s=0.04, util=40, foreign=40)]
+    rows = comparison_rows(runs)
+    text = format_table(rows)
+    assert "⚠ unreliable" in text and "#1 unreliable: other load took 40% of the machine" in text
+    (bars,) = [t for t in speedup_figure(rows).data if t.meta and t.meta.get("kind") == "speedup"]
+    assert bars.meta["unreliable"] == [False, True] and bars.text[1] == "1.25× ⚠ unreliable"
+    assert bars.marker.pattern.shape[1] == "x" and bars.marker.opacity[1] < 1
