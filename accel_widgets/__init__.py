@@ -35,13 +35,13 @@ from .engine.launcher import (
 )
 from .guard import GuardVerdict, check_training, find_baseline
 from .history import HistoryError, RunHistory, StoredRun, workload_fingerprint
-from .knobs import GROUPS, KNOBS, Knob, KnobValueError
+from .knobs import GROUPS, KNOBS, CodePaths, Knob, KnobValueError
 from .ladder import classic_ladder, run_ladder
 from .reporting import write_report as report
-from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, StreamReading, TelemetrySample
 from .stats import Summary, summarize
 from .sweep import SweepResult, sweep
-from .tuner import TuneResult, TuneStep, tune
+from .tuner import TuneResult, TuneStep, measure_noise, tune
 from .validation import BurstRequestError, ConfigError, check_config
 from .workload import Workload
 
@@ -67,6 +67,7 @@ __all__ = [
     "BurstRequestError",
     "BurstResult",
     "BurstTimeout",
+    "CodePaths",
     "Config",
     "ConfigError",
     "DeviceInfo",
@@ -80,6 +81,7 @@ __all__ = [
     "RunHistory",
     "StepRecord",
     "StoredRun",
+    "StreamReading",
     "Summary",
     "SweepResult",
     "TelemetrySample",
@@ -98,6 +100,7 @@ __all__ = [
     "figures",
     "find_baseline",
     "find_batch_size",
+    "measure_noise",
     "probe_device",
     "report",
     "run_burst",

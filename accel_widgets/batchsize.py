@@ -278,7 +278,8 @@ def _limit(workload: Workload, config: Config, max_batch_size: int | None) -> tu
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size}: use a whole number >= 1, or None")
         limits.append((max_batch_size, f"max_batch_size={max_batch_size:,}"))
-    if not isinstance(workload.dataset, IterableDataset):  # a stream has no length: it restarts when it ends
+    # A stream has no length (it restarts when it ends), and a factory's dataset is built in the ranks.
+    if not isinstance(workload.dataset, IterableDataset) and not workload.dataset_is_factory:
         items = len(workload.dataset)
         per_rank = items // config.ranks
         where = f" ({per_rank:,} per rank)" if config.ranks > 1 else ""

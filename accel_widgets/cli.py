@@ -24,7 +24,7 @@ from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError
 from .ladder import Rung, classic_ladder, run_ladder
 from .progress import ProgressSeries, result_line
 from .results import BurstResult
-from .validation import ConfigError
+from .validation import ConfigError, check_burst_request
 from .workload import Workload, load_workload
 
 DEFAULT_REPORT = "accel_widgets_report.html"
@@ -89,12 +89,13 @@ def _run_ladder_with_progress(workload: Workload, rungs: list[Rung], *, steps: i
 def cmd_demo(args: argparse.Namespace) -> int:
     from .reporting import comparison_rows, format_table, write_json, write_report
 
+    names = _demo_names(args.workloads)
+    check_burst_request(args.steps, None, None, args.timeout, 0)  # before the first line of output
     device = probe_device()
-    names = args.workloads.split(",") if args.workloads else list(DEMO_NAMES)
     print(f"accel-widgets demo on {device.name} ({device.cpu_count} CPU cores, {len(device.gpus)} GPUs)", flush=True)
     results: list[BurstResult] = []
     for name in names:
-        workload = demo_workload(name.strip(), size=args.size)
+        workload = demo_workload(name, size=args.size)
         rungs = classic_ladder(workload, device, compile_mode=None if args.no_compile else "default")
         print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
         results += _run_ladder_with_progress(workload, rungs, steps=args.steps, timeout_s=args.timeout)
@@ -109,9 +110,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def _demo_names(text: str | None) -> list[str]:
+    """The demo workloads ``--workloads`` names, every one checked before the first burst: a typo at the end
+    must not cost the ladders before it."""
+    names = [name.strip() for name in text.split(",")] if text else list(DEMO_NAMES)
+    unknown = [name for name in names if name not in DEMO_NAMES]
+    if unknown:
+        raise ValueError(f"--workloads {text!r}: unknown demo {', '.join(map(repr, unknown))}; valid names: "
+                         f"{', '.join(DEMO_NAMES)}")
+    return names
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .reporting import comparison_rows, format_table, write_json
 
+    check_burst_request(args.steps, args.seconds, None, args.timeout, args.profile_steps)  # before any progress line
     workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
     config = config_from_args(args)
     results = []
@@ -207,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--workload", help="MODULE:FUNCTION returning an accel_widgets.Workload")
     source.add_argument("--demo", choices=DEMO_NAMES, default="mlp", help="a built-in workload instead")
     run.add_argument("--steps", type=int, default=None, help="measured steps (default 40)")
-    run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps")
+    run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps (not both)")
     run.add_argument("--compare", action="store_true", help="also run the baseline Config() and compare")
     run.add_argument("--json", default=None, help="write the result(s) as JSON here")
     run.add_argument("--profile-steps", type=int, default=0,
@@ -234,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
-    except (KnobValueError, ConfigError, ValueError, TypeError, ImportError) as exc:
+    except (KnobValueError, ConfigError, ValueError, TypeError, ImportError, OSError) as exc:
         print(f"accel-widgets: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

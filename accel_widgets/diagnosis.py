@@ -161,7 +161,28 @@ def _data(result: BurstResult) -> list[Finding]:
         findings.append(Finding("warn", "Host-to-device copies are slow",
                                 f"copies take {h2d:.0%} of the step (rule of thumb: < 10%): pin host memory and "
                                 "copy with non_blocking so copies overlap compute.", knob))
-    return findings
+    return findings + _stream_reads(result)
+
+
+def _stream_reads(result: BurstResult) -> list[Finding]:
+    """A stream the tool deals out item by item is read in full by every reader, which keeps only its share:
+    decoding costs that many times over, and more loader workers can measure slower for it."""
+    amplification, stream = result.read_amplification, result.stream
+    if amplification is None or stream is None or amplification < THRESHOLDS.read_amplification_notice:
+        return []
+    readers = " x ".join(f"{count} {what}" for count, what in ((result.world_size, "ranks"),
+                                                              (result.config.num_workers, "loader workers"))
+                         if count > 1)
+    kept = sum(r.stream.items_kept for r in result.ranks if r.stream is not None)
+    read = sum(r.stream.items_read for r in result.ranks if r.stream is not None)
+    severity: Severity = "warn" if amplification >= THRESHOLDS.read_amplification_bound else "info"
+    return [Finding(severity, f"Stream read {amplification:.1f}x per item",
+                    f"each item was read {amplification:.1f} times for every time it was trained on ({read:,} items "
+                    f"read, {kept:,} kept): the stream does not split itself, so each of its readers ({readers}) "
+                    "reads all of it and keeps its share, and a decode-heavy stream gets slower with more workers. "
+                    "Write the items as shards (data_cache='shards' streams whole shards per reader), or have the "
+                    "stream split itself (by get_worker_info() and the rank) and declare it with splits_itself.",
+                    "data_cache")]
 
 
 def _data_wait(result: BurstResult, wait: float) -> Finding:
@@ -295,6 +316,8 @@ def _against_baseline(result: BurstResult, baseline: BurstResult, verdict: Guard
 
 
 def _guard(result: BurstResult, verdict: GuardVerdict) -> list[Finding]:
+    if verdict.status == "cannot_tell":
+        return [Finding("info", "Cannot tell whether training changed", "; ".join(verdict.reasons))]
     if verdict.status != "changes_training" or result.status == "diverged":  # the outcome finding says it already
         return []
     return [Finding("warn", "Faster but changes training", "; ".join(verdict.reasons))]

@@ -63,12 +63,14 @@ def export_script(workload_ref: str, config: Config, path: str | os.PathLike[str
 
     ``workload_ref`` is ``module:function`` and is imported and called now (the current directory
     first, as ``python -m`` does), so a reference that names nothing fails here, not on the cluster.
+    Directories of ``path`` that do not exist yet are created.
     """
     load_workload(workload_ref)
     if config.parallel == "dataparallel":
         raise ValueError("export_script writes a torchrun script; DataParallel is single-process legacy: "
                          "use parallel='ddp'")
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)  # -o runs/today/train.py, as a user would type it
     nproc = config.ranks
     multinode = ""
     if config.parallel == "ddp":

@@ -12,6 +12,10 @@ baseline's and says ``"changes_training"`` when:
 - the smoothed trajectory leaves the baseline's by more than noise explains: more than reseeding the
   baseline's data moves it (a :class:`NoiseBand`, when measured) and more than the precision in use does.
 
+On randomly augmented data (the engine found two reads of an item to differ: ``BurstResult.random_data``)
+and without a band, a trajectory beyond the precision's tolerance is no evidence either way: the verdict is
+``"cannot_tell"``, saying how to measure the band, never a false "changes_training".
+
 Why a measured band: with random augmentation, a config that changes only speed still changes which
 random draw each item gets (loader workers draw from their own seeded generators), so its loss moves by
 as much as the data's randomness moves it -- 2.5-3.1% where the precision table allows fp32 1.2%. What
@@ -39,7 +43,7 @@ from .results import BurstResult
 if TYPE_CHECKING:
     from .history import RunHistory
 
-GuardStatus = Literal["ok", "changes_training", "not_comparable", "no_baseline"]
+GuardStatus = Literal["ok", "changes_training", "cannot_tell", "not_comparable", "no_baseline"]
 
 #: The tolerance's floor (a measured noise band only widens it): relative deviation allowed at step 0, by the
 #: effective precision of the less precise of the two runs.
@@ -233,9 +237,21 @@ def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseB
         return GuardVerdict("changes_training" if reasons else "not_comparable",
                             (*reasons, "no step has a finite loss in both runs"))
     beyond = comparison.reasons(fp16=_precision(run) == "fp16")
+    if beyond and not reasons and noise is None and (run.random_data or baseline.random_data):
+        return GuardVerdict("cannot_tell", (beyond[0] + _RANDOM_DATA,), max(comparison.deviations),
+                            len(comparison.steps), True)
     reasons += beyond
     return GuardVerdict("changes_training" if reasons else "ok", tuple(reasons), max(comparison.deviations),
                         len(comparison.steps), bool(beyond))
+
+
+#: Why a trajectory beyond the precision's tolerance on randomly augmented data is no verdict without a band.
+_RANDOM_DATA = (
+    "; but the data is randomly augmented (two reads of the same item differ), so a config that changes only speed "
+    "still gives items other random draws (loader workers draw from their own generators) and moves the loss by as "
+    "much as that randomness does, which the precision's tolerance does not cover. Cannot tell without measuring "
+    "it: band = aw.measure_noise(workload, baseline), then aw.check_training(run, baseline, band)"
+)
 
 
 def tolerance(precision: str, step: int) -> float:

@@ -6,6 +6,9 @@ leaves the last committed state, readers never block the writer) with a busy tim
 one ``BEGIN IMMEDIATE`` transaction, which takes the write lock up front, so a second writer waits its turn
 instead of failing halfway.
 
+A file this process cannot write (a history shared read-only, or in a directory it cannot write) is opened
+read-only: its runs can be listed and loaded, and recording into it raises :class:`HistoryError` saying so.
+
 A file is only ever written once it is known to be ours (``PRAGMA application_id`` plus a ``meta`` table
 naming this application and its format version) or is new/empty. Anything else (not SQLite, another
 application's database, a newer format, damage found by ``PRAGMA quick_check``) raises
@@ -179,13 +182,15 @@ class RunHistory:
     ``./accel_widgets_history.sqlite``, when not given. A missing or empty file is created.
 
     One connection per instance, shared by threads under a lock, so the panel's background thread can record
-    while the kernel reads. Other processes may use the same file at the same time.
+    while the kernel reads. Other processes may use the same file at the same time. ``read_only`` is True for
+    an existing file that this process may not write (the file or its directory): it is read, never written.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self.path = _resolve_path(path)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = _open(self.path)
+        self.read_only = _read_only(self.path)
+        self._conn: sqlite3.Connection | None = _open(self.path, self.read_only)
 
     def record(self, result: BurstResult, *, fingerprint: str, tags: Mapping[str, str] | None = None) -> int:
         """Store ``result`` under ``fingerprint`` (see :func:`workload_fingerprint`); returns its run id."""
@@ -199,7 +204,7 @@ class RunHistory:
             json.dumps(data["config"], sort_keys=True), json.dumps(data), json.dumps(data["environment"]),
             json.dumps(tags, sort_keys=True),
         )
-        with self._connection("recording a run in") as conn, _transaction(conn):
+        with self._connection("recording a run in", write=True) as conn, _transaction(conn):
             cursor = conn.execute(
                 "INSERT INTO runs (created_at, fingerprint, workload, label, status, samples_per_s, config_json,"
                 " result_json, environment_json, tags_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
@@ -236,7 +241,7 @@ class RunHistory:
 
     def delete(self, run_id: int) -> None:
         """Remove one run; KeyError if there is none."""
-        with self._connection("deleting a run from") as conn, _transaction(conn):
+        with self._connection("deleting a run from", write=True) as conn, _transaction(conn):
             deleted = conn.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount
         if not deleted:
             raise KeyError(f"no run {run_id} in {self.path}")
@@ -247,7 +252,7 @@ class RunHistory:
         For what is measured once per workload and would cost bursts to measure again in another session.
         """
         row = (fingerprint, key, datetime.now(timezone.utc).isoformat(), json.dumps(dict(value), sort_keys=True))
-        with self._connection("saving a measurement in") as conn, _transaction(conn):
+        with self._connection("saving a measurement in", write=True) as conn, _transaction(conn):
             conn.execute(_MEASUREMENTS)
             conn.execute("INSERT OR REPLACE INTO measurements (fingerprint, key, created_at, value_json) "
                          "VALUES (?, ?, ?, ?)", row)
@@ -278,8 +283,13 @@ class RunHistory:
         return f"RunHistory({str(self.path)!r})"
 
     @contextlib.contextmanager
-    def _connection(self, doing: str) -> Iterator[sqlite3.Connection]:
+    def _connection(self, doing: str, *, write: bool = False) -> Iterator[sqlite3.Connection]:
         """The connection, held under the lock, with sqlite errors turned into HistoryError."""
+        if write and self.read_only:
+            raise HistoryError(
+                f"{doing} {self.path}: this process may not write that file or its directory, so the history is "
+                f"open read-only (its runs can be listed and loaded, not added to). To record runs, pass a writable "
+                f"path to RunHistory() or set ${HISTORY_ENV} to one.")
         with self._lock, _sqlite_errors(self.path, doing):
             if self._conn is None:
                 raise HistoryError(f"{self!r} is closed; open a new RunHistory on {self.path}")
@@ -293,18 +303,48 @@ def _resolve_path(path: str | os.PathLike[str] | None) -> Path:
     return Path(chosen).expanduser().absolute()
 
 
-def _open(path: Path) -> sqlite3.Connection:
-    """A connection to a checked (and, if new, initialised) history file."""
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` is an existing file this process may read but not write: the file itself, or its directory
+    (SQLite keeps its journal and WAL index next to the file)."""
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def _open(path: Path, read_only: bool) -> sqlite3.Connection:
+    """A connection to a checked (and, if new and writable, initialised) history file."""
     _refuse_non_sqlite(path)
     with _sqlite_errors(path, "opening"):
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+        if read_only:
+            conn = sqlite3.connect(_read_only_uri(path), uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+        else:
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     try:
         with _sqlite_errors(path, "opening"):
-            _prepare_when_free(conn, path)
+            if read_only:
+                _check_read_only(conn, path)
+            else:
+                _prepare_when_free(conn, path)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _read_only_uri(path: Path) -> str:
+    """SQLite's read-only URI for ``path``. A WAL file is read through its ``-shm`` index, which a reader creates
+    when it may write the directory; where it may not and none exists, the file is opened ``immutable`` (read as it
+    is on disk: nobody is writing it then, since every writer leaves the index behind while it works)."""
+    shm = path.with_name(path.name + "-shm")
+    immutable = not os.access(path.parent, os.W_OK) and not shm.exists()
+    return f"{path.as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+
+
+def _check_read_only(conn: sqlite3.Connection, path: Path) -> None:
+    """The read-only file must already be a history of ours, undamaged: there is nothing to create in it."""
+    if _inspect_snapshot(conn, path) == "new":
+        raise HistoryError(f"{path} is empty and this process may not write it: there is no run history to read. "
+                           f"{_ANOTHER_PATH}")
+    _check_integrity(conn, path)
 
 
 def _prepare_when_free(conn: sqlite3.Connection, path: Path) -> None:

@@ -267,7 +267,7 @@ class RunRow:
         if values["unreliable"]:
             return UNRELIABLE, (f"finished, but unreliable: {values['unreliable_why']}.\nRe-measure it paired with "
                                 "its baseline (Re-measure in the panel, aw.remeasure) before ranking it.")
-        unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline")
+        unchecked = values["status"] == "ok" and self.verdict.status in ("not_comparable", "no_baseline", "cannot_tell")
         return text, f"{text}\ntraining not checked: {self.verdict.reasons[-1]}" if unchecked else text
 
     def status_colour(self) -> str:

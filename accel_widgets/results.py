@@ -16,7 +16,7 @@ from typing import Any, Literal
 from .config import Config
 from .energy import counter_energy_j, integrated_energy_j, value_at
 from .flops import peak_flops
-from .knobs import Facts
+from .knobs import CodePaths, Facts
 from .knobs import facts as knob_facts
 from .stats import Summary, summarize
 from .thresholds import THRESHOLDS
@@ -138,9 +138,36 @@ class ProfileCapture:
     error: str = ""
 
 
+#: Who splits a stream between its readers along one dimension (the DDP ranks, or one rank's loader workers):
+#: the stream itself, the tool (each reader reads every item and keeps its share), or nobody (one reader).
+SplitBy = Literal["stream", "tool", "none"]
+
+
+@dataclass(frozen=True)
+class StreamReading:
+    """How one rank read a stream (an ``IterableDataset``): who split it between its readers, how that was known,
+    and what the reading cost.
+
+    ``known_from``: "declared" (the dataset's ``splits_itself``), "library" (a webdataset pipeline's stages,
+    MosaicML's StreamingDataset, the tool's own shards), "probe" (its first items read as two readers would),
+    "unknown" (the probe could not tell: the tool split it) or "none" (one reader: nothing to split).
+    ``items_read`` and ``items_kept`` count what this rank's readers took from the stream and kept as their share,
+    over the whole burst (warm-up and prefetched batches included); their ratio is the read amplification.
+    """
+
+    ranks: SplitBy
+    workers: SplitBy
+    known_from: Literal["declared", "library", "probe", "unknown", "none"]
+    items_read: int = 0
+    items_kept: int = 0
+
+
 @dataclass(frozen=True)
 class RankSummary:
-    """What one rank measured about itself over its steady-state window."""
+    """What one rank measured about itself over its steady-state window, and what it saw its workload do: the code
+    paths its step ran (``code_paths``: what a knob needs to act), whether its data differs between reads of the same
+    item (``random_data``: random augmentation; None where it was not checked) and how it read a stream (``stream``).
+    """
 
     rank: int
     measured_samples: int
@@ -156,6 +183,9 @@ class RankSummary:
     measured_tokens: int | None = None  # real tokens over the window, when batches carry an attention mask
     # flops_per_sample split by "<op class>:<math>" ("conv:tf32", "matmul:fp32"): MFU's peak per FLOP
     flops_by_math: dict[str, float] | None = None
+    code_paths: CodePaths | None = None
+    random_data: bool | None = None
+    stream: StreamReading | None = None
 
 
 @dataclass(frozen=True)
@@ -440,6 +470,29 @@ class BurstResult:
         return self.run_facts.gpus
 
     @property
+    def code_paths(self) -> CodePaths | None:
+        """The code paths the step ran, as rank 0 recorded them (None: not recorded, e.g. a result from before)."""
+        return self.ranks[0].code_paths if self.ranks else None
+
+    @property
+    def random_data(self) -> bool | None:
+        """Whether two reads of the same item differ (random augmentation), as rank 0 found; None: not checked."""
+        return self.ranks[0].random_data if self.ranks else None
+
+    @property
+    def stream(self) -> StreamReading | None:
+        """How rank 0 read its stream (None: the data is map-style, or the result predates the record)."""
+        return self.ranks[0].stream if self.ranks else None
+
+    @property
+    def read_amplification(self) -> float | None:
+        """Items read from the stream per item trained on, over every rank (1.0: each item read once; 4.0: each
+        read by four readers, three of which dropped it). None for map-style data or before any item was kept."""
+        readings = [r.stream for r in self.ranks if r.stream is not None]
+        kept = sum(reading.items_kept for reading in readings)
+        return sum(reading.items_read for reading in readings) / kept if kept else None
+
+    @property
     def run_facts(self) -> Facts:
         """How the burst ran, as the knob owners reported it at launch.
 
@@ -692,6 +745,10 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
         operators = [OperatorTime(**o) for o in profile["top_operators"]]
         data = {**data, "profile": ProfileCapture(profile["steps"], profile["trace_path"], operators,
                                                   profile.get("error", ""))}
+    if data.get("code_paths") is not None:
+        data = {**data, "code_paths": CodePaths(**data["code_paths"])}
+    if data.get("stream") is not None:
+        data = {**data, "stream": StreamReading(**data["stream"])}
     return RankSummary(**data)
 
 

@@ -33,6 +33,8 @@ class Thresholds:
     host_saturated_pct: float = 90.0  # the whole machine's CPU this busy: the loader has no cores left
     iowait_notice_pct: float = 10.0  # CPU time waiting on the disk: the data source is the limit
     tensor_core_capability: float = 7.0  # Volta and newer run fp16/bf16 matmuls on tensor cores
+    read_amplification_notice: float = 1.5  # a stream read this many times per item kept is worth a note
+    read_amplification_bound: float = 2.0  # ... and a warning from here: half or more of every read is dropped
     # -- can the numbers be trusted ------------------------------------------------------------------
     noisy_relative_iqr: float = 0.10  # step IQR/median from which a median is flagged noisy (a hint)
     min_steps_for_spread: int = 4  # fewer measured steps cannot show a spread: flagged noisy

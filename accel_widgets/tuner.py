@@ -13,7 +13,13 @@ How a candidate is judged on a machine whose speed drifts (other jobs, clocks, c
   the mean of the current bursts either side of it, so a linear drift cancels;
 - it is accepted only when its median speedup clears both ``MIN_GAIN`` and the noise, estimated from the
   bursts' own step-time spread and, after repeats, from the spread between rounds;
-- only a close contender (neither clearly in nor clearly out) is repeated, up to ``MAX_ROUNDS`` rounds;
+- a gain is accepted only once it held over ``CONFIRM_ROUNDS`` rounds (one lucky round is how a knob that
+  cannot act "won" +35%); a clear loss needs one; a close contender is repeated, up to ``MAX_ROUNDS`` rounds;
+- a burst whose numbers cannot rank a knob (:attr:`~accel_widgets.results.BurstResult.reliability`: a step
+  spread or other load past the thresholds) is measured again, never compared;
+- a knob whose code path never ran in the starting burst (no scaled_dot_product_attention for
+  ``sdpa_backend``, no convolution for ``channels_last``: :attr:`~accel_widgets.knobs.Knob.needs`) cannot
+  change the step and is not tried;
 - numeric knobs (and ``compile_mode``, ordered by aggressiveness) walk away from the current value and
   stop going further in a direction at the first value that does not win;
 - a failed burst is a loss with the error as its reason; with ``guard=True`` a candidate whose losses
@@ -21,6 +27,13 @@ How a candidate is judged on a machine whose speed drifts (other jobs, clocks, c
   "Leave" is judged against what reseeding the baseline's data moves its loss by, measured only when the
   precision's tolerance alone would reject a candidate (random augmentation: loader workers change which
   draw each item gets), once per workload (:func:`measure_noise`).
+
+The headline is measured, not multiplied: every accepted step was kept because it looked good, so the
+product of their speedups inflates. Once the search ends, the best config and the starting one run as
+interleaved pairs (A/B, B/A, ... ``FINAL_PAIRS`` of them where time allows) and the median of the pairs'
+ratios, with its spread, is :attr:`TuneResult.speedup`. The search keeps ``FINAL_BUDGET_SHARE`` of the
+budget for them, and no burst starts that would end past the budget at the duration bursts of its kind
+(compiled or not) took so far.
 """
 
 from __future__ import annotations
@@ -49,7 +62,7 @@ from .guard import (
     noise_band,
 )
 from .history import RunHistory, workload_fingerprint
-from .knobs import GROUPS, KNOBS
+from .knobs import GROUPS, KNOBS, CodePaths, compiling
 from .knobs.data import data_seed, resolve_batch_size
 from .results import BurstResult
 from .validation import ConfigError, check_config, knob_availability
@@ -62,6 +75,18 @@ MIN_GAIN = 0.03
 NOISE_Z = 2.0
 #: Rounds (candidate + current burst) a close contender gets before it is rejected as "no clear gain".
 MAX_ROUNDS = 3
+#: Rounds a gain must hold over before it is accepted: one round can always look good.
+CONFIRM_ROUNDS = 2
+#: Times a burst that cannot rank a knob (unreliable: a busy machine) is run again before the step is not judged.
+REMEASURES = 2
+#: Interleaved pairs (starting config, best config) that measure the headline; noisy hosts need ~12
+#: (/work/shared/notes/measuring-on-a-noisy-host.md). Fewer where the budget has no room for them.
+FINAL_PAIRS = 12
+#: Share of the budget the search leaves for the final pairs.
+FINAL_BUDGET_SHARE = 0.3
+#: What a first compiled burst is assumed to cost on top of an eager one before any has run: a cold inductor
+#: compile of a small model took 16 s on a 2-core CPU here, ~25 s for ResNet-18 / GPT-124M on an H200.
+COMPILE_ALLOWANCE_S = 20.0
 
 #: Knobs searched only when named in ``knobs=``, and why they are left out otherwise.
 LEFT_OUT: dict[str, str] = {
@@ -99,13 +124,37 @@ class TuneStep:
     results: list[BurstResult]
 
 
+@dataclass(frozen=True)
+class PairedComparison:
+    """The best config against the starting one, measured side by side: ``ratios`` are the best's samples/s over
+    the start's in each interleaved pair (the order alternating: start first, then best first, ...)."""
+
+    ratios: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ratios)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The ratios' interquartile range (the lowest and highest with fewer than four pairs)."""
+        if len(self.ratios) < 4:
+            return min(self.ratios), max(self.ratios)
+        quartiles = statistics.quantiles(self.ratios, n=4, method="inclusive")
+        return quartiles[0], quartiles[2]
+
+    def text(self) -> str:
+        low, high = self.spread
+        return f"{self.median:.2f}x ({low:.2f}-{high:.2f} over {len(self.ratios)} interleaved pairs)"
+
+
 @dataclass
 class TuneResult:
     """The best config found, every decision on the way (``decisions``) and every burst run (``bursts``).
 
-    ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over all bursts of those configs
-    (``None`` when none finished). They ran at different times; :attr:`speedup` chains the interleaved
-    comparisons instead, which is the number to trust on a machine whose speed drifts.
+    ``confirmation`` measures the best config against the starting one side by side after the search, and
+    :attr:`speedup` is its median ratio; ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over
+    those same pairs (over all bursts of those configs when there are none; ``None`` when none finished).
     ``noise`` is the band the guard judged a candidate by, when one needed it (its reseeded baseline bursts
     count in ``wall_s`` and the budget, but are not in ``bursts``: they trained on other data).
     """
@@ -118,19 +167,29 @@ class TuneResult:
     wall_s: float
     stopped_reason: str
     noise: NoiseBand | None = None
+    confirmation: PairedComparison | None = None
 
     @property
-    def speedup(self) -> float:
-        """Product of the accepted steps' speedups: what the best config gains over the starting one."""
-        return math.prod(s.speedup for s in self.decisions if s.accepted and s.speedup is not None)
+    def speedup(self) -> float | None:
+        """What the best config gains over the starting one: the median ratio of the final interleaved pairs;
+        1.0 when the best is the start; None when the pairs could not run (stopped, no time left)."""
+        if self.confirmation is not None:
+            return self.confirmation.median
+        return 1.0 if not self.decisions or not any(s.accepted for s in self.decisions) else None
 
     def summary(self) -> str:
         """Lines a person reads: the result, then each decision (+ marks the accepted ones)."""
         rates = ", ".join(f"{name} {rate:,.1f} samples/s" for name, rate in
                           (("baseline", self.baseline_samples_per_s), ("best", self.best_samples_per_s))
                           if rate is not None)
-        head = (f"best: {self.best.label()} ({self.speedup:.2f}x by interleaved comparison; {rates}), "
-                f"{len(self.bursts)} bursts in {self.wall_s:.1f} s; {self.stopped_reason}")
+        if self.confirmation is not None:
+            measured = f"{self.confirmation.text()}; {rates}"
+        elif self.speedup is not None:
+            measured = f"no knob beat the starting config; {rates}"
+        else:
+            measured = f"speedup not confirmed side by side; {rates}"
+        head = (f"best: {self.best.label()} ({measured}), {len(self.bursts)} bursts in {self.wall_s:.1f} s; "
+                f"{self.stopped_reason}")
         return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
                                   for s in self.decisions)])
 
@@ -160,10 +219,12 @@ def tune(
 
     Every burst runs ``steps`` measured steps through ``engine`` (called like ``run_burst`` with ``steps``,
     ``label`` and ``stop``). No burst starts once it would end past ``budget_s`` on ``clock`` (at the
-    median burst duration so far); the starting config's burst always runs. Setting ``stop`` ends the
-    running burst and the search. A failing burst never raises: it is recorded and the candidate loses.
-    ``history`` keeps the guard's noise band for later searches of the same workload (it is kept in this
-    process either way).
+    median duration of the bursts of its kind so far); the search leaves ``FINAL_BUDGET_SHARE`` of it for the
+    final interleaved pairs of the best and the starting config, whose median ratio is the result's
+    ``speedup``. The starting config's burst always runs; the code paths its step ran decide which knobs can
+    act at all (the others are not tried, with the reason). Setting ``stop`` ends the running burst and the
+    search. A failing burst never raises: it is recorded and the candidate loses. ``history`` keeps the
+    guard's noise band for later searches of the same workload (it is kept in this process either way).
     """
     device = device or probe_device()
     base = base or Config()
@@ -172,16 +233,23 @@ def tune(
     search = _Search(workload, engine, steps, device, clock, budget_s, guard, on_step, stop, history)
     best = base
     if search.can_run(1):
-        start = search.run(base)
+        start = search.run_reliable(base)
         if not _measured(start):
             search.stopped = f"the starting config's burst did not finish: {_error(start)}"
+        search.paths = start.code_paths
     for name, values in plan:
         if search.stopped:
             break
         best = search.tune_knob(name, values, best, named=knobs is not None)
-    return TuneResult(best, _median_rate(search.bursts, best), _median_rate(search.bursts, base), search.decisions,
-                      search.bursts, clock() - search.started, search.stopped or "done: every knob was searched",
-                      search.noise)
+    stopped = search.stopped or "done: every knob was searched"
+    confirmation = search.confirm(base, best) if best != base else None
+    if confirmation is not None:
+        stopped += f"; the pick measured against the start in {len(confirmation.ratios)} interleaved pairs"
+    elif best != base:
+        stopped += "; no pair of the pick and the start could run, so its speedup is not confirmed"
+    pairs = search.final_pairs
+    return TuneResult(best, _median_rate(pairs or search.bursts, best), _median_rate(pairs or search.bursts, base),
+                      search.decisions, search.bursts, clock() - search.started, stopped, search.noise, confirmation)
 
 
 def measure_noise(
@@ -245,21 +313,36 @@ class _Search:
         self.noise: NoiseBand | None = None
         self.started = clock()
         self.bursts: list[BurstResult] = []
-        self.durations: list[float] = []
+        self.durations: dict[bool, list[float]] = {False: [], True: []}  # seconds per burst, by "it compiles"
         self.decisions: list[TuneStep] = []
+        self.final_pairs: list[BurstResult] = []
+        self.paths: CodePaths | None = None  # what the starting burst's step ran
         self.stopped = ""
 
     # -- bursts and the budget ------------------------------------------------------------------
-    def can_run(self, bursts: int) -> bool:
-        """Whether ``bursts`` more bursts fit in the budget at the median duration so far; says why not."""
+    def estimate(self, config: Config) -> float:
+        """Seconds a burst of ``config`` will take: the median of the bursts of its kind (compiled or eager) so
+        far; a first compiled one, an eager one's plus ``COMPILE_ALLOWANCE_S``."""
+        compiles = compiling.compiled(config)
+        same, eager = self.durations[compiles], self.durations[False] or self.durations[True]
+        if same:
+            return statistics.median(same)
+        typical = statistics.median(eager) if eager else 0.0
+        return typical + (COMPILE_ALLOWANCE_S if compiles and self.durations[False] else 0.0)
+
+    def can_run(self, bursts: int, config: Config | None = None, *, final: bool = False) -> bool:
+        """Whether ``bursts`` more bursts (of ``config``'s kind) fit in the budget, less the share kept for the final
+        pairs unless these are them; says why not."""
         if self.stop is not None and self.stop.is_set():
             self.stopped = "stopped: the stop event was set"
             return False
-        typical = statistics.median(self.durations) if self.durations else 0.0
+        each = self.estimate(config if config is not None else Config())
         elapsed = self.clock() - self.started
-        if elapsed + bursts * typical > self.budget_s:
+        budget = self.budget_s if final else self.budget_s * (1 - FINAL_BUDGET_SHARE)
+        if elapsed + bursts * each > budget:
+            kept = "" if final else " (the rest is kept to confirm the pick side by side)"
             self.stopped = (f"budget: {elapsed:.1f} s of {self.budget_s:g} s used, and {bursts} more burst(s) of "
-                            f"~{typical:.1f} s would not fit")
+                            f"~{each:.1f} s would not fit{kept}")
             return False
         return True
 
@@ -267,6 +350,16 @@ class _Search:
         """One burst of the search; a BurstError becomes its (failed) result."""
         result = self.timed(self.workload, config, steps=self.steps, label=f"tune: {config.label()}", stop=self.stop)
         self.bursts.append(result)
+        return result
+
+    def run_reliable(self, config: Config, *, final: bool = False) -> BurstResult:
+        """A burst whose numbers can rank a knob: one that cannot (a busy machine) is run again, up to
+        ``REMEASURES`` times while the budget allows; the last one is returned either way."""
+        result = self.run(config)
+        for _ in range(REMEASURES):
+            if not _measured(result) or result.reliability.reliable or not self.can_run(1, config, final=final):
+                break
+            result = self.run(config)
         return result
 
     def timed(self, workload: Workload, config: Config, *, steps: int, label: str,
@@ -278,7 +371,30 @@ class _Search:
         except BurstError as exc:
             return exc.result
         finally:
-            self.durations.append(self.clock() - before)
+            self.durations[compiling.compiled(config)].append(self.clock() - before)
+
+    def confirm(self, base: Config, best: Config) -> PairedComparison | None:
+        """The best config against the starting one in interleaved pairs, as many as the rest of the budget holds
+        (up to ``FINAL_PAIRS``); None when not one pair could run."""
+        if self.stop is not None and self.stop.is_set():
+            return None
+        pair_s = self.estimate(base) + self.estimate(best)
+        room = self.budget_s - (self.clock() - self.started)
+        planned = min(FINAL_PAIRS, int(room // pair_s) if pair_s > 0 else FINAL_PAIRS)
+        ratios = []
+        for index in range(planned):
+            order = (base, best) if index % 2 == 0 else (best, base)
+            pair = {}
+            for config in order:
+                if not self.can_run(1, config, final=True):
+                    break
+                pair[config] = self.run_reliable(config, final=True)
+            if len(pair) < 2:
+                break
+            self.final_pairs.extend(pair.values())
+            if all(_measured(r) and r.reliability.reliable for r in pair.values()):
+                ratios.append(_rate(pair[best]) / _rate(pair[base]))
+        return PairedComparison(tuple(ratios)) if ratios else None
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -320,6 +436,10 @@ class _Search:
         if not available:
             self.record(TuneStep(name, None, False, None, f"skipped: {why}", []))
             return best
+        idle = KNOBS[name].idle_on(self.paths) if self.paths is not None else ""
+        if idle:
+            self.record(TuneStep(name, None, False, None, f"not tried: {idle}: it cannot change this step", []))
+            return best
         if not named and name in LEFT_OUT:
             self.record(TuneStep(name, None, False, None, f"left out: {LEFT_OUT[name]}; name it in knobs= to "
                                  "search it", []))
@@ -359,10 +479,10 @@ class _Search:
         """Interleave current, candidate, current ... until the judgement is clear (or rounds/budget run out)."""
         last = self.bursts[-1] if self.bursts else None
         lead = last if last is not None and _measured(last) and last.config == current else None
-        if not self.can_run(2 if lead is not None else 3):
+        if not self.can_run(1, candidate) or not self.can_run(1 if lead is not None else 2, current):
             return None
         if lead is None:
-            lead = self.run(current)
+            lead = self.run_reliable(current)
         results = [lead]
 
         def unjudged(burst: BurstResult) -> TuneStep:
@@ -373,7 +493,7 @@ class _Search:
             return unjudged(lead)
         rounds: list[tuple[BurstResult, BurstResult, BurstResult]] = []
         while True:
-            challenger = self.run(candidate)
+            challenger = self.run_reliable(candidate)
             results.append(challenger)
             if not _measured(challenger):
                 return TuneStep(name, value, False, None, f"burst {challenger.status}: {_error(challenger)}", results)
@@ -381,17 +501,22 @@ class _Search:
                 verdict = self.guard_verdict(challenger)
                 if verdict is None:
                     return None
-                if verdict.status == "changes_training":
-                    return TuneStep(name, value, False, None, "changes training: " + "; ".join(verdict.reasons),
-                                    results)
-            after = self.run(current)
+                if verdict.status in ("changes_training", "cannot_tell"):  # a pick must be known to train the same
+                    said = "changes training" if verdict.status == "changes_training" else "training not checked"
+                    return TuneStep(name, value, False, None, f"{said}: " + "; ".join(verdict.reasons), results)
+            after = self.run_reliable(current)
             results.append(after)
             if not _measured(after):
                 return unjudged(after)
+            unreliable = [r for r in (lead, challenger, after) if not r.reliability.reliable]
+            if unreliable:  # measured again REMEASURES times and still busy: no ranking from these numbers
+                return TuneStep(name, value, False, None, "not judged: the machine was too busy to rank it "
+                                f"({unreliable[0].reliability.text()}); re-run when it is quiet", results)
             rounds.append((lead, challenger, after))
             lead = after
             judgement = _judge(rounds)
-            if judgement.decided or len(rounds) == MAX_ROUNDS or not self.can_run(2):
+            if judgement.decided or len(rounds) == MAX_ROUNDS or not (
+                    self.can_run(1, candidate) and self.can_run(1, current)):
                 return TuneStep(name, value, judgement.accepted, judgement.speedup, judgement.reason, results)
 
 
@@ -420,8 +545,11 @@ def _judge(rounds: list[tuple[BurstResult, BurstResult, BurstResult]]) -> _Judge
         noise = max(noise, NOISE_Z * statistics.stdev(ratios) / math.sqrt(len(ratios)))
     bar = max(MIN_GAIN, noise)
     measured = f"{speedup - 1:+.1%} (noise ±{noise:.1%}, {len(rounds)} round{'s' if len(rounds) > 1 else ''})"
-    if speedup >= 1 + bar:
+    if speedup >= 1 + bar and len(rounds) >= CONFIRM_ROUNDS:
         return _Judgement(True, True, speedup, f"faster: {measured}")
+    if speedup >= 1 + bar and len(rounds) < CONFIRM_ROUNDS:
+        return _Judgement(False, False, speedup, f"looks faster: {measured}; a gain must hold over "
+                                                 f"{CONFIRM_ROUNDS} rounds")
     if speedup + noise < 1 + MIN_GAIN:
         return _Judgement(False, True, speedup, f"{'slower' if speedup < 1 else 'no clear gain'}: {measured}")
     return _Judgement(False, False, speedup, f"within noise: {measured}; a gain needs {bar:+.1%}")

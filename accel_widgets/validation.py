@@ -29,8 +29,9 @@ def check_burst_request(steps: object, seconds: object, warmup_steps: object, ti
                         profile_steps: object) -> None:
     """Raise :class:`BurstRequestError` unless every burst argument is a number the engine can act on.
 
-    ``steps`` is an int >= 1 and ``seconds`` a finite number > 0 (each may be None: ``run_burst`` picks the
-    default length); ``warmup_steps`` (None: the engine's default) an int >= 1, since the first step always
+    ``steps`` is an int >= 1 and ``seconds`` a finite number > 0, at most one of them given (neither:
+    ``run_burst`` picks the default length; both would leave it to whichever ends first, a length nobody
+    asked for); ``warmup_steps`` (None: the engine's default) an int >= 1, since the first step always
     pays one-off costs; ``timeout_s`` a finite number > 0; ``profile_steps`` an int >= 0. Bools are refused
     as counts, and so are floats: ``steps=2.5`` would otherwise run 3 steps.
     """
@@ -43,6 +44,7 @@ def check_burst_request(steps: object, seconds: object, warmup_steps: object, ti
                            why=": the first step always pays one-off costs"),
             _duration_problem("timeout_s", timeout_s, optional=False),
             _count_problem("profile_steps", profile_steps, 0, optional=False),
+            _length_problem(steps, seconds),
         )
         if problem
     ]
@@ -57,6 +59,14 @@ def _count_problem(name: str, value: object, minimum: int, *, optional: bool, wh
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         return f"{name}={value!r} is invalid: use an integer, {name} >= {minimum}{why}"
     return ""
+
+
+def _length_problem(steps: object, seconds: object) -> str:
+    """What is wrong with giving both lengths, or "" when at most one is given."""
+    if steps is None or seconds is None:
+        return ""
+    return (f"steps={steps!r} and seconds={seconds!r} given together: a burst measures either a number of steps "
+            "or a time; pass one of them")
 
 
 def _duration_problem(name: str, value: object, *, optional: bool) -> str:

@@ -7,6 +7,7 @@ object is never touched by a burst.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -35,13 +36,17 @@ class Workload:
     """What to train, in the shapes people already have.
 
     ``dataset`` is map-style (``__getitem__`` + ``__len__``), a tuple of tensors, a streaming
-    ``IterableDataset`` (a WebDataset pipeline too; each rank and loader worker reads its own share),
-    or a ``DataLoader`` the user already tuned (its dataset, sampler, collate_fn, batch size and
+    ``IterableDataset`` (a WebDataset pipeline too; each rank and loader worker reads its own share,
+    once: a stream that splits itself says so with ``splits_itself``, see :mod:`~accel_widgets.engine.streaming`),
+    a ``DataLoader`` the user already tuned (its dataset, sampler, collate_fn, batch size and
     worker_init_fn are kept; the data-loading knobs replace only workers, pinning, prefetching and
-    persistence).
+    persistence), or a zero-argument factory of any of these, called in each rank once the rank's
+    distributed environment is set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``): for a
+    dataset that reads its rank when it is built, as MosaicML's ``StreamingDataset`` does.
 
     The loss, in the first form that fits:
-    - ``step(model, batch) -> loss``: the user's own code for what the loop cannot guess;
+    - ``step(model, batch) -> loss``: the user's own code for what the loop cannot guess (it may return
+      ``(loss, logs)`` or ``{"loss": loss, ...}`` too: the loop trains on the loss);
     - items that are ``(input, target)`` pairs: ``loss_fn(model(input), target)`` (a mapping input is
       passed as ``model(**input)``; the output may be a tensor, dict or dataclass);
     - items that are mappings (Hugging Face style): ``model(**batch)``, and the loss is
@@ -85,19 +90,26 @@ class Workload:
             self._take_loader(self.dataset)
         if not callable(self.optimizer):
             raise TypeError("Workload.optimizer must be a factory: optimizer(params) -> torch.optim.Optimizer")
-        if isinstance(self.dataset, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in self.dataset):
-            self.dataset = TensorDataset(*self.dataset)
-        # A stream (IterableDataset, e.g. a webdataset pipeline) has no length to check: an empty one is
-        # reported by the first step, which finds no batch.
-        if not isinstance(self.dataset, IterableDataset):
-            if not (hasattr(self.dataset, "__getitem__") and hasattr(self.dataset, "__len__")):
-                raise TypeError(
-                    "Workload.dataset must be map-style (define __getitem__ and __len__), an IterableDataset or "
-                    f"a tuple of tensors; got {type(self.dataset).__name__}"
-                )
-            if len(self.dataset) == 0:
-                raise ValueError("Workload.dataset is empty: a burst needs at least one batch of data")
+        if self.dataset_is_factory:  # built in each rank: checked there, when it is built
+            _check_zero_argument_factory(self.dataset, "dataset", "a built dataset")
+            return
+        self.dataset = _as_dataset(self.dataset, "Workload.dataset")
         self._check_items()
+
+    @property
+    def dataset_is_factory(self) -> bool:
+        """Whether ``dataset`` is a factory each rank calls (anything callable that is no dataset itself)."""
+        return callable(self.dataset) and not isinstance(self.dataset, (Dataset, DataLoader, tuple, list))
+
+    def build_dataset(self) -> Dataset:
+        """The dataset a rank reads: ``dataset`` itself, or what its factory builds now, checked as a dataset given
+        directly is (a DataLoader's own settings are not taken from a factory's product: only its dataset)."""
+        if not self.dataset_is_factory:
+            return self.dataset  # type: ignore[return-value]  # made a Dataset in __post_init__
+        built = self.dataset()  # type: ignore[operator]
+        if isinstance(built, DataLoader):
+            built = built.dataset
+        return _as_dataset(built, f"what Workload.dataset={callable_name(self.dataset)} returned")
 
     def _take_loader(self, loader: DataLoader) -> None:
         """A user's DataLoader: its dataset and collate_fn become the workload's, and the loader is kept
@@ -155,14 +167,56 @@ class Workload:
             )
         return model
 
+    def build_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The optimizer the factory builds for ``params``, checked: a factory that returns nothing (a missing
+        ``return``) would otherwise fail inside GradScaler at the first step, naming none of the user's code."""
+        optimizer = self.optimizer(params)
+        if not all(callable(getattr(optimizer, method, None)) for method in ("step", "zero_grad")) or not hasattr(
+                optimizer, "param_groups"):
+            raise TypeError(
+                f"Workload.optimizer={callable_name(self.optimizer)} returned {type(optimizer).__name__}, not a "
+                "torch.optim.Optimizer: the factory must return the optimizer it builds, e.g. "
+                "optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)"
+            )
+        return optimizer
+
+
+def callable_name(obj: Any) -> str:
+    """How a user's function is named in a message: its qualified name, with its module unless it was defined in the
+    notebook or script itself (``__main__``); a ``functools.partial`` by the function it wraps."""
+    if isinstance(obj, functools.partial):
+        return f"functools.partial({callable_name(obj.func)}, ...)"
+    name = getattr(obj, "__qualname__", None) or type(obj).__name__
+    module = getattr(obj, "__module__", None)
+    return name if module in (None, "__main__", "builtins") else f"{module}.{name}"
+
 
 def _name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or type(obj).__name__
 
 
-def _check_zero_argument_factory(factory: Callable[..., Any]) -> None:
-    """A model that is not an nn.Module is a factory the worker calls with no arguments: check that now,
-    so ``model=nn.Linear`` fails here, naming what to pass, instead of in the worker after a process started."""
+def _as_dataset(dataset: Any, what: str) -> Dataset:
+    """``dataset`` as the loader reads it (a tuple of tensors becomes a TensorDataset), or a TypeError/ValueError
+    saying why it cannot be read, starting with ``what``."""
+    if isinstance(dataset, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in dataset):
+        dataset = TensorDataset(*dataset)
+    # A stream (IterableDataset, e.g. a webdataset pipeline) has no length to check: an empty one is
+    # reported by the first step, which finds no batch.
+    if isinstance(dataset, IterableDataset):
+        return dataset
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"{what} must be map-style (define __getitem__ and __len__), an IterableDataset, a tuple of "
+                        f"tensors or a zero-argument factory of one; got {type(dataset).__name__}")
+    if len(dataset) == 0:
+        raise ValueError(f"{what} is empty: a burst needs at least one batch of data")
+    return dataset
+
+
+def _check_zero_argument_factory(factory: Callable[..., Any], field: str = "model",
+                                 built: str = "a built model") -> None:
+    """A model that is not an nn.Module (a dataset that is no dataset) is a factory the worker calls with no
+    arguments: check that now, so ``model=nn.Linear`` fails here, naming what to pass, instead of in the worker
+    after a process started."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # some builtins have no signature to read: the worker call will tell
@@ -173,10 +227,11 @@ def _check_zero_argument_factory(factory: Callable[..., Any]) -> None:
         required = [p.name for p in signature.parameters.values()
                     if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         name = _name(factory)
+        kind = "an nn.Module" if field == "model" else "a dataset"
         raise TypeError(
-            f"Workload.model={name} is not an nn.Module, so it is taken as a factory and called with no "
-            f"arguments, but it needs {', '.join(required)}. Pass a built model, e.g. model={name}(...), or a "
-            f"zero-argument factory, e.g. model=lambda: {name}(...)"
+            f"Workload.{field}={name} is not {kind}, so it is taken as a factory and called with no "
+            f"arguments, but it needs {', '.join(required)}. Pass {built}, e.g. {field}={name}(...), or a "
+            f"zero-argument factory, e.g. {field}=lambda: {name}(...)"
         ) from None
 
 

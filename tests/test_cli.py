@@ -90,3 +90,48 @@ def test_the_command_runs_a_workload_module_from_its_current_directory(workdir: 
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("baseline [mywl] ok")
+
+
+# -- every mistake before the first burst, in one line -------------------------------------------------------------
+@pytest.fixture
+def no_burst_may_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting a burst (or a ladder) is made an error: the CLI must reject its arguments first."""
+    from accel_widgets import cli
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a burst started before the arguments were checked")
+
+    monkeypatch.setattr(cli, "run_ladder", started)
+    monkeypatch.setattr(cli, "run_burst", started)
+
+
+def test_demo_rejects_an_unknown_workload_before_the_first_ladder(no_burst_may_start: None,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--workloads", "image,nope", "--steps", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "accel-widgets: error: --workloads 'image,nope': unknown demo 'nope'; valid names: image, lm, mlp\n"
+
+
+@pytest.mark.parametrize("command", [["run", "--demo", "mlp", "--steps", "-3"], ["demo", "--steps", "-3"]],
+                         ids=["run", "demo"])
+def test_a_negative_step_count_fails_before_any_progress_line(no_burst_may_start: None, command: list[str],
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(command) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "accel-widgets: error: steps=-3 is invalid: use an integer, steps >= 1\n"
+
+
+def test_export_creates_the_directories_of_its_output(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "--workload", "mywl:make", "-o", "missing/dir/train.py"]) == 0
+    assert "Training script exported by accel_widgets" in (workdir / "missing" / "dir" / "train.py").read_text()
+    assert "wrote missing/dir/train.py" in capsys.readouterr().out
+
+
+def test_export_to_a_path_it_cannot_write_is_one_line(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (workdir / "a_file").write_text("")
+    assert main(["export", "--workload", "mywl:make", "-o", "a_file/train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accel-widgets: error: ") and "a_file" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1

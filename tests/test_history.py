@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import pickle
 import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -166,6 +169,86 @@ def test_unreadable_row_names_the_run_to_delete(tmp_path):
             runs.runs()
         runs.delete(run_id)
         assert runs.runs() == []
+
+
+# -- read-only ---------------------------------------------------------------------------------------
+NOBODY = 65534
+
+
+def as_reader_without_write_access(path: Path, read: Callable[[Path], Any], *, directory_writable: bool) -> Any:
+    """``read(path)`` as a user who may read ``path`` but not write it (nor its directory, unless
+    ``directory_writable``).
+
+    Root writes any file whatever its mode, so as root the read runs in a forked child that has become
+    ``nobody`` (the directory made traversable, or writable, for it); otherwise the file (and the directory)
+    are made read-only for the duration. What ``read`` returns (or raises) comes back pickled.
+    """
+    if os.geteuid() != 0:
+        modes = path.stat().st_mode, path.parent.stat().st_mode
+        path.chmod(0o444)
+        if not directory_writable:
+            path.parent.chmod(0o555)
+        try:
+            return read(path)
+        finally:
+            path.parent.chmod(modes[1])
+            path.chmod(modes[0])
+    path.parent.chmod(0o777 if directory_writable else 0o755)
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(reader)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            try:
+                outcome: tuple[str, Any] = ("value", read(path))
+            except Exception as exc:
+                outcome = ("error", exc)
+            with os.fdopen(writer, "wb") as out:
+                pickle.dump(outcome, out)
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as received:
+        data = received.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise value
+    return value
+
+
+def listed_and_refused(path: Path) -> tuple[bool, list[str], str, str]:
+    """Open ``path``, list its runs, read one, then try to record: (read_only, labels, one label, the error)."""
+    with RunHistory(path) as runs:
+        listed = runs.runs()
+        one = runs.get(listed[-1].id).label
+        try:
+            runs.record(make_result(), fingerprint="a")
+            refused = ""
+        except HistoryError as exc:
+            refused = str(exc)
+        return runs.read_only, [run.label for run in listed], one, refused
+
+
+@pytest.mark.parametrize("directory_writable", [False, True], ids=["read-only directory", "read-only file"])
+def test_a_history_shared_read_only_can_be_listed_and_says_why_it_cannot_record(short_tmp: Path,
+                                                                                directory_writable: bool) -> None:
+    path = short_tmp / "shared.sqlite"
+    with RunHistory(path) as runs:
+        runs.record(make_result(label="first"), fingerprint="a")
+        runs.record(make_result(label="second"), fingerprint="a")
+    before = digest(path)
+    read_only, labels, one, refused = as_reader_without_write_access(path, listed_and_refused,
+                                                                     directory_writable=directory_writable)
+    assert read_only and labels == ["second", "first"] and one == "first"
+    assert refused == (f"recording a run in {path}: this process may not write that file or its directory, so the "
+                       "history is open read-only (its runs can be listed and loaded, not added to). To record runs, "
+                       "pass a writable path to RunHistory() or set $ACCEL_WIDGETS_HISTORY to one.")
+    assert digest(path) == before
+    with RunHistory(path) as runs:  # its owner still writes it
+        assert not runs.read_only and len(runs.runs()) == 2
 
 
 # -- concurrency -------------------------------------------------------------------------------------

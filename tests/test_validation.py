@@ -159,6 +159,8 @@ def no_process_may_start(monkeypatch):
         ({"steps": 2.5}, "steps=2.5 is invalid"),
         ({"warmup_steps": True}, "warmup_steps=True is invalid"),
         ({"profile_steps": -1}, "profile_steps=-1 is invalid"),
+        ({"steps": 5, "seconds": 2.0}, "steps=5 and seconds=2.0 given together: a burst measures either a number "
+                                       "of steps or a time; pass one of them"),
     ],
 )
 def test_run_burst_rejects_bad_numbers_before_starting(no_process_may_start, kwargs, message):
@@ -176,4 +178,6 @@ def test_cli_rejects_nan_seconds_and_negative_profile_steps(no_process_may_start
     assert "seconds=nan is invalid" in capsys.readouterr().err
     assert main(["run", "--demo", "mlp", "--steps", "2", "--profile-steps", "-1"]) == 2
     assert "profile_steps=-1 is invalid" in capsys.readouterr().err
+    assert main(["run", "--demo", "mlp", "--steps", "2", "--seconds", "1"]) == 2
+    assert "steps=2 and seconds=1.0 given together" in capsys.readouterr().err
 

@@ -48,3 +48,26 @@ def test_a_factory_returning_something_else_says_what_it_returned():
     assert "Workload.model is a factory (test_a_factory_returning_something_else_says_what_it_returned.<locals>" \
            ".build), so it is called to build the model, and it returned dict, not an nn.Module" in message
     assert "pass the model instance itself as Workload(model=...)" in message
+
+
+# -- a dataset factory: built in each rank -----------------------------------------------------------------
+def test_a_dataset_factory_is_built_when_the_rank_asks_and_checked_as_a_dataset() -> None:
+    workload = Workload(model=TinyNet, dataset=functools.partial(tensors, 64), loss_fn=F.cross_entropy)
+    assert workload.dataset_is_factory
+    assert len(workload.build_dataset()) == 64  # a tuple of tensors, made a TensorDataset as when given directly
+    assert not Workload(model=TinyNet, dataset=tensors(64), loss_fn=F.cross_entropy).dataset_is_factory
+
+    def nothing() -> None:
+        return None
+
+    with pytest.raises(TypeError, match=r"what Workload.dataset=.*nothing returned must be map-style"):
+        Workload(model=TinyNet, dataset=nothing, loss_fn=F.cross_entropy).build_dataset()
+
+
+def test_a_dataset_factory_that_needs_arguments_is_refused_at_once() -> None:
+    def build(n: int) -> object:
+        return tensors(n)
+
+    with pytest.raises(TypeError, match=r"Workload.dataset=.*build is not a dataset, so it is taken as a factory .* "
+                                        r"it needs n\. Pass a built dataset"):
+        Workload(model=TinyNet, dataset=build, loss_fn=F.cross_entropy)

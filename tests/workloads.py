@@ -83,6 +83,44 @@ class FailAt(TinyNet):
         return super().forward(x)
 
 
+class ForksInForward(TinyNet):
+    """At its first forward, starts processes that would outlive the step: a plain fork that sleeps, and a daemon
+    (a double fork into its own session, the middle process exiting at once) that sleeps too. The pids go to
+    ``pid_file``, one per line, written by their parents, so the test knows them however fast the rank ends.
+    With ``then_raise`` the forward raises once they exist."""
+
+    def __init__(self, pid_file: str, then_raise: bool = False) -> None:
+        super().__init__()
+        self.pid_file, self.then_raise, self.forked = pid_file, then_raise, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.forked:
+            self.forked = True
+            self._start(daemon=False)
+            self._start(daemon=True)
+            if self.then_raise:
+                raise RuntimeError("forked, then failed")
+        return super().forward(x)
+
+    def _start(self, daemon: bool) -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: only system calls from here on, then it leaves without Python's teardown
+            if daemon:
+                os.setsid()
+                grandchild = os.fork()
+                if grandchild:
+                    self._note(grandchild)
+                    os._exit(0)
+            time.sleep(3600)
+            os._exit(0)
+        if not daemon:
+            self._note(pid)
+
+    def _note(self, pid: int) -> None:
+        with open(self.pid_file, "a") as file:
+            file.write(f"{pid}\n")
+
+
 class DivergesAt(TinyNet):
     """Its output turns NaN at the k-th forward call, as an overflow would; the NaN gradients that follow keep
     every later loss NaN, the way a real divergence does."""

@@ -26,6 +26,7 @@ without racing a writer that is placing a good one.
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import math
@@ -48,6 +49,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ..fingerprint import FingerprintError, dataset_fingerprint
 from ..knobs.data import FrozenAugmentationWarning
+from .streaming import generators_kept
 
 #: Bumped whenever the on-disk layout changes; caches of another version count as damaged and are rebuilt.
 FORMAT_VERSION = 1
@@ -193,6 +195,19 @@ def warn_if_random(dataset: Any, mode: str) -> bool:
         "deterministic part of the item (decoding, resizing) and augment after.",
         FrozenAugmentationWarning, stacklevel=3)
     return True
+
+
+def items_differ(dataset: Any) -> bool | None:
+    """Whether two reads of the same item differ (random augmentation), as :func:`first_random_item` finds on a
+    shallow copy of ``dataset`` (a dataset that opens a file on first use must not hand the loader workers the
+    handle), with every random generator put back; None for a stream or a dataset whose items cannot be read so."""
+    if isinstance(dataset, IterableDataset):
+        return None
+    try:
+        with generators_kept():
+            return first_random_item(copy.copy(dataset)) is not None
+    except Exception:  # an item the cache could not hold (strings, ragged lists): the loader reads it as it is
+        return None
 
 
 def first_random_item(dataset: Any) -> int | None:

@@ -6,6 +6,7 @@ rank's story: its losses (read late when ``sync_every`` defers them), its summar
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,13 +80,14 @@ class RankFailed:
     kind: str
     message: str
     traceback: str
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def from_exception(cls, rank: int, t: float, exc: BaseException) -> RankFailed:
         """Call inside the ``except`` block: the traceback is the one being handled."""
         text = str(exc).strip()
         first = text.splitlines()[0] if text else ""
-        message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        message = _raised_elsewhere(text) or (f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
         kind = "exception"
         if isinstance(exc, torch.OutOfMemoryError):
             kind = "oom"
@@ -107,6 +109,25 @@ class RankFailed:
         """The rank only noticed that another rank vanished or stalled: a symptom, never the root cause."""
         text = self.message + self.traceback
         return any(marker in text for marker in (*PEER_FAILURE_MARKERS, *COLLECTIVE_TIMEOUT_MARKERS))
+
+
+#: How torch re-raises an exception from a DataLoader worker (or its pin-memory thread): "Caught ValueError in
+#: DataLoader worker process 0.", then the original traceback, whose last lines are the user's own exception.
+_RERAISED = re.compile(r"Caught \S+ (?P<where>.+?)\.\nOriginal Traceback \(most recent call last\):\n(?P<tb>.*)", re.S)
+
+
+def _raised_elsewhere(text: str) -> str:
+    """``ValueError: bad item 7 (raised in DataLoader worker process 0)`` for an exception torch re-raised from a
+    loader worker: its own first line names the wrapper, while the user's exception is at the end of the original
+    traceback. Empty for any other exception."""
+    match = _RERAISED.match(text)
+    if match is None:
+        return ""
+    lines = match.group("tb").rstrip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith(" ")]  # "  File ...", then its source line
+    original = lines[frames[-1] + 1:] if frames else lines
+    headline = next((line for line in original if line.strip()), "")
+    return f"{headline} (raised {match.group('where')})" if headline else ""
 
 
 WorkerEvent = StepRecord | StepBatch | RankLosses | RankDone | RankFailed

@@ -162,6 +162,7 @@ class _Collected:
             self.warnings.extend(w for w in event.warnings if w not in self.warnings)
         elif isinstance(event, RankFailed):
             self.errors.append(event)
+            self.warnings.extend(w for w in event.warnings if w not in self.warnings)
 
     def steps_with_losses(self) -> list[StepRecord]:
         """Steps with the loss values that were read after the step event went out (sync_every > 1)."""
@@ -234,7 +235,8 @@ def run_burst(
     traceback of the line that synced; torch.distributed's own syncs (NCCL collectives, DDP's bucket
     and buffer traffic) are outside that mode, so under DDP it vouches for the rest of the step only (the
     result's warnings say so). Raises :class:`BurstRequestError` or :class:`ConfigError` before
-    starting anything if an argument is unusable or the config cannot run here, and a
+    starting anything if an argument is unusable (steps and seconds together too) or the config cannot
+    run here, and a
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
     that turns NaN/inf raises nothing and ends with status "diverged".
     """

@@ -28,7 +28,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
-from .streaming import SplitsItself, reader
+from .streaming import ReadCounts, SplitsItself, reader
 
 if TYPE_CHECKING:
     from .datacache import _Field, _Layout
@@ -85,18 +85,20 @@ class ShardStream(SplitsItself):
     """
 
     def __init__(self, path: Path, shards: list[str], layout: _Layout, nbytes: int, rank: int = 0,
-                 world_size: int = 1) -> None:
+                 world_size: int = 1, counts: ReadCounts | None = None) -> None:
         self.path, self.shards, self.layout, self.nbytes = path, shards, layout, nbytes
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.counts = rank, world_size, counts
 
-    def for_rank(self, rank: int, world_size: int) -> IterableDataset:
-        return ShardStream(self.path, self.shards, self.layout, self.nbytes, rank, world_size)
+    def for_rank(self, rank: int, world_size: int, counts: ReadCounts) -> IterableDataset:
+        return ShardStream(self.path, self.shards, self.layout, self.nbytes, rank, world_size, counts)
 
     def __iter__(self) -> Iterator[Any]:
         index, readers = reader(self.rank, self.world_size)
         whole_shards = len(self.shards) >= readers
         items = map(self._decode, _samples(self.path, self.shards[index::readers] if whole_shards else self.shards))
-        return items if whole_shards else islice(items, index, None, readers)
+        if self.counts is None:
+            return items if whole_shards else islice(items, index, None, readers)
+        return self.counts.deal(items, 0, 1) if whole_shards else self.counts.deal(items, index, readers)
 
     def _decode(self, sample: dict[str, Any]) -> Any:
         fields = self.layout.fields

@@ -24,14 +24,17 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.overrides import TorchFunctionMode
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from ..config import Config
 from ..flops import count_training_flops
-from ..knobs import attention, batch, compiling, data, overhead, parallel, precision, system
-from ..results import OperatorTime, ProfileCapture, RankSummary, StepRecord
-from ..workload import Workload
+from ..knobs import CodePaths, attention, batch, compiling, data, overhead, parallel, precision, system
+from ..results import OperatorTime, ProfileCapture, RankSummary, StepRecord, StreamReading
+from ..workload import Workload, callable_name
+from .datacache import items_differ
 from .events import Emit, Phase, RankLosses
+from .streaming import stream_random_data
 
 Clock = Callable[[], float]
 
@@ -272,6 +275,10 @@ class EpochIterator:
         self._loader, self._epoch = loader, 0
         self._iterator = iter(loader)
 
+    @property
+    def loader(self) -> DataLoader:
+        return self._loader
+
     def __next__(self) -> Any:
         try:
             return next(self._iterator)
@@ -342,6 +349,39 @@ def model_loss(output: Any) -> torch.Tensor:
     return loss
 
 
+def step_loss(returned: Any, step: Callable[..., Any]) -> torch.Tensor:
+    """The loss a workload's ``step`` returned, in the shapes training code returns it: the tensor, ``(loss,
+    logs)``, ``{"loss": loss, ...}`` or an object with ``.loss`` (a Hugging Face output). Anything else fails
+    at the first step, naming the step and what to return."""
+    if isinstance(returned, torch.Tensor):
+        loss: Any = returned
+    elif isinstance(returned, (tuple, list)):
+        loss = returned[0] if returned else None
+    elif isinstance(returned, Mapping):
+        loss = returned.get("loss")
+    else:
+        loss = getattr(returned, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    what = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
+            else _shape_of(returned))
+    raise BatchFormatError(
+        f"Workload.step={callable_name(step)} returned {what}: return the loss as a one-element tensor (e.g. "
+        "loss.mean()), a (loss, logs) tuple or a dict with a 'loss' tensor"
+    )
+
+
+def _shape_of(value: Any) -> str:
+    """``a tuple of (Tensor, dict)``, ``a dict with keys 'logits'``, ``None``: what a step returned, in a message."""
+    if value is None:
+        return "None"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of ({', '.join(type(v).__name__ for v in value)})"
+    if isinstance(value, Mapping):
+        return f"a dict with keys {', '.join(map(repr, value)) or 'none'} (no 'loss' tensor)"
+    return f"a {type(value).__name__}"
+
+
 def real_tokens(batch: Any) -> int | None:
     """Tokens that are not padding, from the batch's attention mask while it is still on the host."""
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
@@ -407,6 +447,7 @@ class TrainingLoop:
     set_phase: Callable[[Phase], None] = lambda phase: None
     step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
     max_grad_norm: float | None = None
+    random_data: bool | None = None  # two reads of the same item differ (random augmentation); None: not known
     mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
@@ -439,10 +480,30 @@ class TrainingLoop:
             by_math[key] = by_math.get(key, 0.0) + count / samples
         return by_math
 
+    def code_paths(self, raw_model: nn.Module) -> CodePaths | None:
+        """The code paths the step runs (what a knob needs to act), recorded over one more forward of the last
+        micro-batch on the unwrapped, uncompiled model, after measuring; None when that forward fails.
+
+        Training mode, autocast and the pinned attention backend as in the step, so the model takes the same
+        branches (an inference fast path would skip scaled_dot_product_attention); nothing is backpropagated.
+        """
+        if self.last_micro_batch is None:
+            return None
+        batch = self.last_micro_batch
+        try:
+            with self.mixed_precision.autocast(), attention.forward_context(self.config), _CallRecorder() as calls:
+                self._loss(raw_model, batch)
+        except Exception as exc:  # an op the recorder cannot run must not fail a finished burst
+            warnings.warn(f"code paths not recorded ({type(exc).__name__}: {exc}); the tuner tries every knob",
+                          stacklevel=2)
+            return None
+        return CodePaths(sdpa="scaled_dot_product_attention" in calls.names,
+                         convolution=bool(calls.names & _CONVOLUTIONS), cuda=self.device.type == "cuda")
+
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The micro-batch's loss, in the first form the workload gives (see :class:`~accel_widgets.Workload`)."""
         if self.step_fn is not None:
-            return self.step_fn(model, batch)
+            return step_loss(self.step_fn(model, batch), self.step_fn)
         if isinstance(batch, Mapping):
             output = model(**batch)
             return self.loss_fn(output, batch) if self.loss_fn is not None else model_loss(output)
@@ -640,6 +701,22 @@ class TrainingLoop:
         return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens)
 
 
+_CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                           "convolution", "conv_tbc"})
+
+
+class _CallRecorder(TorchFunctionMode):
+    """Notes the name of every torch function called while it is active (then calls it unchanged)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.add(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
 def _cuda_sync_debug_mode(device: torch.device, mode: str | None) -> contextlib.AbstractContextManager[None]:
     """torch's CUDA sync-debug mode set to ``mode`` for the duration (None, or on a CPU: unchanged)."""
     if mode is None or device.type != "cuda":
@@ -672,7 +749,7 @@ def build_loop(
     """
     torch.manual_seed(workload.seed)
     system.cap_memory(config, device)
-    dataset = data.prepare_dataset(workload.dataset, config, cache_dir)
+    dataset = data.prepare_dataset(workload.build_dataset(), config, cache_dir)
     data.check_shared_memory(dataset, workload, config, world_size)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
@@ -680,17 +757,19 @@ def build_loop(
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
     torch.manual_seed(data.data_seed(workload))
     timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
+    random_data = stream_random_data(loader.dataset) if isinstance(dataset, IterableDataset) else items_differ(dataset)
     loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader), config,
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
                         should_stop=should_stop, set_phase=set_phase, step_fn=workload.step,
-                        max_grad_norm=workload.max_grad_norm)
+                        max_grad_norm=workload.max_grad_norm, random_data=random_data)
     return loop, raw
 
 
 def rank_summary(
     rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
     scaler_skipped_steps: int | None = None, flops_by_math: dict[str, float] | None = None,
-    profile: ProfileCapture | None = None,
+    profile: ProfileCapture | None = None, code_paths: CodePaths | None = None, random_data: bool | None = None,
+    stream: StreamReading | None = None,
 ) -> RankSummary:
     return RankSummary(
         rank=rank,
@@ -706,4 +785,7 @@ def rank_summary(
         flops_per_sample=sum(flops_by_math.values()) if flops_by_math else None,
         flops_by_math=flops_by_math,
         profile=profile,
+        code_paths=code_paths,
+        random_data=random_data,
+        stream=stream,
     )

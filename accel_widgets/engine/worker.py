@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import datetime
 import math
+import multiprocessing
 import os
 import platform
 import select
@@ -37,6 +39,7 @@ from ..knobs import global_flags
 from ..results import StepRecord
 from ..workload import Workload
 from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
+from .streaming import stream_reading
 from .training import TrainingLoop, build_loop, rank_summary
 
 STEP_BATCH_S = 0.02  # step records leave at most this late: live plots stay live, fast steps stay cheap
@@ -78,12 +81,14 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
     # decides to stop a burst, so a KeyboardInterrupt seen here can only come from user code.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     keep_freed_memory()
+    become_subreaper()
     spec: BurstSpec | None = None
-    emit = _BatchedEmit(events.put)
+    emit = _EndingStrays(_BatchedEmit(events.put))
     try:
         workload, spec = cloudpickle.loads(payload)
         _die_with_owner(spec.owner_pid, spec.owner_started)
         _use_environment(spec.environment)
+        _use_rank_environment(rank, spec.config.ranks)
         _use_private_temp_dir(spec.temp_dir)
         _use_inductor_cache(spec.inductor_cache_dir)
 
@@ -100,6 +105,122 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
     finally:
         emit.close()
         events.close()
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def become_subreaper() -> None:
+    """Make this rank the parent of every orphan below it: a process the workload forks and abandons (a daemon's
+    double fork) is then re-parented to the rank, not to init, so :func:`end_strays` and the owner's death can
+    still find it and end it with the burst."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def end_strays(timeout_s: float = 2.0) -> list[str]:
+    """SIGKILL every process below this rank that is not one of its DataLoader workers, reap it, and say so: one
+    warning per process the workload started, naming its pid and command.
+
+    Only the workload starts such processes (a fork in ``forward``, a helper a library launches), and nothing a
+    burst starts may outlive it. Loader workers (this process's multiprocessing children) are left to their own
+    shutdown, which also ends when the rank does; what *they* started is ended here too. torch's own helpers
+    (inductor's compile workers, run from torch's directory) are ended without a warning: they are no mistake.
+    """
+    loader_workers = {child.pid for child in multiprocessing.active_children()}
+    helpers = _torch_helpers()
+    ended: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        strays = [p for p in _descendants() if p.pid not in loader_workers and p.pid not in ended]
+        for stray in strays:
+            ended[stray.pid] = _describe(stray)
+            with contextlib.suppress(psutil.Error):
+                stray.kill()
+        if not strays and not _unreaped([*ended, *_zombie_children(loader_workers)]):
+            break
+        time.sleep(0.01)
+    return [f"a process the workload started was still running when the rank finished and was killed (pid {pid}: "
+            f"{command}): everything a burst starts ends with it" for pid, command in ended.items()
+            if pid not in helpers]
+
+
+_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
+
+
+def _torch_helpers() -> set[int]:
+    """The processes torch started below this rank: a child that runs a file from torch's directory, and its own."""
+    helpers: set[int] = set()
+    for child in _descendants():
+        with contextlib.suppress(psutil.Error):
+            if child.ppid() == os.getpid() and any(arg.startswith(_TORCH_DIR) for arg in child.cmdline()):
+                helpers.add(child.pid)
+                helpers.update(grandchild.pid for grandchild in child.children(recursive=True))
+    return helpers
+
+
+def _descendants() -> list[psutil.Process]:
+    """This process's live descendants (zombies have ended already: they only wait to be reaped)."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    return [child for child in children if _alive(child)]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _zombie_children(loader_workers: set[int]) -> list[int]:
+    """This rank's children that have exited but were never reaped (the middle process of a daemon's double fork),
+    loader workers aside: multiprocessing reaps those."""
+    with contextlib.suppress(psutil.Error):
+        return [child.pid for child in psutil.Process().children()
+                if child.pid not in loader_workers and not _alive(child)]
+    return []
+
+
+def _unreaped(pids: list[int]) -> list[int]:
+    """Reap those of ``pids`` that are this rank's children by now (a killed grandchild is re-parented here once its
+    parent is gone); returns those still waiting: alive or unreaped, and ours."""
+    waiting = []
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):  # reaped already, or not our child
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                waiting.append(pid)
+    return waiting
+
+
+def _describe(process: psutil.Process) -> str:
+    """``python3 -c import time; time.sleep(...)``: a process's command line, shortened for a warning."""
+    try:
+        command = " ".join(process.cmdline()) or process.name()
+    except psutil.Error:
+        command = "?"
+    return command if len(command) <= 80 else command[:77] + "..."
+
+
+class _EndingStrays:
+    """The rank's emit, ending the workload's stray processes just before the rank's last word (its result or its
+    failure), so the warnings about them reach the result."""
+
+    def __init__(self, emit: _BatchedEmit) -> None:
+        self._emit = emit
+
+    def __call__(self, event: WorkerEvent) -> None:
+        if isinstance(event, (RankDone, RankFailed)):
+            event = dataclasses.replace(event, warnings=[*event.warnings, *end_strays()])
+        self._emit(event)
+
+    def flush(self) -> None:
+        self._emit.flush()
+
+    def close(self) -> None:
+        self._emit.close()
 
 
 class _BatchedEmit:
@@ -246,6 +367,18 @@ def _use_environment(environment: dict[str, str]) -> None:
     os.environ.update(environment)
 
 
+def _use_rank_environment(rank: int, world_size: int) -> None:
+    """Tell code that reads its place from the environment, as torchrun sets it, which rank this is: a stream that
+    splits itself (MosaicML's StreamingDataset reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE), a library's
+    logging. One machine, one node: local = global. No MASTER_ADDR/MASTER_PORT: the ranks rendezvous in a private
+    file (see :func:`_process_group`), and code that would open a TCP store from them must fail, not listen."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                       "ROLE_WORLD_SIZE": str(world_size)})
+
+
 def _use_private_temp_dir(path: str) -> None:
     """Send every temp file of this rank (DataLoader's pymp-*, inductor scratch) to the burst's own dir."""
     os.environ["TMPDIR"] = path
@@ -287,7 +420,8 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
         set_phase(Phase.FINISHING)
         capture = _profile(loop, spec, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
-                               loop.flops_by_math(raw), capture)
+                               loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
+                               stream_reading(loop.batches.loader.dataset))
     emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
 
 

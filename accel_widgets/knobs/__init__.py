@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from . import attention, batch, compiling, data, overhead, parallel, precision, system
-from .base import DeviceKind, Facts, Group, Knob, KnobRegistry, KnobValueError, Rule
+from .base import CodePaths, DeviceKind, Facts, Group, Knob, KnobRegistry, KnobValueError, Rule
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -61,6 +61,7 @@ __all__ = [
     "KNOBS",
     "OWNERS",
     "RULES",
+    "CodePaths",
     "DeviceKind",
     "Facts",
     "Group",

@@ -33,6 +33,7 @@ KNOBS = [
         "does, in several kernels. torch's pick falls back silently when a kernel cannot take the inputs.",
         when="Transformer models that call scaled_dot_product_attention, with long sequences. 'math' is the "
         "reference to compare against; a pinned kernel that cannot take the inputs fails the burst, naming why.",
+        needs=("sdpa",),
     ),
 ]
 

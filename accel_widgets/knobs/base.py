@@ -26,8 +26,35 @@ class KnobValueError(ValueError):
 
 
 @dataclass(frozen=True)
+class CodePaths:
+    """Which code paths a burst's step ran, recorded by the engine on rank 0's (unwrapped, uncompiled) model over
+    one micro-batch: what a knob's effect needs in order to act at all.
+
+    ``sdpa``: ``scaled_dot_product_attention`` was called (the one op ``sdpa_backend`` picks kernels for);
+    ``convolution``: a convolution ran (what channels_last and cuDNN autotuning change); ``cuda``: the step ran on
+    a CUDA device, so every batch is copied host-to-device (what pinned memory and non-blocking copies speed up).
+    A knob names the paths it needs (:attr:`Knob.needs`); where one never ran, flipping the knob cannot change the
+    step, so a search does not spend bursts on it.
+    """
+
+    sdpa: bool
+    convolution: bool
+    cuda: bool
+
+
+#: What each code path is, as a sentence about a knob that needs it reads it.
+CODE_PATH_TEXT: dict[str, str] = {
+    "sdpa": "calls to scaled_dot_product_attention",
+    "convolution": "convolutions",
+    "cuda": "host-to-device copies on a CUDA device",
+}
+CodePath = Literal["sdpa", "convolution", "cuda"]
+
+
+@dataclass(frozen=True)
 class Knob:
-    """One optimisation: its valid values and the text a user reads before flipping it."""
+    """One optimisation: its valid values and the text a user reads before flipping it. ``needs`` names the code
+    paths (:class:`CodePaths`) its effect acts on: none for a knob that acts on every step."""
 
     name: str
     group: Group
@@ -41,6 +68,23 @@ class Knob:
     minimum: float | None = None
     maximum: float | None = None
     allow_none: bool = False
+    needs: tuple[CodePath, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [path for path in self.needs if path not in CODE_PATH_TEXT]
+        if unknown:
+            raise ValueError(f"knob {self.name!r} needs unknown code path(s) {unknown}: use "
+                             f"{', '.join(CODE_PATH_TEXT)}")
+
+    def idle_on(self, paths: CodePaths) -> str:
+        """Why this knob cannot act on a step that ran ``paths``, or "" when it can (it needs nothing that did not
+        run)."""
+        missing = [path for path in self.needs if not getattr(paths, path)]
+        if not missing:
+            return ""
+        return (f"{self.name} acts on {' and '.join(CODE_PATH_TEXT[path] for path in self.needs)}, and the step "
+                f"had no {' and no '.join(CODE_PATH_TEXT[path] for path in missing)} (recorded over one micro-batch "
+                "of the starting burst)")
 
     def valid_values_text(self) -> str:
         """Human-readable description of the valid values, used in every error message."""

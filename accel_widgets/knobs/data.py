@@ -72,6 +72,7 @@ KNOBS = [
         what="Collate batches into page-locked host memory.",
         why="The GPU's DMA engine copies from pinned memory directly, faster and asynchronously.",
         when="Host-to-device copies are a visible share of the step. No effect without CUDA.",
+        needs=("cuda",),
     ),
     Knob(
         "prefetch_factor", "data", int, 2, minimum=1, maximum=64,
@@ -90,6 +91,7 @@ KNOBS = [
         what="Issue host-to-device copies with non_blocking=True.",
         why="From pinned memory the copy overlaps with compute instead of stalling the host.",
         when="Together with pin_memory on a GPU. No effect without CUDA.",
+        needs=("cuda",),
     ),
     Knob(
         "data_cache", "data", str, "none", choices=("none", "memory", "memmap", "shards"),
@@ -168,7 +170,7 @@ def build_loader(
     """
     batch_size = resolve_batch_size(config, workload)
     if isinstance(dataset, IterableDataset):
-        dataset, batching = _streaming(dataset, workload, batch_size, rank, world_size)
+        dataset, batching = _streaming(dataset, workload, batch_size, rank, world_size, config.num_workers)
     else:
         per_rank = len(dataset) // world_size
         if per_rank < batch_size:
@@ -243,8 +245,8 @@ def tensor_bytes(obj: Any) -> int:
     return sum(tensor_bytes(value) for value in values)
 
 
-def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, rank: int,
-               world_size: int) -> tuple[IterableDataset, dict[str, Any]]:
+def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, rank: int, world_size: int,
+               workers: int) -> tuple[IterableDataset, dict[str, Any]]:
     """This rank's share of a stream, batched without a sampler (a sampler would index the stream).
 
     Full batches as for map-style data: each loader worker batches its own share and drops its last
@@ -254,7 +256,7 @@ def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, ra
 
     generator = torch.Generator().manual_seed(data_seed(workload))
     batching = {"batch_size": batch_size, "drop_last": True, "generator": generator}
-    return split_stream(dataset, rank, world_size), batching
+    return split_stream(dataset, rank, world_size, workers), batching
 
 
 def _batching(dataset: Dataset, workload: Workload, batch_size: int, rank: int, world_size: int) -> dict[str, Any]:

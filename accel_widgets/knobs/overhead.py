@@ -58,7 +58,7 @@ _IMPLEMENTATION_FLAGS = {"for-loop": {"foreach": False, "fused": False}, "foreac
 
 def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Config) -> torch.optim.Optimizer:
     """The workload's optimizer, rebuilt with the requested implementation (for-loop / foreach / fused)."""
-    optimizer = workload.optimizer(params)
+    optimizer = workload.build_optimizer(params)
     if config.optimizer_impl == "default":
         return optimizer
     flags = _IMPLEMENTATION_FLAGS[config.optimizer_impl]

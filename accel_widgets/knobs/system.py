@@ -26,6 +26,7 @@ KNOBS = [
         what="torch.backends.cudnn.benchmark: time cuDNN's algorithms and keep the fastest.",
         why="The default heuristic pick is not always the fastest convolution algorithm.",
         when="Convolutional models with fixed input shapes. No effect on CPU.",
+        needs=("convolution",),
     ),
     Knob(
         "deterministic", "system", bool, False,
@@ -38,6 +39,7 @@ KNOBS = [
         what="Store 4-D activations and weights as NHWC (channels_last memory format).",
         why="Tensor-core convolutions want NHWC; NCHW inputs pay transposes around every conv.",
         when="Convolutional models, especially with bf16/fp16 on GPUs.",
+        needs=("convolution",),
     ),
     Knob(
         "memory_fraction", "system", float, None, minimum=0.05, maximum=1.0, allow_none=True,

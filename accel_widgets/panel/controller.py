@@ -157,6 +157,7 @@ class PanelController:
         self._noise_fingerprint: str | None = None
         self._shown_ids: set[int] = set()  # history ids already in the table (recorded here or loaded)
         self._thread: threading.Thread | None = None
+        self.last_run: BurstResult | None = None  # the last run the latest action finished
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._live_timer: threading.Timer | None = None
@@ -283,6 +284,7 @@ class PanelController:
         """Run ``body`` on the action thread; its return value is the final status line."""
         with self.state.lock:
             self.state.begin_action(what)  # raises while another action runs
+            self.last_run = None
             self._stop = threading.Event()
             self._stop_requested_at = None
             self._thread = threading.Thread(target=self._run_action, args=(what, body),
@@ -354,7 +356,12 @@ class PanelController:
         if outcome.best_samples_per_s is not None and outcome.baseline_samples_per_s is not None:
             rates = f"; {outcome.baseline_samples_per_s:,.1f} → {outcome.best_samples_per_s:,.1f} samples/s"
         stopped = "stopped" if self._stop.is_set() else "finished"
-        return (f"Tune {stopped}: best {outcome.best.label()}, {outcome.speedup:.2f}× over the start{rates} "
+        confirmation = outcome.confirmation
+        gain = (f"{confirmation.median:.2f}× over the start side by side ({confirmation.spread[0]:.2f}–"
+                f"{confirmation.spread[1]:.2f}, {len(confirmation.ratios)} pairs)" if confirmation is not None
+                else "1.00× (no knob beat the start)" if outcome.speedup is not None
+                else "its speedup not confirmed side by side")
+        return (f"Tune {stopped}: best {outcome.best.label()}, {gain}{rates} "
                 f"({len(outcome.bursts)} bursts in {outcome.wall_s:.0f} s; {outcome.stopped_reason}). "
                 "The controls now show it.")
 
@@ -466,6 +473,7 @@ class PanelController:
             result = failed_result(self.workload, item, exc)
         flush()
         self.state.finish_run(run, result)
+        self.last_run = result
         if not (live and result.status == "stopped"):
             self._record(result)
         return result

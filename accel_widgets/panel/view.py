@@ -70,7 +70,7 @@ class TuningPanel:
     ``functools.partial(aw.run_burst, isolation="inprocess")`` for a workload that cannot be pickled);
     ``device`` defaults to this machine; ``steps`` is the initial burst length. ``runs`` lists every
     finished BurstResult, ``config`` is what the controls say now, and ``wait()`` blocks until the running
-    action ends. ``state`` is everything the panel shows, as plain data.
+    action ends and returns the last run it finished. ``state`` is everything the panel shows, as plain data.
 
     ``history``: where every finished burst is recorded, so a restarted kernel can load it again: a
     :class:`RunHistory`, a path, ``None`` for the default file (``$ACCEL_WIDGETS_HISTORY`` or
@@ -202,9 +202,11 @@ class TuningPanel:
         """Set every control back to the baseline config (the plain training loop)."""
         self.set_config(Config())
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the running action finishes; False if ``timeout`` passed first."""
-        return self.controller.wait(timeout)
+    def wait(self, timeout: float | None = None) -> BurstResult | None:
+        """Block until the running action finishes and return the last run it finished (``panel.wait().summary()``
+        after ``panel.run_burst()``); None when it finished no run (Load earlier runs, Find batch size) or when
+        ``timeout`` passed first (``panel.running`` is then still True)."""
+        return self.controller.last_run if self.controller.wait(timeout) else None
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
         return self.root._repr_mimebundle_(**kwargs)

@@ -283,7 +283,7 @@ def streamed(dataset: Any, rank: int = 0, world_size: int = 1, workers: int = 0)
     """Every item one rank's loader reads from a stream, unbatched (``batch_size=None``), in reading order."""
     from accel_widgets.engine.streaming import split_stream
 
-    return list(DataLoader(split_stream(dataset, rank, world_size), batch_size=None, num_workers=workers,
+    return list(DataLoader(split_stream(dataset, rank, world_size, workers), batch_size=None, num_workers=workers,
                            multiprocessing_context="fork" if workers else None))
 
 

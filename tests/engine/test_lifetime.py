@@ -25,7 +25,7 @@ from accel_widgets import BurstTimeout, Config, StepRecord, WorkerCrashed, Worke
 from accel_widgets.engine import launcher
 from accel_widgets.engine.events import Phase
 from accel_widgets.engine.launcher import _Collected, _crash_message, inductor_cache_dir, remove_orphaned_burst_dirs
-from tests.workloads import FailAt, StuckItemDataset, tiny_workload
+from tests.workloads import FailAt, ForksInForward, StuckItemDataset, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = """
@@ -103,6 +103,40 @@ def test_killing_the_owner_takes_every_burst_process_with_it(knobs, short_tmp, m
     assert not glob.glob(str(tmp_path / "accel-widgets-*"))
 
 
+OWNER_OF_A_FORKING_MODEL = """
+import sys
+import accel_widgets as aw
+from tests.devices import cpu_device
+from tests.workloads import ForksInForward, tiny_workload
+
+printed = []
+def on_event(event):
+    if isinstance(event, aw.StepRecord) and not printed:
+        printed.append(1)
+        print("STEP", flush=True)
+
+aw.run_burst(tiny_workload(ForksInForward(sys.argv[1])), aw.Config(), seconds=120, on_event=on_event,
+             device=cpu_device())
+"""
+
+
+def test_killing_the_owner_takes_the_processes_its_model_forked_with_it(short_tmp):
+    pid_file = short_tmp / "pids"
+    env = {**os.environ, "TMPDIR": str(short_tmp), "PYTHONPATH": str(ROOT)}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER_OF_A_FORKING_MODEL, str(pid_file)], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_line(owner, "STEP", timeout=90)
+        forked = [psutil.Process(pid) for pid in _forked_pids(pid_file)]  # a plain fork and a daemon
+        owner.kill()
+        assert _gone_within(forked, 3.0) < 3.0
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+        owner.stderr.close()
+
+
 def test_restarting_a_real_kernel_mid_burst_leaves_nothing(short_tmp, monkeypatch):
     tmp_path = short_tmp
     from jupyter_client.manager import KernelManager
@@ -169,6 +203,38 @@ def test_user_code_that_exits_is_the_workloads_failure(how, error, says):
     assert "out-of-memory" not in str(info.value)
     if error is WorkerError:
         assert "in forward" in result.error.traceback and result.error.kind == "exit"
+
+
+def _forked_pids(pid_file: Path) -> list[int]:
+    deadline = time.perf_counter() + 5
+    while not pid_file.exists() or len(pid_file.read_text().split()) < 2:
+        assert time.perf_counter() < deadline, "the forward did not fork"
+        time.sleep(0.01)
+    return [int(pid) for pid in pid_file.read_text().split()]
+
+
+def _assert_ended_and_named(pids: list[int], warnings: list[str]) -> None:
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, f"pid {pid} outlived the burst"
+        said = [w for w in warnings if f"(pid {pid}: " in w]
+        assert len(said) == 1 and said[0].startswith("a process the workload started was still running when the "
+                                                     "rank finished and was killed"), warnings
+
+
+@pytest.mark.parametrize("knobs", [{}, {"num_workers": 1}], ids=["no-workers", "loader-workers"])
+def test_processes_forked_in_forward_die_with_the_burst_and_are_named(knobs, tmp_path):
+    pid_file = tmp_path / "pids"
+    result = run_burst(tiny_workload(ForksInForward(str(pid_file))), Config(**knobs), steps=3)
+    assert result.ok, result.summary()
+    _assert_ended_and_named(_forked_pids(pid_file), result.warnings)
+
+
+def test_processes_forked_in_forward_die_with_a_failing_burst_and_are_named(tmp_path):
+    pid_file = tmp_path / "pids"
+    with pytest.raises(WorkerError, match="forked, then failed") as info:
+        run_burst(tiny_workload(ForksInForward(str(pid_file), then_raise=True)), Config(), steps=3)
+    _assert_ended_and_named(_forked_pids(pid_file), info.value.result.warnings)
 
 
 def test_a_stuck_loader_worker_is_named_when_the_burst_times_out():

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from accel_widgets import Config, WorkerError, Workload, run_burst
+from accel_widgets import BurstResult, CodePaths, Config, WorkerError, Workload, run_burst
 from accel_widgets.knobs.data import RankShard, loader_notes
 from tests.devices import cpu_device
-from tests.workloads import TinyNet, tensors
+from tests.workloads import TinyNet, conv_workload, tensors, tiny_workload
 
 transformers = pytest.importorskip("transformers")
 
@@ -40,9 +40,9 @@ class TokenItems(Dataset):
         return {"input_ids": self.ids[index] * self.mask, "attention_mask": self.mask, "labels": self.labels[index]}
 
 
-def tiny_bert() -> nn.Module:
+def tiny_bert(**options: str) -> nn.Module:
     config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=SEQ, num_labels=3)
+                                     intermediate_size=64, max_position_embeddings=SEQ, num_labels=3, **options)
     return transformers.BertForSequenceClassification(config)
 
 
@@ -127,7 +127,8 @@ def test_an_existing_dataloader_keeps_its_sampler_and_says_what_the_knobs_replac
     items.reads.clear()  # the workload read item 0 to check its shape
     result = run_burst(workload, Config(), steps=8, isolation="inprocess", device=cpu_device())
     assert result.ok
-    assert sum(items.reads.values()) == 10 * 16 and max(items.reads) < 64  # the user's sampler chose them
+    items.reads.subtract({0: 2, 128: 2})  # the rank read items 0 and n/2 twice: is the data random?
+    assert sum(items.reads.values()) == 10 * 16 and max(+items.reads) < 64  # the user's sampler chose them
     (note,) = [w for w in result.warnings if "your DataLoader" in w]
     assert "num_workers=2, pin_memory=True replaced by the knobs" in note
 
@@ -184,3 +185,19 @@ def test_clipping_works_with_a_fused_optimizer_under_ddp():
     result = run_burst(workload, Config(parallel="ddp", world_size=2, optimizer_impl="fused"), steps=3,
                        device=cpu_device())
     assert result.ok and result.losses()[-1] < result.losses()[0]
+
+
+# -- which code paths the step ran ---------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "workload", "paths"), [
+    ("mlp", lambda: tiny_workload(), CodePaths(sdpa=False, convolution=False, cuda=False)),
+    ("cnn", lambda: conv_workload(), CodePaths(sdpa=False, convolution=True, cuda=False)),
+    ("bert", lambda: bert_workload(model=lambda: tiny_bert(attn_implementation="sdpa")),
+     CodePaths(sdpa=True, convolution=False, cuda=False)),
+    ("bert eager", lambda: bert_workload(model=lambda: tiny_bert(attn_implementation="eager")),
+     CodePaths(sdpa=False, convolution=False, cuda=False)),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_a_burst_records_the_code_paths_its_step_ran(name, workload, paths):
+    result = run_burst(workload(), Config(), steps=2, device=cpu_device())
+    assert result.ok, result.summary()
+    assert result.code_paths == paths
+    assert BurstResult.from_json(result.to_json()).code_paths == paths

@@ -4,21 +4,25 @@ and webdataset pipelines split the webdataset way, warned about or refused with 
 from __future__ import annotations
 
 import os
+import warnings
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import webdataset as wds
-from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from accel_widgets import Config, Workload, run_burst
-from accel_widgets.engine.streaming import split_stream
+from accel_widgets import BurstResult, Config, StreamReading, Workload, run_burst
+from accel_widgets.diagnosis import diagnose
+from accel_widgets.engine.streaming import StreamSplitWarning, split_stream
 from accel_widgets.engine.training import EpochIterator
 from tests.devices import cpu_device
-from tests.workloads import TinyNet, tensors
+from tests.workloads import FEATURES, TinyNet, tensors
 
 DDP = Config(parallel="ddp", world_size=2)
 
@@ -139,26 +143,29 @@ def keys(dataset: IterableDataset) -> list[int]:
                          ids=["split_by_node", "resampled"])
 def test_a_webdataset_that_splits_itself_is_left_to_do_so(splitting: dict[str, Any], tmp_path: Path) -> None:
     dataset = pipeline(write_shards(tmp_path, shards=2, per_shard=4), **splitting)
-    assert split_stream(dataset, 1, 2) is dataset
+    split = split_stream(dataset, 1, 2, workers=2)
+    assert split.dataset is dataset
+    assert split.reading() == StreamReading("stream", "stream", "library", 0, 0)
 
 
 def test_a_webdataset_without_a_worker_splitter_is_dealt_out_to_loader_workers(tmp_path: Path) -> None:
     dataset = pipeline(write_shards(tmp_path, shards=2, per_shard=4), workersplitter=None)
-    read = DataLoader(split_stream(dataset, 0, 1), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    read = DataLoader(split_stream(dataset, 0, 1, workers=2), batch_size=None, num_workers=2,
+                      multiprocessing_context="fork")
     assert sorted(int(key) for _, _, key in read) == list(range(8))  # each item once, not once per worker
 
 
 def test_a_webdataset_with_its_default_node_splitter_is_refused_under_ddp_naming_the_fix(tmp_path: Path) -> None:
     dataset = pipeline(write_shards(tmp_path, shards=2, per_shard=4))
     with pytest.raises(ValueError, match=r"nodesplitter=wds.split_by_node"):
-        split_stream(dataset, 0, 2)
-    assert keys(split_stream(dataset, 0, 1)) == list(range(8))  # one rank: nothing to split
+        split_stream(dataset, 0, 2, workers=0)
+    assert keys(split_stream(dataset, 0, 1, workers=0)) == list(range(8))  # one rank: nothing to split
 
 
 def test_a_webdataset_without_a_node_splitter_is_split_per_rank_with_a_warning(tmp_path: Path) -> None:
     dataset = pipeline(write_shards(tmp_path, shards=2, per_shard=4), nodesplitter=None)
     with pytest.warns(RuntimeWarning, match="each of the 2 ranks reads every shard"):
-        shares = [keys(split_stream(dataset, rank, 2)) for rank in range(2)]
+        shares = [keys(split_stream(dataset, rank, 2, workers=0)) for rank in range(2)]
     assert shares == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
@@ -173,3 +180,180 @@ def test_a_users_webdataset_trains_under_ddp_with_workers_each_reading_its_own_s
     assert len(shares) == 4  # 2 ranks x 2 workers
     shards_read = [{n // 64 for n in share} for share in shares]  # whole shards, none read twice
     assert all(not a & b for i, a in enumerate(shards_read) for b in shards_read[i + 1:])
+
+
+# -- streams that split themselves ---------------------------------------------------------------------
+class DocsStream(IterableDataset):
+    """Written as PyTorch's IterableDataset docs show: each loader worker yields every ``num_workers``-th item
+    from its ``id``; the rank itself (no worker) yields them all."""
+
+    def __init__(self, n: int = 256) -> None:
+        self.x, self.y = tensors(n)
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return ((self.x[i], self.y[i], i) for i in range(start, len(self.x), step))
+
+
+class DeclaredDocsStream(DocsStream):
+    splits_itself = "workers"
+
+
+class RankAwareStream(IterableDataset):
+    """Splits itself as MosaicML's StreamingDataset does: its rank and world size read from the environment when it
+    is built (RANK, WORLD_SIZE), its loader worker from get_worker_info() when iterated. Built in each rank through
+    a factory, as such a dataset must be."""
+
+    def __init__(self, n: int = 256) -> None:
+        self.x, self.y = tensors(n)
+        self.rank, self.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+    def __iter__(self) -> Any:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        reader, readers = self.rank * workers + worker, self.world_size * workers
+        return ((self.x[i], self.y[i], i) for i in range(reader, len(self.x), readers))
+
+
+def read_counts(directory: Path) -> Counter[int]:
+    """How often each item number was trained on, over every process that collated batches."""
+    return Counter(int(n) for path in directory.glob("*.txt") for n in path.read_text().split())
+
+
+ONE_EPOCH = {  # measured steps that make exactly one epoch of 256 items in batches of 16 (2 warm-up steps first)
+    "workers": (Config(num_workers=2), 256 // 16 - 2),
+    "ddp+workers": (DDP.replace(num_workers=2), 256 // 16 // 2 - 2),
+}
+
+
+@pytest.mark.parametrize("setup", list(ONE_EPOCH), ids=list(ONE_EPOCH))
+def test_a_stream_that_splits_itself_by_worker_trains_every_item_once_per_epoch(setup: str, tmp_path: Path) -> None:
+    config, steps = ONE_EPOCH[setup]
+    result = run_burst(stream_workload(tmp_path, DocsStream()), config, steps=steps, device=cpu_device())
+    assert result.ok, result.error
+    assert read_counts(tmp_path) == Counter(range(256))  # each of the 256 items once (was: 128 of them, twice)
+    assert result.stream.workers == "stream" and result.stream.known_from == "probe"
+    assert result.stream.ranks == ("tool" if config.ranks > 1 else "none")
+    assert result.read_amplification == pytest.approx(config.ranks)  # the tool deals the ranks' items out
+    (said,) = [w for w in result.warnings if w.startswith("StreamSplitWarning")]
+    assert "splits itself between its DataLoader workers" in said and "DocsStream.splits_itself = 'workers'" in said
+
+
+def test_a_stream_that_declares_its_split_is_not_probed_and_trains_every_item_once(tmp_path: Path) -> None:
+    config, steps = ONE_EPOCH["ddp+workers"]
+    result = run_burst(stream_workload(tmp_path, DeclaredDocsStream()), config, steps=steps, device=cpu_device())
+    assert result.ok, result.error
+    assert read_counts(tmp_path) == Counter(range(256))
+    assert result.stream == StreamReading("tool", "stream", "declared", result.stream.items_read,
+                                          result.stream.items_kept)
+    assert not [w for w in result.warnings if "StreamSplitWarning" in w]
+
+
+@pytest.mark.parametrize("setup", list(ONE_EPOCH), ids=list(ONE_EPOCH))
+def test_a_stream_that_splits_itself_by_rank_and_worker_from_the_environment_trains_every_item_once(
+        setup: str, tmp_path: Path) -> None:
+    config, steps = ONE_EPOCH[setup]
+    workload = stream_workload(tmp_path, partial(RankAwareStream, 256))  # a factory: built in each rank
+    result = run_burst(workload, config, steps=steps, device=cpu_device())
+    assert result.ok, result.error
+    assert read_counts(tmp_path) == Counter(range(256))
+    assert result.stream.workers == "stream"
+    assert result.stream.ranks == ("stream" if config.ranks > 1 else "none")
+    assert result.read_amplification == 1.0
+
+
+def test_a_plain_stream_under_ddp_with_workers_is_read_by_every_reader_and_the_diagnosis_says_so(
+        tmp_path: Path) -> None:
+    result = run_burst(stream_workload(tmp_path, Numbered(512)), DDP.replace(num_workers=2), steps=4,
+                       device=cpu_device())
+    assert result.ok, result.error
+    assert result.stream == StreamReading("tool", "tool", "probe", result.stream.items_read, result.stream.items_kept)
+    assert result.read_amplification == pytest.approx(4.0, rel=0.05)  # 2 ranks x 2 workers, each keeps 1 in 4
+    (finding,) = [f for f in diagnose(result) if f.title.startswith("Stream read")]
+    assert finding.knob == "data_cache" and "data_cache='shards'" in finding.detail
+    assert "each item was read 4.0 times" in finding.detail and "splits_itself" in finding.detail
+    assert BurstResult.from_json(result.to_json()).read_amplification == result.read_amplification
+
+
+def test_a_declaration_the_tool_cannot_read_is_refused_naming_the_values() -> None:
+    stream = DocsStream()
+    stream.splits_itself = "shards"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"DocsStream.splits_itself='shards': use True .* 'ranks', 'workers'"):
+        split_stream(stream, 0, 1, workers=2)
+
+
+class Augmented(IterableDataset):
+    """A stream that does not split itself, with random augmentation drawn from torch's generator."""
+
+    def __iter__(self) -> Any:
+        x, y = tensors(64)
+        return ((x[i] + torch.randn(FEATURES), y[i], i) for i in range(64))
+
+
+class Unseeded(Augmented):
+    """Random augmentation from a generator no seed reaches: two reads never agree."""
+
+    def __iter__(self) -> Any:
+        x, y = tensors(64)
+        noise = np.random.default_rng()
+        return ((x[i] + torch.from_numpy(noise.standard_normal(FEATURES)).float(), y[i], i) for i in range(64))
+
+
+@pytest.mark.parametrize(("stream", "workers", "random"), [
+    (DocsStream(), "stream", False), (Augmented(), "tool", True), (Unseeded(), "tool", None),
+], ids=["splits itself", "augmented", "unseeded randomness"])
+def test_the_probe_tells_a_split_from_augmentation_and_leaves_every_generator_as_it_was(
+        stream: IterableDataset, workers: str, random: bool | None) -> None:
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split = split_stream(stream, 0, 1, workers=2)
+    assert torch.equal(torch.rand(3), expected)  # the probe drew from seeded generators it put back
+    assert split.reading().workers == workers and split.reading().known_from == "probe"
+    assert split.split.random_data is random
+    said = [str(w.message) for w in caught if w.category is StreamSplitWarning]
+    assert len(said) == (workers == "stream"), said  # a split it left to the stream is said; dealing out is not
+
+
+# -- MosaicML's StreamingDataset, for real where it imports -------------------------------------------------
+def mosaicml_streaming() -> Any:
+    """The ``streaming`` package, or a skip saying why it does not import here: it imports torchvision at the top,
+    and PyPI's torchvision wheels are CUDA builds that fail to load next to a CPU-only torch (RuntimeError
+    "operator torchvision::nms does not exist"), or are not installed at all."""
+    try:
+        import streaming
+    except Exception as exc:
+        pytest.skip(f"mosaicml-streaming does not import here ({type(exc).__name__}: {str(exc).splitlines()[0]})")
+    return streaming
+
+
+class RecordingSamples(Recording):
+    """Recording for MosaicML's samples: dicts of the MDS columns."""
+
+    def __call__(self, items: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        return super().__call__([(torch.from_numpy(s["x"]), torch.tensor(s["y"]), s["number"]) for s in items])
+
+
+@pytest.mark.parametrize("setup", list(ONE_EPOCH), ids=list(ONE_EPOCH))
+def test_mosaicml_streaming_dataset_trains_every_sample_once_per_epoch(setup: str, tmp_path: Path) -> None:
+    streaming = mosaicml_streaming()
+    config, steps = ONE_EPOCH[setup]
+    x, y = tensors(256)
+    with streaming.MDSWriter(out=str(tmp_path / "mds"), columns={"x": "ndarray", "y": "int", "number": "int"}) as mds:
+        for i in range(256):
+            mds.write({"x": x[i].numpy(), "y": int(y[i]), "number": i})
+    record = tmp_path / "read"
+    record.mkdir()
+    # Built in each rank (it reads RANK/WORLD_SIZE when built), from the local directory: no remote.
+    factory = partial(streaming.StreamingDataset, local=str(tmp_path / "mds"), batch_size=16, shuffle=False)
+    workload = Workload(model=TinyNet, dataset=factory, loss_fn=F.cross_entropy, batch_size=16,
+                        collate_fn=RecordingSamples(record), name="mds")
+    result = run_burst(workload, config, steps=steps, device=cpu_device())
+    assert result.ok, result.error
+    assert read_counts(record) == Counter(range(256))
+    assert result.stream.known_from == "library" and result.stream.workers == "stream"
+    assert result.stream.ranks == ("stream" if config.ranks > 1 else "none")
+    assert result.read_amplification == 1.0

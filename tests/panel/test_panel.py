@@ -45,7 +45,8 @@ def make_panel(engine: FakeEngine | None = None, device=CPU, steps: int = 5) -> 
 
 def run(panel: TuningPanel, button: str = "run_button") -> None:
     getattr(panel, button).click()
-    assert panel.wait(timeout=30), "the action did not finish"
+    panel.wait(timeout=30)
+    assert not panel.running, "the action did not finish"
 
 
 def status(panel: TuningPanel) -> str:
@@ -397,6 +398,24 @@ def test_run_ladder_runs_the_classic_rungs_in_order() -> None:
     assert [c.kwargs["label"] for c in engine.calls] == [r.name for r in rungs]
     assert [row[1].split(":")[0] for row in table_text(panel.table)] == ["baseline", *(r.name for r in rungs[1:])]
     assert panel.progress.value == pytest.approx(1.0)
+
+
+def test_wait_returns_the_run_the_action_finished_last() -> None:
+    panel = make_panel(FakeEngine())
+    assert panel.wait() is None  # nothing ran yet
+    panel.run_burst()
+    burst = panel.wait(timeout=30)
+    assert burst is panel.runs[-1] and burst.ok and burst.summary().startswith("baseline [tiny] ok")
+    panel.run_ladder()
+    last_rung = panel.wait(timeout=30)
+    assert last_rung is panel.runs[-1] and last_rung.label == classic_ladder(tiny_workload(), CPU)[-1].name
+
+    slow = make_panel(FakeEngine(until_stop=True, pace_s=0.01))
+    slow.run_burst()
+    assert slow.wait(timeout=0.2) is None and slow.running  # the timeout passed first
+    slow.stop()
+    stopped = slow.wait(timeout=5)
+    assert stopped is slow.runs[-1] and stopped.status == "stopped"
 
 
 def test_stop_during_a_ladder_skips_the_remaining_rungs() -> None:

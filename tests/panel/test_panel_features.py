@@ -21,7 +21,7 @@ from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.table import RunsTable
 from accel_widgets.presentation import run_rows
 from accel_widgets.results import BurstResult
-from accel_widgets.tuner import TuneResult, TuneStep, tune
+from accel_widgets.tuner import PairedComparison, TuneResult, TuneStep, tune
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
 from tests.panel.reading import chart_rows, header_text, table_text
 from tests.workloads import tiny_workload
@@ -34,7 +34,8 @@ def make_panel(engine: Any = None, **kwargs: Any) -> TuningPanel:
 
 def click(panel: TuningPanel, button: str) -> None:
     getattr(panel, button).click()
-    assert panel.wait(timeout=60), "the action did not finish"
+    panel.wait(timeout=60)
+    assert not panel.running, "the action did not finish"
 
 
 def nan_losses(result: BurstResult, from_step: int = 4) -> BurstResult:
@@ -236,7 +237,8 @@ class FakeTuner:
             if not self.until_stop or stop.is_set():
                 break
         reason = "stopped: the stop event was set" if stop.is_set() else "every knob tried"
-        return TuneResult(self.candidates[0], 150.0, 100.0, decisions, bursts, 1.0, reason)
+        return TuneResult(self.candidates[0], 150.0, 100.0, decisions, bursts, 1.0, reason,
+                          confirmation=PairedComparison((1.4, 1.5, 1.6)))
 
 
 def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp_path: Path) -> None:
@@ -254,7 +256,8 @@ def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp
         assert chart_rows(panel.plots.chart, run, "step"), run
     assert panel.config == Config(num_workers=1)
     text = panel.status.value
-    assert "Tune finished" in text and "num_workers=1" in text and "1.50×" in text and "3 bursts" in text
+    assert "Tune finished" in text and "num_workers=1" in text and "3 bursts" in text
+    assert "1.50× over the start side by side (1.40–1.60, 3 pairs)" in text
     assert panel.progress.value == pytest.approx(1.0) and not panel.tune_button.disabled
     with RunHistory(tmp_path / "h.sqlite") as history:
         assert len(history.runs()) == 3
@@ -318,7 +321,7 @@ def test_find_batch_size_reports_each_try_and_shows_the_curve() -> None:
     try:
         panel.set_config(Config(batch_size=16))
         panel.batch_button.click()
-        assert panel.wait(30)
+        assert panel.wait(30) is None and not panel.running  # the tries measure the batch size: no run
     finally:
         panel.close()
     search = panel.state.batch_search
