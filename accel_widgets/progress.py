@@ -63,10 +63,8 @@ class ProgressView:
         return f"measuring {done}{_SEPARATOR}{self.elapsed_s:.1f} s"
 
     def goal_text(self) -> str:
-        """What the phase does, without the numbers that change while it runs: ``measuring 40 steps``."""
-        if self.phase != "measuring":
-            return self.phase
-        return f"measuring {int(self.target)} steps" if self.unit == "steps" else f"measuring for {self.target:g} s"
+        """What the measured window will be, without the numbers that change while it runs: ``measuring 40 steps``."""
+        return f"measuring {int(self.target)} steps" if self.unit == "steps" else f"measuring {self.target:g} s"
 
 
 @dataclass

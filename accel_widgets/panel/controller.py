@@ -44,6 +44,8 @@ HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
 #: ~15 ms of CPU whatever changed (benchmarks/panel_observer.py): once a second reads as live and keeps the
 #: view's cost to a few % of a core.
 FLUSH_INTERVAL_S = 1.0
+#: Phases in which the burst steps (warm-up, then the measured window): its progress is drawn on the timeline only.
+STEPPING = ("warming up", "measuring")
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
 #: starts one burst, not one per keystroke.
 LIVE_DELAY_S = 0.5
@@ -441,27 +443,29 @@ class PanelController:
         tracker = BurstProgress.for_burst(item.config, steps=length["steps"], seconds=length["seconds"])
         started = time.monotonic()
 
-        def flush(phase_changed: bool = True) -> None:
-            """The batch's events to the state. While the burst measures, its progress goes with them to the
-            timeline (drawn in the same frame); the status line and progress bar change only when the phase
-            does, since each change of theirs is one more frame the page draws while the burst measures."""
+        def flush() -> None:
+            """The batch's events to the state. From the first warm-up step to the last measured one the burst's
+            progress goes with them to the timeline, drawn in the frame the page draws for the points anyway; the
+            status line and progress bar stay still meanwhile, since each change of theirs is a frame more the page
+            draws while the burst is measured (before that, while it sets up or compiles, they tick)."""
             batch = batcher.take()
             view = tracker.view(time.monotonic() - started)  # the CLI's progress line, in words
-            measuring = view.phase == "measuring"
-            ticker = Ticker(f"{prefix}: {view.text()}", progress(view.fraction)) if measuring else None
+            stepping = view.phase in STEPPING
+            ticker = Ticker(f"{prefix}: {view.text()}", progress(view.fraction)) if stepping else None
             if batch or ticker is not None:
                 self.state.add_events(run, batch.steps, batch.samples, ticker)
-            if measuring and not phase_changed:
+            if stepping:
                 return
             self.state.set_progress(progress(view.fraction))
             if not self._stop.is_set():
-                text = f"{view.goal_text()} (progress on the timeline)" if measuring else view.text()
-                self.state.set_status(f"{prefix}: {text}", busy=True)
+                later = f" (then warm-up and {view.goal_text().removeprefix('measuring ')}: live on the timeline)"
+                self.state.set_status(f"{prefix}: {view.text()}{later if view.phase != 'finishing' else ''}",
+                                      busy=True)
 
         def on_event(event: Event) -> None:
             phase_changed = tracker.update(event)
             if batcher.add(event) or phase_changed:
-                flush(phase_changed)
+                flush()
 
         self.state.set_status(f"{prefix}: starting", busy=True)
         try:

@@ -23,7 +23,7 @@ from accel_widgets.presentation import run_rows
 from accel_widgets.results import BurstResult
 from accel_widgets.tuner import PairedComparison, TuneResult, TuneStep, tune
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
-from tests.panel.reading import chart_rows, header_text, table_text
+from tests.panel.reading import ChartPage, chart_rows, header_text, table_text
 from tests.workloads import tiny_workload
 
 
@@ -345,6 +345,7 @@ def test_the_status_line_names_the_phase_a_long_first_step_is_in() -> None:
             return super().__call__(workload, config, on_event=on_event, **kwargs)
 
     panel = make_panel(CompilesFirst())
+    page = ChartPage(panel.plots.chart)
     statuses: list[str] = []
     panel.state.subscribe(lambda part: statuses.append(panel.state.status) if part == "status" else None)
     panel.set_config(Config(compile_mode="default"))
@@ -352,8 +353,12 @@ def test_the_status_line_names_the_phase_a_long_first_step_is_in() -> None:
     phases = [next((p for p in ("setting up", "compiling", "warming up", "measuring") if f": {p}" in s), None)
               for s in statuses]
     seen = [p for i, p in enumerate(phases) if p and p != phases[i - 1]]
-    assert seen[:2] == ["setting up", "compiling"] and "measuring" in seen, statuses
-    assert any("measuring 5/5 steps" in s or "finishing" in s for s in statuses), statuses
+    assert seen[:2] == ["setting up", "compiling"], statuses
+    assert any("compiling" in s and "then warm-up and 5 steps: live on the timeline" in s for s in statuses), statuses
+    # From the first warm-up step on the progress is on the timeline, in the points' own message: no status change.
+    assert not {"warming up", "measuring"} & set(seen), statuses
+    tickers = [m["ticker"]["text"] for _, m in page.messages if m.get("ticker")]
+    assert any(": warming up" in t for t in tickers) and any(": measuring " in t and "/5 steps" in t for t in tickers), tickers
     assert panel.state.status.startswith("Burst finished")
 
 
