@@ -106,6 +106,7 @@ export default {
     const canvas = document.createElement("canvas");
     canvas.className = "aw-live-canvas";
     canvas.setAttribute("role", "img");
+    canvas.style.willChange = "transform";
     el.appendChild(canvas);
     const tooltip = document.createElement("div");
     tooltip.className = "aw-timeline-tooltip";
