@@ -180,7 +180,9 @@ def _table_html(rows: Sequence[RunRow]) -> str:
                *((COLUMNS[key].header, COLUMNS[key].meaning) for key in REPORT_COLUMNS), STATUS]
     head = "".join(f'<th title="{html.escape(meaning)}">{html.escape(name)}</th>' for name, meaning in headers)
     body = "".join(_row_html(row) for row in rows)
-    note = "<p><small>~ after a step time: noisy (IQR/median &ge; 10% or fewer than 4 steps).</small></p>"
+    note = ("<p><small>~ after a step time: noisy (IQR/median &ge; 10% or fewer than 4 steps). &#9888; after a "
+            "speed-up: unreliable, the steps spread past half their median or other load took a quarter of the machine "
+            "(hover its status; re-measure it paired with its baseline: aw.remeasure).</small></p>")
     return f"<table class=\"runs\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
