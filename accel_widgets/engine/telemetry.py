@@ -2,9 +2,10 @@
 
 The sampler runs in the notebook kernel, which must stay CUDA-free so it can still launch DDP workers:
 GPUs are read through NVML (``pynvml`` never creates a CUDA context) and, where there is no usable GPU,
-the workers' CPU and memory use is read through psutil. Timestamps are ``time.perf_counter()`` minus the
-burst's ``clock_origin``; on Linux perf_counter is CLOCK_MONOTONIC, shared by every process on the
-machine, so samples line up with the step events the workers stamp on the same clock.
+the workers' CPU and memory use is read from ``/proc`` (one read of each process's stat line a tick: psutil's
+objects cost several times that, and every microsecond here is taken from cores that train). Timestamps are
+``time.perf_counter()`` minus the burst's ``clock_origin``; on Linux perf_counter is CLOCK_MONOTONIC, shared by
+every process on the machine, so samples line up with the step events the workers stamp on the same clock.
 
 Energy rides along as raw readings: each GPU sample carries NVML's total energy counter (Volta and newer)
 and its power, each CPU sample the RAPL packages' counter where it is readable; the result turns them into
@@ -13,12 +14,12 @@ joules over its measured window (:mod:`accel_widgets.energy`).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -31,9 +32,9 @@ from ..results import TelemetrySample
 
 THREAD_NAME = "accel-widgets-telemetry"
 
-FAMILY_REFRESH_S = 1.0  # new DataLoader workers are picked up within this long
-ATTRIBUTION_INTERVAL_S = 1.0  # who else used the CPU: every process on the machine is read this often
-_GONE = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
+#: Every process on the machine is read this often: new DataLoader workers join the family within it, and it is
+#: the interval over which other programs' CPU use is attributed.
+FAMILY_REFRESH_S = 1.0
 
 
 class TelemetrySampler:
@@ -86,20 +87,18 @@ class TelemetrySampler:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        # psutil state. Pids handed to watch() wait in _pending until the sampler thread opens them, so
-        # every psutil.Process is created and read on that one thread.
+        # Process state, read from /proc on the sampler thread only. Pids handed to watch() wait in _pending.
         self._pending: set[int] = set()
-        self._roots: dict[int, psutil.Process] = {}
-        self._known: dict[int, psutil.Process] = {}
+        self._roots: dict[int, int] = {}  # watched pid -> its start time (a recycled pid is another process)
+        self._family: set[int] = set()  # the roots and their descendants (DataLoader workers) at the last scan
+        self._rates = CpuRates()
         self._loader_pct: float | None = None
-        self._family: dict[int, psutil.Process] = {}
-        self._family_due = 0.0
-        self._cpus = usable_cpu_count()  # psutil's percent is per core; 100% must mean all usable cores
-        self._host_cpu = HostCpu()
-        self._caller = _CallerCpu(os.getpid() if caller_pid is None else caller_pid, self._cpus)
-        self._machine = MachineLoad(self._caller.pid)
-        self._attribution_due = 0.0
         self._workers_pct: float | None = None
+        self._cpus = usable_cpu_count()  # 100% must mean all usable cores
+        self._host_cpu = HostCpu()
+        self._caller_pid = os.getpid() if caller_pid is None else caller_pid
+        self._machine = MachineLoad(self._caller_pid)
+        self._scan_due = 0.0
         self._mem_total = int(psutil.virtual_memory().total)
         # NVML state: a module with NVML open, and the (CUDA ordinal, handle) pairs to read.
         self._nvml: Any | None = None
@@ -123,10 +122,7 @@ class TelemetrySampler:
         """Start sampling on a daemon thread (daemon: a kernel that exits must not wait on telemetry)."""
         if self._thread is not None or self._stop_event.is_set():
             raise RuntimeError("a TelemetrySampler runs once; create a new one for each burst")
-        self._host_cpu.read()  # primes them: a first reading has nothing to compare with
-        self._caller.read()
-        self._machine.read(set())
-        self._attribution_due = time.monotonic() + ATTRIBUTION_INTERVAL_S
+        self._host_cpu.read()  # primes it: a first reading has nothing to compare with
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -208,8 +204,9 @@ class TelemetrySampler:
         """One sample per GPU; a GPU that fails this tick is skipped so the others still report."""
         nvml = self._nvml
         readings = []
-        self._read_psutil(t)  # refreshes the loader workers' share; the GPU sample carries the host side
-        host = self._host_fields()
+        scan_due = time.monotonic() >= self._scan_due
+        self._read_psutil(t)  # refreshes the workers' and loader workers' shares; the GPU sample carries the host side
+        host = {**self._host_fields(), "other_processes": self._machine.last if scan_due else None}
         for ordinal, handle in self._handles:
             device = f"cuda:{ordinal}"
             mig = ordinal in self._mig
@@ -242,42 +239,33 @@ class TelemetrySampler:
     def _read_psutil(self, t: float) -> list[TelemetrySample]:
         """One sample for the watched processes and all their descendants, or none before any has a rate.
 
-        ``cpu_percent`` reports use since the previous call on the same ``psutil.Process``, so objects are
-        kept across ticks, keyed by pid and checked against the creation time so a recycled pid counts as
-        a new process. A process's first reading only primes it: it is left out of that tick's CPU sum
-        (its RSS still counts) rather than adding a meaningless 0, and a tick where no process has a
-        rate yet emits no sample at all. Cost: up to one interval of a new process's CPU use goes
-        unreported. RSS is summed per process, so pages shared by forked DataLoader workers count once
-        per worker: an upper bound on what the workers hold.
+        Each process's CPU use is its time since the previous tick (:class:`CpuRates`), one ``/proc/<pid>/stat``
+        read a tick. A process's first reading only primes it: it is left out of that tick's CPU sum (its RSS
+        still counts) rather than adding a meaningless 0, and a tick where no process has a rate yet emits no
+        sample at all. RSS is summed per process, so pages shared by forked DataLoader workers count once per
+        worker: an upper bound on what the workers hold. Once a second (and when a pid is watched) every
+        process on the machine is read once (:meth:`_scan`): the family's new members, and who else used the CPU.
         """
         with self._lock:
             pending, self._pending = self._pending, set()
         for pid in pending:
-            with contextlib.suppress(*_GONE):
-                self._roots[pid] = psutil.Process(pid)
-        if pending or time.monotonic() >= self._family_due:
-            self._family = self._walk_family()
-            self._family_due = time.monotonic() + FAMILY_REFRESH_S
-        family = self._family
-
+            stat = proc_stat(pid)
+            if stat is not None:
+                self._roots[pid] = stat.started
+        others = self._scan() if pending or time.monotonic() >= self._scan_due else None
         cpu_pct, loader_pct, rss, rated = 0.0, 0.0, 0, False
-        known: dict[int, psutil.Process] = {}
-        for pid, proc in family.items():
-            cached = self._known.get(pid)
-            primed = cached is not None and cached == proc
-            if primed:
-                proc = cached
-            try:
-                pct = proc.cpu_percent(interval=None)
-                rss += proc.memory_info().rss
-            except _GONE:
+        now = time.monotonic()
+        for pid in self._family:
+            stat = proc_stat(pid)
+            if stat is None:
                 continue
-            known[pid] = proc
-            if primed:
+            rss += stat.rss_bytes
+            pct = self._rates.update(pid, stat, now)
+            if pct is not None:
                 cpu_pct += pct
                 loader_pct += 0.0 if pid in self._roots else pct  # descendants of a rank: its loader workers
                 rated = True
-        self._known = known
+        self._rates.keep(self._family)
         self._loader_pct = loader_pct / self._cpus if rated else None
         self._workers_pct = cpu_pct / self._cpus if rated else None
         energy_j = self._read_rapl()  # every tick, rated or not, so no counter wraps twice unseen
@@ -293,7 +281,7 @@ class TelemetrySampler:
                 device="cpu",
                 energy_j=energy_j,
                 energy_scope=None if self._rapl is None else "cpu_package",
-                **self._host_fields(),
+                **self._host_fields(others),
             )
         ]
 
@@ -307,79 +295,103 @@ class TelemetrySampler:
             self._record(f"RAPL: {_describe(exc)}")
             return None
 
-    def _walk_family(self) -> dict[int, psutil.Process]:
-        """The watched ranks and all their descendants (DataLoader workers).
+    def _scan(self) -> dict[str, float] | None:
+        """Read every process on the machine once: the roots that are gone leave, the family is the roots and
+        their descendants now, and the rest is who else used the CPU since the last scan (% of one core by
+        program; None at the first scan). ~1 ms for a hundred processes, once a second."""
+        self._scan_due = time.monotonic() + FAMILY_REFRESH_S
+        stats = all_proc_stats()
+        self._roots = {pid: started for pid, started in self._roots.items()
+                       if pid in stats and stats[pid].started == started}
+        self._family = descendants(set(self._roots), stats)
+        return self._machine.read(stats, self._family)
 
-        Listing descendants scans every process on the machine (~1.5 ms of CPU): on a 2-core machine
-        whose cores the ranks' threads fill, that stalls training. So it runs when a rank is added and
-        then once per ``FAMILY_REFRESH_S``, not on every tick.
-        """
-        family: dict[int, psutil.Process] = {}
-        for pid, root in list(self._roots.items()):
-            try:
-                if not root.is_running():  # exited and reaped, its pid maybe reused
-                    raise psutil.NoSuchProcess(pid)
-                members = [root, *root.children(recursive=True)]
-            except _GONE:
-                del self._roots[pid]
-                continue
-            for proc in members:
-                family.setdefault(proc.pid, proc)
-        return family
-
-    def _host_fields(self) -> dict[str, Any]:
+    def _host_fields(self, others: dict[str, float] | None = None) -> dict[str, Any]:
         """What ``top -H`` / ``iostat`` would show: per-core use, I/O wait, the loader workers' share; the caller's
-        own share every tick, and once per ``ATTRIBUTION_INTERVAL_S`` who else used the CPU."""
+        own share every tick, and once a second who else used the CPU."""
         host_pct, per_core_pct, iowait_pct = self._host_cpu.read()
+        caller = proc_stat(self._caller_pid)
+        caller_pct = self._rates.update(-self._caller_pid, caller, time.monotonic()) if caller else None
         return {
             "host_util_pct": host_pct,
             "cpu_per_core_pct": per_core_pct,
             "iowait_pct": iowait_pct,
             "loader_util_pct": self._loader_pct,
             "workers_util_pct": self._workers_pct,
-            "caller_util_pct": self._caller.read(),
-            "other_processes": self._attribute(),
+            "caller_util_pct": None if caller_pct is None else caller_pct / self._cpus,
+            "other_processes": others,
         }
-
-    def _attribute(self) -> dict[str, float] | None:
-        """Every other program's CPU since the last attribution, in % of one core (the burst's own processes and
-        the caller's excluded); None between attributions."""
-        now = time.monotonic()
-        if now < self._attribution_due:
-            return None
-        self._attribution_due = now + ATTRIBUTION_INTERVAL_S
-        return self._machine.read(set(self._family))
 
     def _record(self, message: str) -> None:
         if message not in self.errors:
             self.errors.append(message)
 
 
-class _CallerCpu:
-    """The launching process's own CPU (the kernel: its pump, this sampler, a panel's rendering), % of the machine.
+@dataclass(frozen=True)
+class ProcStat:
+    """What ``/proc/<pid>/stat`` says of a process, read in one ``read``."""
 
-    One ``cpu_times`` of one process per tick: the burst's cost in the caller, told apart from other programs.
-    """
+    ppid: int
+    started: int  # clock ticks after boot: with the pid, who the process is (pids are recycled)
+    cpu_s: float  # user + system time so far
+    rss_bytes: int
 
-    def __init__(self, pid: int, cpus: int) -> None:
-        self.pid, self._cpus = pid, cpus
-        self._process: psutil.Process | None = None
-        with contextlib.suppress(*_GONE):
-            self._process = psutil.Process(pid)
-        self._last: tuple[float, float] | None = None
 
-    def read(self) -> float | None:
-        if self._process is None:
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat line, or None when it is gone (or this is no Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            line = fh.read()
+    except OSError:
+        return None
+    fields = line[line.rfind(b")") + 2:].split()  # after "pid (comm) ": the comm may hold spaces
+    return ProcStat(int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / _TICKS,
+                    int(fields[21]) * _PAGE)
+
+
+def all_proc_stats() -> dict[int, ProcStat]:
+    """Every process on the machine that could be read."""
+    stats = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if name.isdigit() and (stat := proc_stat(int(name))) is not None:
+            stats[int(name)] = stat
+    return stats
+
+
+def descendants(roots: set[int], stats: dict[int, ProcStat]) -> set[int]:
+    """``roots`` and every process below them, by the parent pids in ``stats``."""
+    children: dict[int, list[int]] = {}
+    for pid, stat in stats.items():
+        children.setdefault(stat.ppid, []).append(pid)
+    family, todo = set(), [pid for pid in roots if pid in stats]
+    while todo:
+        pid = todo.pop()
+        if pid not in family:
+            family.add(pid)
+            todo.extend(children.get(pid, ()))
+    return family
+
+
+class CpuRates:
+    """Each process's CPU use between two readings, in % of one core; a process's first reading primes it."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, float, float]] = {}  # key -> (start time, CPU seconds, monotonic time)
+
+    def update(self, key: int, stat: ProcStat, now: float) -> float | None:
+        last = self._last.get(key)
+        self._last[key] = (stat.started, stat.cpu_s, now)
+        if last is None or last[0] != stat.started or now <= last[2]:
             return None
-        try:
-            times = self._process.cpu_times()
-        except _GONE:
-            return None
-        now = (time.monotonic(), times.user + times.system)
-        last, self._last = self._last, now
-        if last is None or now[0] <= last[0]:
-            return None
-        return _share(now[1] - last[1], (now[0] - last[0]) * self._cpus)
+        return max(0.0, 100.0 * (stat.cpu_s - last[1]) / (now - last[2]))
+
+    def keep(self, pids: set[int]) -> None:
+        """Forget the processes that left (keys below zero are not processes of the family)."""
+        self._last = {key: value for key, value in self._last.items() if key < 0 or key in pids}
 
 
 _PYTHON_PROGRAMS = {"jupyterlab": "jupyter-server", "jupyter_server": "jupyter-server", "notebook": "jupyter-server",
@@ -414,47 +426,48 @@ def program_label(name: str, cmdline: Sequence[str]) -> str:
 
 
 class MachineLoad:
-    """Which programs used the CPU between two readings, in % of one core, by :func:`program_label`.
+    """Which programs used the CPU between two scans, in % of one core, by :func:`program_label`.
 
-    Reads every process's CPU times (one ``/proc/<pid>/stat`` each: ~1.5 ms for a couple of hundred processes,
-    so it runs once a second, not per tick). The burst's own processes are left out, and so are the caller
-    (reported on its own) and multiprocessing's helper processes that serve it (the forkserver the ranks come
-    from, the resource tracker). A process seen for the first time is primed, not counted.
+    Fed the scan of every process that the sampler makes once a second. The burst's own processes are left
+    out, and so are the caller (reported on its own) and multiprocessing's helper processes that serve it (the
+    forkserver the ranks come from, the resource tracker). A process seen for the first time is primed, not
+    counted; its label is read once (its ``comm`` and command line).
     """
 
     def __init__(self, caller_pid: int) -> None:
         self._caller_pid = caller_pid
-        self._seen: dict[int, tuple[float, str, float]] = {}  # pid -> (create time, label, CPU seconds)
+        self._seen: dict[int, tuple[int, str, float]] = {}  # pid -> (start time, label, CPU seconds)
         self._last_at: float | None = None
+        self.last: dict[str, float] | None = None  # the last scan's reading
 
-    def read(self, exclude: set[int]) -> dict[str, float] | None:
+    def read(self, stats: dict[int, ProcStat], exclude: set[int]) -> dict[str, float] | None:
         now = time.monotonic()
         elapsed = None if self._last_at is None else now - self._last_at
         self._last_at = now
         used: dict[str, float] = {}
-        seen: dict[int, tuple[float, str, float]] = {}
-        for proc in psutil.process_iter(["ppid", "create_time", "cpu_times"]):
-            info = proc.info
-            times, created = info.get("cpu_times"), info.get("create_time")
-            if times is None or created is None or proc.pid in exclude or proc.pid == self._caller_pid:
+        seen: dict[int, tuple[int, str, float]] = {}
+        for pid, stat in stats.items():
+            if pid in exclude or pid == self._caller_pid:
                 continue
-            before = self._seen.get(proc.pid)
-            label = before[1] if before is not None and before[0] == created else self._label(proc, info["ppid"])
-            cpu = times.user + times.system
-            seen[proc.pid] = (created, label, cpu)
-            if label and before is not None and before[0] == created:
-                used[label] = used.get(label, 0.0) + max(0.0, cpu - before[2])
+            before = self._seen.get(pid)
+            same = before is not None and before[0] == stat.started
+            label = before[1] if same and before is not None else self._label(pid, stat.ppid)
+            seen[pid] = (stat.started, label, stat.cpu_s)
+            if label and same and before is not None:
+                used[label] = used.get(label, 0.0) + max(0.0, stat.cpu_s - before[2])
         self._seen = seen
-        if not elapsed:
-            return None
-        return {label: round(100.0 * seconds / elapsed, 1) for label, seconds in used.items() if seconds > 0}
+        self.last = None if not elapsed else {
+            label: round(100.0 * seconds / elapsed, 1) for label, seconds in used.items() if seconds > 0}
+        return self.last
 
-    def _label(self, proc: psutil.Process, ppid: int | None) -> str:
+    def _label(self, pid: int, ppid: int) -> str:
         """The program's label; "" (never counted) for the multiprocessing helpers that serve the caller."""
         try:
-            cmdline = proc.cmdline()
-            name = proc.name()
-        except _GONE:
+            with open(f"/proc/{pid}/comm") as fh:
+                name = fh.read().strip()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = [part.decode(errors="replace") for part in fh.read().split(b"\0") if part]
+        except OSError:
             return "?"
         if ppid == self._caller_pid and any(helper in " ".join(cmdline) for helper in _CALLER_HELPERS):
             return ""
