@@ -603,7 +603,8 @@ class Report:
         """One piece of work done (or skipped): the timeline and the per-phase totals, then the file."""
         self.steps.append(step)
         if step.status == "SKIP" and step.why:
-            self.line("SKIP", step.work.name, step.why)
+            # A required piece the budget could not hold fails the call: its answer is missing, not optional.
+            self.line("FAIL" if step.work.required else "SKIP", step.work.name, step.why)
         self.data["timeline"] = [s.to_dict() for s in self.steps]
         self.data["phases"] = phase_totals(self.steps)
         self.save()

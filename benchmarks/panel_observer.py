@@ -8,18 +8,26 @@ browser open, the panel's plots on screen), opens a notebook whose kernel holds 
 - **panel**: a click on Run burst; the burst is read back from ``panel.runs``;
 - **headless**: ``aw.run_burst(workload, aw.Config(), steps=N)`` executed in the same kernel, the panel idle.
 
-Reported per pair: panel/headless samples/s. Per burst, from the burst's own telemetry over its measured window
-(% of one core): the browser (chromium), the Jupyter server, the kernel (the caller: its event pump, the
-telemetry, and for a panel burst the panel's rendering) and everything else. A headless burst right after a
-panel burst is compared with the one before it: a view that goes on drawing after the burst has ended slows the
-next measurement too. Two workloads (``--workloads``): ``compute`` (2 conv layers on a TensorDataset, fp32, no
-loader workers) and ``data`` (per-item blurs and a random crop, 2 loader workers).
+Reported per pair: panel/headless samples/s. The order alternates, so that a period effect (the second burst of
+a pair faster or slower than the first, whatever the cause) lands on both sides alike; the verdict is the
+crossover estimate, the geometric mean of the P-H pairs' median ratio and the H-P pairs', which cancels such an
+effect (a plain median of all pairs does not once the two orders part, as they did by +-7% on the data
+workload). A same-vs-same control runs ``--control-pairs`` pairs of the headless burst against itself in the same
+alternation, estimated the same way: what this host's noise alone does to a ratio.
 
-Goals (issue #18): median panel/headless >= 0.97 (compute) and >= 0.95 (data); the headless burst after a panel
-burst within 3% of the one before; the view's own cost during the window <= 5% of one core in the kernel and
-<= 5% in the browser.
+Per burst, from the burst's own telemetry over its measured window (% of one core): the browser (chromium), the
+Jupyter server, the kernel (the caller: its event pump, the telemetry, and for a panel burst the panel's
+rendering) and everything else. A headless burst right after a panel burst is compared with the one before it:
+a view that goes on drawing after the burst has ended slows the next measurement too. Two workloads
+(``--workloads``): ``compute`` (2 conv layers on a TensorDataset, fp32, no loader workers) and ``data`` (per-item
+blurs and a random crop, 2 loader workers).
+
+Goals (issue #18): the crossover estimate of panel/headless >= 0.97 (compute) and >= 0.95 (data); the headless
+burst after a panel burst within 3% of the one before; the view's own cost during the window <= 5% of one core
+in the kernel and <= 5% in the browser.
 
     .venv/bin/python benchmarks/panel_observer.py [--pairs 6] [--steps 60] [--workloads compute,data]
+                                                  [--control-pairs 6]
 
 Writes ``benchmarks/results/panel_observer.json``. Needs Debian's chromium (``apt-get install -y chromium``).
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -125,7 +134,7 @@ panel.set_config(config)
 bursts = []
 panel"""
 
-HEADLESS = "bursts.append(('headless', aw.run_burst(workload, config, steps={steps})))"
+HEADLESS = "bursts.append(({what!r}, aw.run_burst(workload, config, steps={steps})))"
 KEEP_PANEL_RUN = "bursts.append(('panel', panel.runs[-1]))"
 SAVE = "json.dump([(kind, r.to_dict()) for kind, r in bursts], open({path!r}, 'w'))"
 JS_STATUS = "() => (document.querySelector('.aw-status') || {innerText: ''}).innerText"
@@ -137,21 +146,25 @@ def main() -> None:
     parser.add_argument("--pairs", type=positive_int, default=6)
     parser.add_argument("--steps", type=positive_int, default=60)
     parser.add_argument("--workloads", default="compute,data")
+    parser.add_argument("--control-pairs", type=int, default=6,
+                        help="pairs of the headless burst against itself (0: none)")
     args = parser.parse_args()
     if CHROMIUM is None:
         raise SystemExit("needs Debian's chromium: apt-get install -y chromium")
     report: dict[str, Any] = {"benchmark": "panel_observer", "pairs": args.pairs, "steps": args.steps,
                               "window": WINDOW, "workloads": {}}
     for kind in args.workloads.split(","):
-        bursts = measure(kind, args.pairs, args.steps)
+        bursts = measure(kind, args.pairs, args.steps, args.control_pairs)
         report["workloads"][kind] = summarise(kind, bursts)
         print_summary(kind, report["workloads"][kind])
     path = write_json("panel_observer", report)
     print(f"\nwrote {path}")
 
 
-def measure(kind: str, pairs: int, steps: int) -> list[tuple[str, dict[str, Any]]]:
-    """Run ``pairs`` interleaved panel/headless pairs of ``kind`` in one kernel; the bursts in run order."""
+def measure(kind: str, pairs: int, steps: int, control_pairs: int) -> list[tuple[str, dict[str, Any]]]:
+    """Run ``pairs`` interleaved panel/headless pairs of ``kind`` in one kernel, then ``control_pairs`` pairs of the
+    headless burst against itself (labelled "control A" and "control B", in the same alternating order); the bursts
+    in run order."""
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory(prefix="aw-observer-") as tmp:
@@ -163,11 +176,15 @@ def measure(kind: str, pairs: int, steps: int) -> list[tuple[str, dict[str, Any]
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
                 page = open_panel(browser.new_page(viewport=WINDOW), f"{base}/lab/tree/observer.ipynb?token={token}")
-                for pair in range(pairs):
-                    order = ("panel", "headless") if pair % 2 == 0 else ("headless", "panel")
+                schedule = [("panel", "headless")] * pairs + [("control A", "control B")] * control_pairs
+                for pair, (first, second) in enumerate(schedule):
+                    order = (first, second) if pair % 2 == 0 else (second, first)
                     for what in order:
-                        panel_burst(page) if what == "panel" else execute(page, HEADLESS.format(steps=steps))
-                        print(f"  {kind} pair {pair + 1}/{pairs}: {what} done", flush=True)
+                        if what == "panel":
+                            panel_burst(page)
+                        else:
+                            execute(page, HEADLESS.format(steps=steps, what=what))
+                        print(f"  {kind} pair {pair + 1}/{len(schedule)}: {what} done", flush=True)
                 execute(page, SAVE.format(path=str(saved)))
             finally:
                 browser.close()
@@ -207,9 +224,11 @@ def summarise(kind: str, bursts: list[tuple[str, dict[str, Any]]]) -> dict[str, 
     from accel_widgets import BurstResult
 
     runs = [(what, BurstResult.from_dict(data)) for what, data in bursts]
-    rates = [(what, r.samples_per_s or 0.0) for what, r in runs]
-    pairs = [rates[i:i + 2] for i in range(0, len(rates) - 1, 2)]
-    ratios = [dict(pair)["panel"] / dict(pair)["headless"] for pair in pairs if len(dict(pair)) == 2]
+    all_rates = [(what, r.samples_per_s or 0.0) for what, r in runs]
+    rates = [(what, rate) for what, rate in all_rates if not what.startswith("control")]
+    ratios, by_order = paired(rates, "panel", "headless")
+    control, control_by_order = paired([(w, r) for w, r in all_rates if w.startswith("control")], "control A",
+                                       "control B")
     # A headless burst right after a panel burst, against the nearest headless burst before that panel burst.
     followers = []
     for i in range(1, len(rates)):
@@ -222,10 +241,33 @@ def summarise(kind: str, bursts: list[tuple[str, dict[str, Any]]]) -> dict[str, 
         "samples_per_s": rates,
         "panel_over_headless": spread(ratios),
         "pair_ratios": ratios,
+        "crossover": crossover(by_order),
+        "by_order": {order: spread(values) for order, values in by_order.items() if values},
+        "control": ({"crossover": crossover(control_by_order), "pair_ratios": control, "spread": spread(control)}
+                    if control else None),
         "headless_after_panel_over_before": spread(followers) if followers else None,
         "cpu_by_process": {what: cpu_by_process([r for w, r in runs if w == what]) for what in ("panel", "headless")},
+        "reliable_control": sum(r.reliability.reliable for w, r in runs if w.startswith("control")),
         "reliable": {what: sum(r.reliability.reliable for w, r in runs if w == what) for what in ("panel", "headless")},
     }
+
+
+def paired(rates: list[tuple[str, float]], a: str, b: str) -> tuple[list[float], dict[str, list[float]]]:
+    """``a/b`` per consecutive pair of bursts (run order), and the same ratios split by the pair's order."""
+    ratios: list[float] = []
+    by_order: dict[str, list[float]] = {f"{a} first": [], f"{b} first": []}
+    for first, second in zip(rates[::2], rates[1::2], strict=False):
+        pair = dict((first, second))
+        if set(pair) == {a, b} and pair[b] > 0:
+            ratios.append(pair[a] / pair[b])
+            by_order[f"{first[0]} first"].append(ratios[-1])
+    return ratios, by_order
+
+
+def crossover(by_order: dict[str, list[float]]) -> float | None:
+    """The ratio with the period effect cancelled: the geometric mean of the two orders' median ratios."""
+    medians = [statistics.median(values) for values in by_order.values() if values]
+    return math.sqrt(medians[0] * medians[1]) if len(medians) == 2 else None
 
 
 def cpu_by_process(results: list[Any]) -> dict[str, float]:
@@ -245,9 +287,17 @@ def cpu_by_process(results: list[Any]) -> dict[str, float]:
 
 def print_summary(kind: str, summary: dict[str, Any]) -> None:
     ratio = summary["panel_over_headless"]
-    print(f"\n{kind}: median panel/headless {ratio['median']:.3f} (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f}, "
-          f"{len(summary['pair_ratios'])} pairs; goal >= {summary['goal']})")
+    cross = summary["crossover"]
+    print(f"\n{kind}: panel/headless crossover estimate {cross:.3f} (goal >= {summary['goal']}); median of "
+          f"{len(summary['pair_ratios'])} pairs {ratio['median']:.3f} (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})")
+    for order, values in summary["by_order"].items():
+        print(f"  {order}: median {values['median']:.3f} over {values['n']} pairs")
     print("  pair ratios: " + ", ".join(f"{r:.2f}" for r in summary["pair_ratios"]))
+    control = summary["control"]
+    if control:
+        print(f"  control (headless vs itself): crossover {control['crossover']:.3f}, pair ratios "
+              f"{control['spread']['min']:.2f}-{control['spread']['max']:.2f} (IQR {control['spread']['q1']:.3f}-"
+              f"{control['spread']['q3']:.3f})")
     follower = summary["headless_after_panel_over_before"]
     if follower:
         print(f"  headless after a panel burst / before it: median {follower['median']:.3f}")

@@ -451,6 +451,24 @@ def test_a_dry_run_whose_budget_cannot_hold_the_lms_compile_fails_and_says_why()
     assert "skipped: needs 100 s" in run.stdout
 
 
+def _budget_from_now(seconds: float = 460.0) -> list[str]:
+    """``--budget-s`` for a call made in this (long-running) test process: the call counts its budget from the
+    process's start, as the real call's process starts with it."""
+    age = time.time() - psutil.Process().create_time()
+    return ["--budget-s", f"{age + seconds:.0f}"]
+
+
+def test_a_required_piece_the_budget_cannot_hold_fails_the_call(monkeypatch, tmp_path):
+    """A call whose budget is gone before fail fast answers nothing: that is a failure, never a quiet SKIP."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setattr(gc.aw, "run_burst", lambda *a, **k: pytest.fail("no burst may start without a budget"))
+    age = time.time() - psutil.Process().create_time()
+    assert gc.main(["--allow-cpu", "--size", "small", "--workloads", "lm", "--budget-s", f"{max(1.0, age - 1):.0f}"]) == 1
+    saved = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert saved["failed"] and saved["timeline"][1]["work"] == "fail fast"
+    assert saved["timeline"][1]["status"] == "SKIP"
+
+
 def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_start(monkeypatch, tmp_path):
     """The forkserver initialised CUDA: every rank would fail the same way, so the call stops at fail fast."""
     out = tmp_path / "out"
@@ -464,7 +482,7 @@ def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_s
 
     monkeypatch.setenv("OUT", str(out))
     monkeypatch.setattr(gc.aw, "run_burst", broken)
-    assert gc.main(["--allow-cpu", "--size", "small", "--workloads", "lm"]) == 1
+    assert gc.main(["--allow-cpu", "--size", "small", "--workloads", "lm", *_budget_from_now()]) == 1
     (before,) = seen_before_the_burst
     assert [w["work"] for w in before["plan"]][:2] == ["fail fast", "gpu tests"]
     assert before["timeline"][0]["work"] == "start"

@@ -46,6 +46,20 @@ HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
 FLUSH_INTERVAL_S = 1.0
 #: Phases in which the burst steps (warm-up, then the measured window): its progress is drawn on the timeline only.
 STEPPING = ("warming up", "measuring")
+
+
+def holds_still(config: Config, device: DeviceInfo) -> bool:
+    """Whether the page holds still while a burst of ``config`` measures: when the burst keeps every core busy.
+
+    A CPU burst does by construction (each rank runs cores / ranks intra-op threads); on a GPU the ranks' host
+    threads and their loader workers may. On a machine whose every core the burst uses, each frame the browser
+    draws is taken from the burst, and its threads wait for each other at every op: measured on 2 cores
+    (benchmarks/panel_observer.py), one frame a second cost the burst 3-10%. So its points wait and are drawn
+    when the measured window ends; warm-up and compile, which are not measured, stay live.
+    """
+    if device.kind == "cpu":
+        return True
+    return config.ranks * (1 + config.num_workers) >= device.cpu_count
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
 #: starts one burst, not one per keystroke.
 LIVE_DELAY_S = 0.5
@@ -442,16 +456,21 @@ class PanelController:
         batcher = EventBatcher()
         tracker = BurstProgress.for_burst(item.config, steps=length["steps"], seconds=length["seconds"])
         started = time.monotonic()
+        holding = holds_still(item.config, self.state.device)
 
         def flush() -> None:
             """The batch's events to the state. From the first warm-up step to the last measured one the burst's
             progress goes with them to the timeline, drawn in the frame the page draws for the points anyway; the
             status line and progress bar stay still meanwhile, since each change of theirs is a frame more the page
-            draws while the burst is measured (before that, while it sets up or compiles, they tick)."""
+            draws while the burst is measured (before that, while it sets up or compiles, they tick). A burst that
+            holds the page still gets one frame as its window starts, saying so, and the window's points at its end."""
             batch = batcher.take()
             view = tracker.view(time.monotonic() - started)  # the CLI's progress line, in words
             stepping = view.phase in STEPPING
-            ticker = Ticker(f"{prefix}: {view.text()}", progress(view.fraction)) if stepping else None
+            text = view.text()
+            if holding and view.phase == "measuring":
+                text = f"{view.goal_text()}: drawn when they end, so that drawing takes no core from them"
+            ticker = Ticker(f"{prefix}: {text}", progress(view.fraction)) if stepping else None
             if batch or ticker is not None:
                 self.state.add_events(run, batch.steps, batch.samples, ticker)
             if stepping:
@@ -464,7 +483,10 @@ class PanelController:
 
         def on_event(event: Event) -> None:
             phase_changed = tracker.update(event)
-            if batcher.add(event) or phase_changed:
+            due = batcher.add(event)
+            if holding and tracker.phase == "measuring" and not phase_changed:
+                return  # the window's events wait in the batcher until it ends
+            if due or phase_changed:
                 flush()
 
         self.state.set_status(f"{prefix}: starting", busy=True)

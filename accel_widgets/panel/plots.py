@@ -150,9 +150,9 @@ class Timeline:
             steps_sent, samples_sent = self._sent.get(run.index, (0, 0))
             steps, samples = run.steps[steps_sent:], run.samples[samples_sent:]
             if steps or samples or run.index not in self._sent:
-                message = {"kind": "points", **run_points(run, steps, samples)}
-                if ticker is not None:
-                    message["ticker"] = {"text": ticker.text, "fraction": round(ticker.fraction, 4)}
+                # The progress line goes with the points, and goes away with the first points sent without it.
+                message = {"kind": "points", **run_points(run, steps, samples), "ticker": None if ticker is None
+                           else {"text": ticker.text, "fraction": round(ticker.fraction, 4)}}
                 self.chart.send(message)
                 self._sent[run.index] = (len(run.steps), len(run.samples))
 

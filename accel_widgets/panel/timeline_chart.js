@@ -224,7 +224,8 @@ export default {
       ctx.fillText(ticker.text, 4, 15);
     }
 
-    // What the picture shows, in words (screen readers read it): per run, its steps and telemetry samples.
+    // What the picture shows, in words (screen readers read it): the running burst's progress line, then per run
+    // its steps and telemetry samples.
     function describe(shown) {
       const parts = shown.map(([index, run]) => {
         let steps = 0, samples = 0;
@@ -232,7 +233,8 @@ export default {
         for (const s of run.util.values()) samples += s.x.length;
         return `run ${index} ${run.name}: ${steps} steps, ${samples} utilisation samples`;
       });
-      canvas.setAttribute("aria-label", `Timeline. ${parts.join("; ")}`);
+      const progress = ticker ? ` ${ticker.text}.` : "";
+      canvas.setAttribute("aria-label", `Timeline.${progress} ${parts.join("; ")}`);
     }
 
     function frame(ctx, box, title, xTitle, yTitle) {

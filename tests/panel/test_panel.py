@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from accel_widgets import KNOBS, Config
+from accel_widgets import KNOBS, Config, StepRecord
 from accel_widgets.knobs import GROUP_TITLES
 from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel import TuningPanel
@@ -308,7 +308,7 @@ def test_a_running_burst_sends_only_new_points_a_few_times_a_second_and_nothing_
     """The observer must not cost the measurement: the page gets each point once, about once a second, and nothing
     while it does not show the chart; what it missed follows when it is back."""
     engine = FakeEngine(pace_s=0.005, until_stop=True)
-    panel = make_panel(engine, steps=250)
+    panel = make_panel(engine, device=GPU1, steps=250)  # a GPU burst leaves cores free: its window is drawn live
     page = ChartPage(panel.plots.chart)
     try:
         panel.run_burst()
@@ -330,6 +330,35 @@ def test_a_running_burst_sends_only_new_points_a_few_times_a_second_and_nothing_
     finally:
         panel.stop()
         panel.wait(10)
+
+
+def test_a_burst_that_fills_every_core_is_drawn_when_its_window_ends_not_while_it_measures() -> None:
+    """A CPU burst uses every core, so the page draws its measured window once, after it: one frame as the window
+    starts (the warm-up's points and a line saying why the view waits), none while it measures."""
+    engine = FakeEngine(pace_s=0.005)
+    panel = make_panel(engine, device=CPU, steps=400)
+    page = ChartPage(panel.plots.chart)
+    window: list[float] = []
+    original = engine.__call__
+
+    def timed(*args, on_event=None, **kwargs):
+        def note(event):
+            if isinstance(event, StepRecord) and not event.warmup and not window:
+                window.append(time.monotonic())
+            on_event(event)
+        result = original(*args, on_event=note, **kwargs)
+        window.append(time.monotonic())
+        return result
+
+    panel.controller._engine = timed
+    run(panel)
+    start, end = window
+    assert end - start > 1.5  # long enough for the live view to have sent one a second
+    during = [m for t, m in page.messages if start + 0.3 < t < end - 0.3]  # the last step starts "finishing"
+    assert during == []
+    tickers = [m["ticker"]["text"] for _, m in page.messages if m.get("ticker")]
+    assert any("drawn when they end" in text for text in tickers)
+    assert len(page.steps(0)) == 400  # all of the window, once it ended
 
 
 def test_compare_figures_are_built_only_for_the_tab_the_user_opens() -> None:

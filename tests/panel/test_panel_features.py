@@ -358,7 +358,9 @@ def test_the_status_line_names_the_phase_a_long_first_step_is_in() -> None:
     # From the first warm-up step on the progress is on the timeline, in the points' own message: no status change.
     assert not {"warming up", "measuring"} & set(seen), statuses
     tickers = [m["ticker"]["text"] for _, m in page.messages if m.get("ticker")]
-    assert any(": warming up" in t for t in tickers) and any(": measuring " in t and "/5 steps" in t for t in tickers), tickers
+    # On this (fake) CPU the burst fills every core, so the measured window is announced, not counted live.
+    assert any(": warming up" in t for t in tickers), tickers
+    assert any(": measuring 5 steps: drawn when they end" in t for t in tickers), tickers
     assert panel.state.status.startswith("Burst finished")
 
 
