@@ -17,11 +17,10 @@ from .engine.forkserver import prestart_on_import
 
 prestart_on_import()  # first, so the server imports torch while this process does too
 
-from . import export, figures
-from .batchsize import BatchSizeSearch, BatchTry, find_batch_size
-from .config import Config
+from .analysis.diagnosis import Finding, diagnose
+from .analysis.guard import GuardVerdict, check_training, find_baseline
+from .data.streams import StreamReading
 from .demos import DEMO_NAMES, demo_workload
-from .device import DeviceInfo, probe_device
 from .engine.launcher import (
     BurstError,
     BurstTimeout,
@@ -33,17 +32,24 @@ from .engine.launcher import (
     run_burst,
     warm_up,
 )
-from .guard import GuardVerdict, check_training, find_baseline
-from .history import HistoryError, RunHistory, StoredRun, workload_fingerprint
+from .engine.request import BurstRequestError
+from .inputs.device import DeviceInfo, probe_device
+from .inputs.workload import Workload
+from .job.export import export_script
 from .knobs import GROUPS, KNOBS, CodePaths, Knob, KnobValueError
-from .ladder import classic_ladder, run_ladder
-from .reporting import write_report as report
-from .results import BurstResult, ErrorInfo, RankSummary, StepRecord, StreamReading, TelemetrySample
-from .stats import Summary, summarize
-from .sweep import SweepResult, sweep
-from .tuner import TuneResult, TuneStep, measure_noise, tune
-from .validation import BurstRequestError, ConfigError, check_config
-from .workload import Workload
+from .knobs.config import Config
+from .knobs.rules import ConfigError, check_config
+from .metrics.stats import Summary, summarize
+from .results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
+from .search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
+from .search.ladder import classic_ladder, run_ladder
+from .search.remeasure import remeasure
+from .search.sweep import SweepResult, sweep
+from .search.tuner import TuneResult, TuneStep, measure_noise, tune
+from .views import figures
+from .views.report import write_csv, write_json
+from .views.report import write_report as report
 
 __version__ = "0.1.0"
 
@@ -64,6 +70,7 @@ __all__ = [
     "BatchSizeSearch",
     "BatchTry",
     "BurstError",
+    "BurstPhase",
     "BurstRequestError",
     "BurstResult",
     "BurstTimeout",
@@ -72,6 +79,7 @@ __all__ = [
     "ConfigError",
     "DeviceInfo",
     "ErrorInfo",
+    "Finding",
     "GuardVerdict",
     "HistoryError",
     "IsolationWarning",
@@ -96,12 +104,14 @@ __all__ = [
     "check_training",
     "classic_ladder",
     "demo_workload",
-    "export",
+    "diagnose",
+    "export_script",
     "figures",
     "find_baseline",
     "find_batch_size",
     "measure_noise",
     "probe_device",
+    "remeasure",
     "report",
     "run_burst",
     "run_ladder",
@@ -110,4 +120,6 @@ __all__ = [
     "tune",
     "warm_up",
     "workload_fingerprint",
+    "write_csv",
+    "write_json",
 ]

@@ -16,16 +16,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .config import Config
 from .demos import DEMO_NAMES, demo_workload
-from .device import probe_device
 from .engine.launcher import BurstError, run_burst
-from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError
-from .ladder import Rung, classic_ladder, run_ladder
-from .progress import ProgressSeries, result_line
-from .results import BurstResult
-from .validation import ConfigError, check_burst_request
-from .workload import Workload, load_workload
+from .engine.request import check_burst_request
+from .inputs.device import probe_device
+from .inputs.workload import Workload, load_workload
+from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError, parallel
+from .knobs.config import Config
+from .knobs.rules import ConfigError
+from .results.burst import BurstResult
+from .search.ladder import Rung, classic_ladder, run_ladder
+from .views.progress import ProgressSeries, result_line
 
 DEFAULT_REPORT = "accel_widgets_report.html"
 
@@ -87,7 +88,7 @@ def _run_ladder_with_progress(workload: Workload, rungs: list[Rung], *, steps: i
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .reporting import comparison_rows, format_table, write_json, write_report
+    from .views.report import comparison_rows, format_table, write_json, write_report
 
     names = _demo_names(args.workloads)
     check_burst_request(args.steps, None, None, args.timeout, 0)  # before the first line of output
@@ -96,7 +97,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results: list[BurstResult] = []
     for name in names:
         workload = demo_workload(name, size=args.size)
-        rungs = classic_ladder(workload, device, compile_mode=None if args.no_compile else "default")
+        rungs = classic_ladder(workload, device, leave_out={"+compile"} if args.no_compile else ())
         print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
         results += _run_ladder_with_progress(workload, rungs, steps=args.steps, timeout_s=args.timeout)
     rows = comparison_rows(results)
@@ -122,7 +123,7 @@ def _demo_names(text: str | None) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .reporting import comparison_rows, format_table, write_json
+    from .views.report import comparison_rows, format_table, write_json
 
     check_burst_request(args.steps, args.seconds, None, args.timeout, args.profile_steps)  # before any progress line
     workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
@@ -159,13 +160,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_script, torchrun_command
+    from .job.export import export_script, torchrun_command
 
     config = config_from_args(args)
     path = export_script(args.workload, config, args.output, nnodes=args.nnodes, endpoint=args.endpoint)
-    print(f"wrote {path}\n  one machine:  torchrun --standalone --nproc-per-node {config.world_size} {path.name}")
-    print("  several:      " + torchrun_command(path, nproc_per_node=config.world_size, nnodes=args.nnodes,
-                                                endpoint=args.endpoint))
+    ranks = parallel.ranks(config)
+    print(f"wrote {path}\n  one machine:  torchrun --standalone --nproc-per-node {ranks} {path.name}")
+    print("  several:      " + torchrun_command(path, nproc_per_node=ranks, nnodes=args.nnodes, endpoint=args.endpoint))
     return 0
 
 

@@ -35,7 +35,7 @@ QUIET_WAIT_BUDGET_S = 60.0
 def spread(values: Sequence[float]) -> dict[str, float]:
     """Median, min, max, quartiles and relative IQR of ``values``.
 
-    Quartiles use the same "inclusive" method as ``accel_widgets.stats.summarize``, so a relative IQR
+    Quartiles use the same "inclusive" method as ``accel_widgets.metrics.stats.summarize``, so a relative IQR
     printed here means what the package's ``Summary.relative_iqr`` means.
     """
     if not values:

@@ -8,7 +8,7 @@ the work runs in the order of what the call must answer, each piece with the tim
 after keeping the floors of the required work still to come, and what no longer fits is skipped with the
 reason. ``--dry-run`` prints that plan on any machine for an H200 (a fake device of its size, the planned
 seconds as the clock) and exits 0 only when it fits with both ladders' eager rungs and the LM's bf16 and
-compile rungs; ``tests/test_gpu_check.py`` runs it in CI.
+compile rungs; ``tests/benchmarks/test_gpu_check.py`` runs it in CI.
 
 The call, in order:
 
@@ -71,9 +71,9 @@ from torch.utils.data import TensorDataset
 
 import accel_widgets as aw
 from accel_widgets.demos import DEMO_NAMES, DEMO_SIZES, SmallCNN, synthetic_images
-from accel_widgets.device import GpuInfo
-from accel_widgets.ladder import Rung
-from accel_widgets.validation import check_config
+from accel_widgets.inputs.device import GpuInfo
+from accel_widgets.knobs.rules import check_config
+from accel_widgets.search.ladder import Rung
 
 ROOT = Path(__file__).resolve().parent.parent
 Status = Literal["PASS", "FAIL", "SKIP", "INFO"]

@@ -41,7 +41,7 @@ from _common import QUIET_PCT, QuietGate, load_average, positive_int, spread, ta
 
 import accel_widgets as aw
 from accel_widgets.engine.launcher import FOREIGN_LOAD_WARN_PCT
-from accel_widgets.tuner import TuneResult, tune
+from accel_widgets.search.tuner import TuneResult, tune
 
 SUBSET: dict[str, tuple[Any, ...]] = {
     "num_workers": (0, 1, 2),

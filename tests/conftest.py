@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from accel_widgets.engine.launcher import leftover_temp_files
+from accel_widgets.results.history import HISTORY_ENV
 
 LEAK_GRACE_S = 3.0
 
@@ -50,6 +51,15 @@ def private_cache_dir() -> Iterator[str]:
     else:
         os.environ["ACCEL_WIDGETS_CACHE"] = previous
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def private_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Nothing writes a run history into the working directory: a panel or a tuner opened with the default
+    history records to this test's own file."""
+    path = tmp_path / "default_history.sqlite"
+    monkeypatch.setenv(HISTORY_ENV, str(path))
+    return path
 
 
 @pytest.fixture

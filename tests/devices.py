@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from accel_widgets.device import DeviceInfo, probe_device
+from accel_widgets.inputs.device import DeviceInfo, probe_device
 
 
 def cpu_device() -> DeviceInfo:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from accel_widgets.cli import main
-from accel_widgets.workload import WorkloadReferenceError, load_workload
+from accel_widgets.inputs.workload import WorkloadReferenceError, load_workload
 
 MODULE = textwrap.dedent("""
     import torch

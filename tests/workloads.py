@@ -187,11 +187,14 @@ def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
                     name="tiny", **kwargs)
 
 
-def conv_workload() -> Workload:
+def conv_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """256 small RGB images and their labels."""
     generator = torch.Generator().manual_seed(0)
-    images = torch.randn(256, 3, 8, 8, generator=generator)
-    labels = torch.randint(0, CLASSES, (256,), generator=generator)
-    return Workload(model=TinyConvNet(), dataset=(images, labels), loss_fn=F.cross_entropy, batch_size=16,
+    return torch.randn(256, 3, 8, 8, generator=generator), torch.randint(0, CLASSES, (256,), generator=generator)
+
+
+def conv_workload() -> Workload:
+    return Workload(model=TinyConvNet(), dataset=conv_data(), loss_fn=F.cross_entropy, batch_size=16,
                     name="tiny-conv")
 
 
@@ -242,3 +245,63 @@ def net_with_broken_compiler() -> nn.Module:
 def exported_workload() -> Workload:
     """``tests.workloads:exported_workload``: the module:function form export_script needs."""
     return tiny_workload()
+
+
+def batch_sampler_workload() -> Workload:
+    """A user's DataLoader with a batch sampler: its batches are fixed, so no DDP rank can take a share of them."""
+    loader = torch.utils.data.DataLoader(tensors()[0], batch_sampler=[[0, 1], [2, 3]])
+    return Workload(model=TinyNet, dataset=loader, step=lambda model, batch: model(batch).sum())
+
+
+class KnobsActed(TinyConvNet):
+    """A conv net that fails its forward unless the knobs it is told of act in its rank: the inputs arrive in
+    channels_last, autocast runs in bf16, the algorithms are deterministic, and (from the second step) the
+    gradients were zeroed in place rather than dropped."""
+
+    def __init__(self, expect: frozenset[str]) -> None:
+        super().__init__()
+        self.expect, self.calls = expect, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        checks = {
+            "channels_last": x.is_contiguous(memory_format=torch.channels_last),
+            "bf16": torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16,
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "zeroed": self.calls == 1 or all(p.grad is not None for p in self.parameters()),
+        }
+        missed = [what for what in self.expect if not checks[what]]
+        if missed:
+            raise AssertionError(f"knobs that did not act in this rank: {missed}")
+        return super().forward(x)
+
+
+class ReadersRecorded(torch.utils.data.Dataset):
+    """Images that leave a file named after each process that reads one in ``directory``."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        open(os.path.join(self.directory, str(os.getpid())), "a").close()
+        generator = torch.Generator().manual_seed(index)
+        return torch.randn(3, 8, 8, generator=generator), index % CLASSES
+
+
+class ForeachSGD(torch.optim.SGD):
+    """SGD that fails its step unless it was built with the multi-tensor (foreach) implementation."""
+
+    def step(self, closure=None):
+        if not all(group["foreach"] for group in self.param_groups):
+            raise AssertionError("the optimizer was not rebuilt with foreach=True")
+        return super().step(closure)
+
+
+def scripted_only(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy that fails unless TorchScript compiled it (script_loss=True)."""
+    if not torch.jit.is_scripting():
+        raise AssertionError("the loss ran as Python, not TorchScript")
+    return F.cross_entropy(output, target)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..results import PhaseName, RankSummary, StepRecord
+from ..results.burst import PhaseName, RankSummary, StepRecord
 
 PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted")
 COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout")

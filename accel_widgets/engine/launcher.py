@@ -31,27 +31,25 @@ import psutil
 from torch import nn
 from torch.multiprocessing.spawn import ProcessContext, _wrap  # torch's rank wrapper: tracebacks to an error file
 
-from ..config import Config
-from ..device import DeviceInfo, probe_device, worker_env
-from ..knobs import compiling, data, facts
-from ..results import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
-from ..validation import ConfigError, check_burst_request, check_config
-from ..workload import Workload
-from .datacache import cache_root
+from ..data.cache import cache_root
+from ..inputs.device import DeviceInfo, probe_device, worker_env
+from ..inputs.workload import Workload
+from ..knobs.config import Config
+from ..knobs.plan import resolve
+from ..knobs.rules import ConfigError
+from ..results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .events import EventChannel, Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
 from .forkserver import MP_DIR_PREFIX, RANK_NAME_PREFIX, START_METHOD, forkserver_context, warm_up
+from .request import DEFAULT_TIMEOUT_S, BurstRequest
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
 
-DEFAULT_STEPS = 40
 BURST_DIR_PREFIX = "accel-widgets-burst-"  # + the owning process id, so leftovers can be attributed
-DEFAULT_TIMEOUT_S = 600.0
 #: How often the caller wakes once steps stream: on a machine whose cores the ranks' threads fill, each
-#: wake-up of this process preempts one of them, so the count of wake-ups, not their work, is the cost. At
-#: 20 Hz the pump took 0.8% of a core over a measured window, at 10 Hz 0.35% (benchmarks/harness_overhead.py);
-#: events still reach ``on_event`` within ~0.1 s, which no live view here needs faster (the panel draws once
-#: a second).
-PUMP_TICK_S = 0.1
+#: wake-up of this process preempts one of them. Measured on a 2-core machine (benchmarks/harness_overhead.py),
+#: each tick of the pump cost ~0.7 ms of CPU; at 5 Hz events still reach ``on_event`` within a tick and a rank's
+#: batch (``worker.STEP_BATCH_S``), which no live view here needs faster (the panel draws once a second).
+PUMP_TICK_S = 0.2
 TEARDOWN_GRACE_S = 0.5
 #: Once every rank has delivered its result, how long its processes get to exit on their own (loader workers
 #: joining, a compile worker pool, a large CUDA context) before they are ended and the result kept.
@@ -228,7 +226,7 @@ def run_burst(
 
     Runs ``steps`` measured steps (default 40) or for ``seconds``, after ``warmup_steps`` unmeasured
     ones (default 2, or 3 when compiling). ``on_event`` receives every step record and telemetry sample
-    live, on the calling thread, and a :class:`~accel_widgets.results.BurstPhase` when a rank starts,
+    live, on the calling thread, and a :class:`~accel_widgets.results.burst.BurstPhase` when a rank starts,
     sets up, steps or finishes (worker isolation), so a progress display can name a long first step.
     Setting ``stop`` ends the burst early (status "stopped").
     ``profile_steps`` > 0 records that many extra steady-state steps with torch.profiler after the
@@ -243,47 +241,37 @@ def run_burst(
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
     that turns NaN/inf raises nothing and ends with status "diverged".
     """
-    check_burst_request(steps, seconds, warmup_steps, timeout_s, profile_steps)
+    request = BurstRequest(steps, seconds, warmup_steps, timeout_s, profile_steps, profile_dir, sync_debug)
     if not isinstance(config, Config | None):
         raise TypeError(f"config must be an accel_widgets.Config, got {type(config).__name__}: pass "
                         "Config(precision='bf16'), or Config(**knobs) for a dict of knob values")
+    if isolation not in ("process", "inprocess"):
+        raise ValueError(f"isolation={isolation!r} is invalid: use 'process' or 'inprocess'")
     called_at = time.perf_counter()
-    config = config or Config()
-    device = device or probe_device()
-    config_warnings = check_config(config, device) + data.loader_notes(workload, config)
-    if sync_debug and config.parallel == "ddp":
-        config_warnings.append(SYNC_DEBUG_DDP_NOTE)
-    if steps is None and seconds is None:
-        steps = DEFAULT_STEPS
-    if warmup_steps is None:
-        warmup_steps = compiling.default_warmup_steps(config)
+    plan = resolve(config or Config(), device or probe_device(), workload)
+    request = request.resolved(plan.warmup_steps)
     cache_dir = cache_dir or str(cache_root())
     owner = psutil.Process()
     spec = BurstSpec(
-        environment={**os.environ, **worker_env()},
-        config=config, steps=steps, seconds=seconds, warmup_steps=warmup_steps, clock_origin=called_at,
-        cache_dir=cache_dir, threads_per_rank=max(1, device.cpu_count // config.ranks),
-        device_kind=device.kind, temp_dir="", owner_pid=owner.pid, owner_started=owner.create_time(),
-        inductor_cache_dir=inductor_cache_dir(cache_dir), collective_timeout_s=timeout_s * COLLECTIVE_TIMEOUT_SHARE,
-        profile_steps=profile_steps, profile_dir=_prepare_profile_dir(profile_dir) if profile_steps else "",
-        sync_debug=sync_debug,
+        plan=plan, request=replace(request, profile_dir=_prepare_profile_dir(profile_dir) if profile_steps else ""),
+        environment={**os.environ, **worker_env()}, clock_origin=called_at, cache_dir=cache_dir,
+        owner_pid=owner.pid, owner_started=owner.create_time(), inductor_cache_dir=inductor_cache_dir(cache_dir),
+        collective_timeout_s=timeout_s * COLLECTIVE_TIMEOUT_SHARE,
     )
-    result = BurstResult(workload=workload.name, config=config, status="ok", world_size=config.ranks,
-                         warmup_steps=warmup_steps, tokens_per_sample=workload.tokens_per_sample,
-                         warnings=list(config_warnings), label=label,
-                         facts=facts(config, device.kind, len(device.gpus)),
-                         environment={"driver": device.driver, "gpus": [g.name for g in device.gpus],
+    notes = [SYNC_DEBUG_DDP_NOTE] if sync_debug and plan.group is not None else []
+    result = BurstResult(workload=workload.name, config=plan.config, status="ok", world_size=plan.ranks,
+                         warmup_steps=request.warmup_steps or 0, tokens_per_sample=workload.tokens_per_sample,
+                         warnings=[*plan.warnings, *notes], label=label, facts=plan.facts,
+                         environment={"driver": plan.device.driver, "gpus": [g.name for g in plan.device.gpus],
                                       "start_method": START_METHOD if isolation == "process" else "inprocess"})
     if isolation == "inprocess":
         return _run_in_process(workload, spec, result, on_event, stop, called_at)
-    if isolation != "process":
-        raise ValueError(f"isolation={isolation!r} is invalid: use 'process' or 'inprocess'")
-    return _run_in_workers(workload, spec, result, on_event, stop, timeout_s, device, called_at)
+    return _run_in_workers(workload, spec, result, on_event, stop, called_at)
 
 
 def _run_in_workers(
     workload: Workload, spec: BurstSpec, result: BurstResult, on_event: Callable[[Event], None] | None,
-    stop: threading.Event | None, timeout_s: float, device: DeviceInfo, called_at: float,
+    stop: threading.Event | None, called_at: float,
 ) -> BurstResult:
     warm_up()  # returns at once; the server imports torch while we pickle
     remove_orphaned_burst_dirs()
@@ -291,10 +279,10 @@ def _run_in_workers(
     spec = replace(spec, temp_dir=temp_dir)
     samples: queue.SimpleQueue[TelemetrySample] = queue.SimpleQueue()
     sampler = TelemetrySampler(clock_origin=called_at, on_sample=samples.put,
-                               gpus=[(g.index, g.nvml_key) for g in device.gpus_for(spec.config)])
+                               gpus=[(g.index, g.nvml_key) for g in spec.plan.gpus])
     mp_context = forkserver_context()
     events = EventChannel(mp_context)
-    phases = mp_context.Array("b", spec.config.ranks, lock=False)  # one Phase per rank, written by the rank
+    phases = mp_context.Array("b", spec.plan.ranks, lock=False)  # one Phase per rank, written by the rank
     context: ProcessContext | None = None
     collected = _Collected(oom_kills_before=oom_kill_count())
 
@@ -308,26 +296,27 @@ def _run_in_workers(
 
     try:
         payload = pickle_workload(workload, spec)
-        context = _start_ranks(payload, events, phases, spec.config.ranks, temp_dir)
+        context = _start_ranks(payload, events, phases, spec.plan.ranks, temp_dir)
         events.close_writer()
         for pid in context.pids():
             sampler.watch(pid)
         sampler.start()
         watch = _PhaseWatch(phases, called_at)
-        outcome = _collect(context, events, watch, samples, collected, on_event, stop, called_at + timeout_s)
+        outcome = _collect(context, events, watch, samples, collected, on_event, stop,
+                           called_at + spec.request.timeout_s)
     except BaseException:
         _shielded(tear_down, reraise_interrupt=False)
         raise
     _shielded(tear_down, reraise_interrupt=True)
-    return _finish(result, collected, outcome, called_at, timeout_s)
+    return _finish(result, collected, outcome, called_at, spec.request.timeout_s)
 
 
 def _shielded(cleanup: Callable[[], None], *, reraise_interrupt: bool) -> None:
     """Run ``cleanup`` to its end even when Ctrl-C is pressed again meanwhile.
 
-    A second interrupt during teardown used to abandon it halfway: ranks left running, temp dirs left
-    behind. On the main thread SIGINT is held back until the cleanup is done, then re-raised unless an
-    exception (the first interrupt, usually) is already on its way out.
+    A second interrupt must not abandon teardown halfway (ranks left running, temp dirs left behind): on the
+    main thread SIGINT is held back until the cleanup is done, then re-raised unless an exception (the first
+    interrupt, usually) is already on its way out.
     """
     if threading.current_thread() is not threading.main_thread():
         cleanup()  # signals are only ever delivered to the main thread
@@ -636,7 +625,7 @@ def _run_in_process(
     stop: threading.Event | None, called_at: float,
 ) -> BurstResult:
     """The explicit fallback for workloads that cannot be pickled: same loop, no isolation."""
-    if spec.config.parallel == "ddp":
+    if spec.plan.group is not None:
         raise ConfigError("isolation='inprocess' runs in the caller: DDP needs isolation='process'")
     warnings.warn(
         "run_burst(isolation='inprocess') trains in this process: a crash or out-of-memory takes this kernel down, "

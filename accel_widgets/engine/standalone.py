@@ -7,25 +7,29 @@ script trains exactly as the burst measured: same seed, weights, data order and 
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import time
 
 import torch
-import torch.distributed as dist
 
-from ..config import Config
-from ..device import usable_cpu_count
+from ..data.cache import cache_root
+from ..inputs.device import probe_device
+from ..inputs.workload import Workload, load_workload
 from ..knobs import global_flags, parallel
-from ..results import StepRecord
-from ..workload import load_workload
-from .datacache import cache_root
+from ..knobs.config import Config
+from ..knobs.plan import Plan, resolve
+from ..knobs.rules import ConfigError
+from ..results.burst import StepRecord
 from .events import RankLosses, WorkerEvent
+from .group import joined
+from .process import keep_freed_memory, torch_threads
 from .training import build_loop
-from .worker import keep_freed_memory, torch_threads
 
 LOG_EVERY_S = 10.0
+#: A collective without a partner fails after this long: a job's ranks may wait on each other's data or
+#: checkpoint writes far longer than a burst's.
+COLLECTIVE_TIMEOUT_S = 600.0
 
 
 def train(workload_ref: str, config: Config, steps: int) -> list[float]:
@@ -38,40 +42,37 @@ def train(workload_ref: str, config: Config, steps: int) -> list[float]:
         raise ValueError(f"steps={steps}: train at least one step")
     keep_freed_memory()  # as a burst's rank does, so the job's steps run as the burst measured them
     workload = load_workload(workload_ref)
+    plan = _plan(config, workload)
+    rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", local_rank) if plan.device.has_cuda else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    rank, world_size = _join_group(config, device)
-    # As a burst does: the usable cores shared by the ranks on this machine.
-    threads = max(1, usable_cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     log = _Log(rank, steps)
-    try:
-        with torch_threads(threads), global_flags(config):
-            loop, _ = build_loop(workload, config, device, rank, world_size, cache_dir=str(cache_root()),
-                                 emit=log, clock_origin=time.perf_counter())
-            first_step_s, _ = loop.warm_up(1)
-            loop.measure(steps - 1, None, first_step_s)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    with (
+        torch_threads(plan.threads_per_rank),
+        global_flags(plan.config),
+        joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
+    ):
+        loop, _ = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
+                             clock_origin=time.perf_counter())
+        first_step_s, _ = loop.warm_up(1)
+        loop.measure(steps - 1, None, first_step_s)
     return log.losses
 
 
-def _join_group(config: Config, device: torch.device) -> tuple[int, int]:
-    """DDP ranks join torchrun's group (its env:// rendezvous); a one-process config must run alone."""
+def _plan(config: Config, workload: Workload) -> Plan:
+    """The config resolved for this machine and torchrun's group, refused as a burst would refuse it."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    if config.parallel != "ddp":
-        if world_size != 1:
-            raise ValueError(f"this script's config has parallel={config.parallel!r}: run it with one process "
-                             f"(torchrun --nproc-per-node 1), not {world_size}")
-        return 0, 1
-    if world_size != parallel.ranks(config):
-        print(f"note: the burst was measured with world_size={config.world_size}; this run has {world_size} ranks",
+    if not parallel.distributed(config) and world_size != 1:
+        raise ConfigError(f"this script's config runs one process ({config.label()}): run it with torchrun "
+                          f"--nproc-per-node 1, not {world_size} processes")
+    plan = resolve(config, probe_device(), workload, world_size=world_size)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if plan.group is not None and local != parallel.ranks(config) and int(os.environ.get("RANK", 0)) == 0:
+        print(f"note: the burst was measured with {parallel.ranks(config)} ranks; this machine runs {local}",
               flush=True)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=10),
-                            device_id=device if device.type == "cuda" else None)
-    return dist.get_rank(), dist.get_world_size()
+    return plan
 
 
 class _Log:

@@ -9,7 +9,7 @@ every process on the machine, so samples line up with the step events the worker
 
 Energy rides along as raw readings: each GPU sample carries NVML's total energy counter (Volta and newer)
 and its power, each CPU sample the RAPL packages' counter where it is readable; the result turns them into
-joules over its measured window (:mod:`accel_widgets.energy`).
+joules over its measured window (:mod:`accel_widgets.metrics.energy`).
 """
 
 from __future__ import annotations
@@ -26,15 +26,19 @@ from typing import Any, Literal
 
 import psutil
 
-from ..device import usable_cpu_count
-from ..energy import POWERCAP, RaplCounter
-from ..results import TelemetrySample
+from ..inputs.device import usable_cpu_count
+from ..metrics.energy import POWERCAP, RaplCounter
+from ..results.burst import TelemetrySample
 
 THREAD_NAME = "accel-widgets-telemetry"
 
-#: Every process on the machine is read this often: new DataLoader workers join the family within it, and it is
-#: the interval over which other programs' CPU use is attributed.
-FAMILY_REFRESH_S = 1.0
+#: Every process on the machine is read this often (a few ms for a hundred processes): it is the interval over which
+#: other programs' CPU use is attributed, and catches family members the per-tick walk cannot see.
+MACHINE_SCAN_S = 2.0
+#: Readings a second. NVML refreshes utilisation over 1/6 s to 1 s and a CPU share is a delta, so 5 Hz draws a
+#: burst of seconds in detail; each reading is CPU the caller takes from a machine the burst fills
+#: (benchmarks/harness_overhead.py: the caller's pump and telemetry together under 1% of a core).
+INTERVAL_S = 0.2
 
 
 class TelemetrySampler:
@@ -60,7 +64,7 @@ class TelemetrySampler:
     ``on_sample`` runs on the sampler thread, once per sample after it is appended to ``samples``: keep it
     quick (hand the sample to a queue or a widget) or it delays the next tick. Anything a tick raises,
     the callback included, is recorded in ``errors`` (each distinct message once, so a persistent fault
-    cannot grow the list at 10 Hz for a whole burst) and sampling goes on: telemetry must never end a
+    cannot grow the list at every tick for a whole burst) and sampling goes on: telemetry must never end a
     burst. ``errors`` also says why NVML was not used when GPUs were asked for.
     """
 
@@ -69,7 +73,7 @@ class TelemetrySampler:
         *,
         clock_origin: float,
         gpus: Sequence[tuple[int, int | str]] = (),
-        interval_s: float = 0.1,
+        interval_s: float = INTERVAL_S,
         on_sample: Callable[[TelemetrySample], None] | None = None,
         nvml: Any | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -244,7 +248,8 @@ class TelemetrySampler:
         still counts) rather than adding a meaningless 0, and a tick where no process has a rate yet emits no
         sample at all. RSS is summed per process, so pages shared by forked DataLoader workers count once per
         worker: an upper bound on what the workers hold. Once a second (and when a pid is watched) every
-        process on the machine is read once (:meth:`_scan`): the family's new members, and who else used the CPU.
+        process on the machine is read once (:meth:`_scan`): the family as it is, and who else used the CPU; between
+        scans a process forked by a family member joins at the next tick (:func:`children_below`).
         """
         with self._lock:
             pending, self._pending = self._pending, set()
@@ -253,6 +258,7 @@ class TelemetrySampler:
             if stat is not None:
                 self._roots[pid] = stat.started
         others = self._scan() if pending or time.monotonic() >= self._scan_due else None
+        self._family |= children_below(self._family)  # DataLoader workers join as soon as they are forked
         cpu_pct, loader_pct, rss, rated = 0.0, 0.0, 0, False
         now = time.monotonic()
         for pid in self._family:
@@ -298,8 +304,8 @@ class TelemetrySampler:
     def _scan(self) -> dict[str, float] | None:
         """Read every process on the machine once: the roots that are gone leave, the family is the roots and
         their descendants now, and the rest is who else used the CPU since the last scan (% of one core by
-        program; None at the first scan). ~1 ms for a hundred processes, once a second."""
-        self._scan_due = time.monotonic() + FAMILY_REFRESH_S
+        program; None at the first scan). A few ms for a hundred processes, every ``MACHINE_SCAN_S``."""
+        self._scan_due = time.monotonic() + MACHINE_SCAN_S
         stats = all_proc_stats()
         self._roots = {pid: started for pid, started in self._roots.items()
                        if pid in stats and stats[pid].started == started}
@@ -360,6 +366,23 @@ def all_proc_stats() -> dict[int, ProcStat]:
         if name.isdigit() and (stat := proc_stat(int(name))) is not None:
             stats[int(name)] = stat
     return stats
+
+
+def children_below(pids: set[int]) -> set[int]:
+    """The children of ``pids``, and theirs, as each process's main thread lists them (where a process forks its
+    DataLoader workers); empty where /proc cannot say. Cheap enough for every tick, unlike a scan of the machine."""
+    found: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as fh:
+                children = {int(child) for child in fh.read().split()}
+        except OSError:
+            continue
+        todo.extend(children - found - pids)
+        found |= children
+    return found - pids
 
 
 def descendants(roots: set[int], stats: dict[int, ProcStat]) -> set[int]:

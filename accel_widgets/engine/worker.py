@@ -8,19 +8,14 @@ burst is simply a burst of one rank, so DDP adds a process group and nothing els
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import datetime
 import math
-import multiprocessing
 import os
 import platform
-import select
 import signal
 import site
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import warnings
@@ -29,45 +24,55 @@ from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
-import psutil
 import torch
 import torch.distributed as dist
 
-from ..config import Config
-from ..device import probe_device
+from ..data.streams import stream_reading
+from ..inputs.device import probe_device
+from ..inputs.workload import Workload
 from ..knobs import global_flags
-from ..results import StepRecord
-from ..workload import Workload
+from ..knobs.plan import Plan
+from ..results.burst import StepRecord
 from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
-from .streaming import stream_reading
+from .group import joined
+from .process import (
+    become_subreaper,
+    die_with_owner,
+    end_strays,
+    keep_freed_memory,
+    torch_threads,
+    use_environment,
+    use_inductor_cache,
+    use_private_temp_dir,
+    use_rank_environment,
+)
+from .request import BurstRequest
 from .training import TrainingLoop, build_loop, rank_summary
 
-STEP_BATCH_S = 0.02  # step records leave at most this late: live plots stay live, fast steps stay cheap
+#: Step records leave a rank at most this late: each message costs the rank's training thread a pickling and a
+#: write, so fast steps go ten a second in batches; the caller reads them every ``launcher.PUMP_TICK_S`` anyway.
+STEP_BATCH_S = 0.1
 HANG_FLUSH_S = 0.25  # ... and at most this late when the rank stops sending (blocked in a collective, a loader)
-LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
 class BurstSpec:
-    """Everything a rank needs besides the workload; built by the launcher, plain and picklable."""
+    """Everything a rank needs besides the workload; built by the launcher, plain and picklable.
 
-    config: Config
-    environment: dict[str, str]  # the caller's, at launch: the forkserver's copy is as old as the server
-    steps: int | None
-    seconds: float | None
-    warmup_steps: int
+    ``plan`` is the config resolved for the machine, ``request`` what the burst measures and records (its
+    defaults taken). ``environment`` is the caller's at launch: the forkserver's copy is as old as the server.
+    """
+
+    plan: Plan
+    request: BurstRequest
+    environment: dict[str, str]
     clock_origin: float
     cache_dir: str
-    threads_per_rank: int
-    device_kind: str
-    temp_dir: str
+    temp_dir: str = ""
     owner_pid: int = 0
     owner_started: float = 0.0  # the owner's create time: a recycled pid is not the owner
     inductor_cache_dir: str = ""
     collective_timeout_s: float = 300.0
-    profile_steps: int = 0
-    profile_dir: str = ""
-    sync_debug: bool = False
 
 
 def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) -> None:
@@ -86,11 +91,11 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
     emit = _EndingStrays(_BatchedEmit(events.put))
     try:
         workload, spec = cloudpickle.loads(payload)
-        _die_with_owner(spec.owner_pid, spec.owner_started)
-        _use_environment(spec.environment)
-        _use_rank_environment(rank, spec.config.ranks)
-        _use_private_temp_dir(spec.temp_dir)
-        _use_inductor_cache(spec.inductor_cache_dir)
+        die_with_owner(spec.owner_pid, spec.owner_started)
+        use_environment(spec.environment)
+        use_rank_environment(rank, spec.plan.ranks)
+        use_private_temp_dir(spec.temp_dir)
+        use_inductor_cache(spec.inductor_cache_dir)
 
         def set_phase(phase: Phase) -> None:
             if phase == Phase.FINISHING:
@@ -105,103 +110,6 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
     finally:
         emit.close()
         events.close()
-
-
-_PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
-
-
-def become_subreaper() -> None:
-    """Make this rank the parent of every orphan below it: a process the workload forks and abandons (a daemon's
-    double fork) is then re-parented to the rank, not to init, so :func:`end_strays` and the owner's death can
-    still find it and end it with the burst."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def end_strays(timeout_s: float = 2.0) -> list[str]:
-    """SIGKILL every process below this rank that is not one of its DataLoader workers, reap it, and say so: one
-    warning per process the workload started, naming its pid and command.
-
-    Only the workload starts such processes (a fork in ``forward``, a helper a library launches), and nothing a
-    burst starts may outlive it. Loader workers (this process's multiprocessing children) are left to their own
-    shutdown, which also ends when the rank does; what *they* started is ended here too. torch's own helpers
-    (inductor's compile workers, run from torch's directory) are ended without a warning: they are no mistake.
-    """
-    loader_workers = {child.pid for child in multiprocessing.active_children()}
-    helpers = _torch_helpers()
-    ended: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        strays = [p for p in _descendants() if p.pid not in loader_workers and p.pid not in ended]
-        for stray in strays:
-            ended[stray.pid] = _describe(stray)
-            with contextlib.suppress(psutil.Error):
-                stray.kill()
-        if not strays and not _unreaped([*ended, *_zombie_children(loader_workers)]):
-            break
-        time.sleep(0.01)
-    return [f"a process the workload started was still running when the rank finished and was killed (pid {pid}: "
-            f"{command}): everything a burst starts ends with it" for pid, command in ended.items()
-            if pid not in helpers]
-
-
-_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
-
-
-def _torch_helpers() -> set[int]:
-    """The processes torch started below this rank: a child that runs a file from torch's directory, and its own."""
-    helpers: set[int] = set()
-    for child in _descendants():
-        with contextlib.suppress(psutil.Error):
-            if child.ppid() == os.getpid() and any(arg.startswith(_TORCH_DIR) for arg in child.cmdline()):
-                helpers.add(child.pid)
-                helpers.update(grandchild.pid for grandchild in child.children(recursive=True))
-    return helpers
-
-
-def _descendants() -> list[psutil.Process]:
-    """This process's live descendants (zombies have ended already: they only wait to be reaped)."""
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-    return [child for child in children if _alive(child)]
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _zombie_children(loader_workers: set[int]) -> list[int]:
-    """This rank's children that have exited but were never reaped (the middle process of a daemon's double fork),
-    loader workers aside: multiprocessing reaps those."""
-    with contextlib.suppress(psutil.Error):
-        return [child.pid for child in psutil.Process().children()
-                if child.pid not in loader_workers and not _alive(child)]
-    return []
-
-
-def _unreaped(pids: list[int]) -> list[int]:
-    """Reap those of ``pids`` that are this rank's children by now (a killed grandchild is re-parented here once its
-    parent is gone); returns those still waiting: alive or unreaped, and ours."""
-    waiting = []
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError):  # reaped already, or not our child
-            if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                waiting.append(pid)
-    return waiting
-
-
-def _describe(process: psutil.Process) -> str:
-    """``python3 -c import time; time.sleep(...)``: a process's command line, shortened for a warning."""
-    try:
-        command = " ".join(process.cmdline()) or process.name()
-    except psutil.Error:
-        command = "?"
-    return command if len(command) <= 80 else command[:77] + "..."
 
 
 class _EndingStrays:
@@ -290,175 +198,60 @@ class _BatchedEmit:
             self._sent_at = time.monotonic()
 
 
-# glibc's mallopt parameters (malloc.h) and the values its own dynamic thresholds converge to.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_BYTES = 32 << 20  # DEFAULT_MMAP_THRESHOLD_MAX: the highest glibc's dynamic threshold goes
-_TRIM_THRESHOLD_BYTES = 2 * _MMAP_THRESHOLD_BYTES  # glibc moves the trim threshold to twice the mmap one
-
-
-def keep_freed_memory() -> bool:
-    """Let this rank's heap keep the memory each step frees and the next step allocates again.
-
-    A training process that has run for a while reuses its freed activations: glibc's dynamic thresholds
-    have risen, and its heap holds its working set. A rank is a fresh process, where glibc still returns
-    every large freed block to the system and the next step faults it back in page by page: measured on
-    the LM demo, 1,800-4,800 page faults per step against ~560 with this setting, and 5-10% fewer
-    samples/s than the same loop in the caller's long-running process (this setting: on par). So the
-    thresholds start where glibc's own heuristics end up: blocks under 32 MiB come from the heap, and it
-    is trimmed once 64 MiB at its top are free (a trim threshold of 1 GiB measured the same). The rank's
-    peak RSS moves by under 1% (330 -> 334 MiB on the LM demo): it is the same working set, kept
-    instead of returned. DataLoader workers forked later inherit the setting, and an exported script sets
-    it too, so a job trains as its burst measured. Never called in the caller's process (the in-process
-    fallback): its heap is its own. False where the C library is not glibc.
-    """
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(None)
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)) and bool(
-        libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
-
-
-def _die_with_owner(owner_pid: int, owner_started: float) -> None:
-    """End this rank and its DataLoader workers as soon as the process that launched the burst is gone.
-
-    Ranks are children of the forkserver, not of the caller, so nothing else would stop them when a
-    kernel is killed (SIGKILL, the OOM killer, a restart after its grace period): they would keep
-    training and holding the GPU. A thread blocks on a pidfd of the owner (no polling) and kills the
-    rank's family the moment it exits.
-    """
-    if not owner_pid:
-        return
-    try:
-        owner = psutil.Process(owner_pid)
-        alive = abs(owner.create_time() - owner_started) < 0.01 and owner.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        alive = False
-    if not alive:
-        _kill_own_family()
-    threading.Thread(target=_watch_owner, args=(owner_pid,), name="accel-widgets-owner-watch", daemon=True).start()
-
-
-def _watch_owner(owner_pid: int) -> None:
-    try:
-        fd = os.pidfd_open(owner_pid)
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3, or not Linux): poll instead
-        while psutil.pid_exists(owner_pid):
-            time.sleep(0.25)
-    else:
-        select.select([fd], [], [])  # readable once the owner has exited
-    _kill_own_family()
-
-
-def _kill_own_family() -> None:
-    """SIGKILL this rank's descendants (DataLoader workers), then this rank itself."""
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _use_environment(environment: dict[str, str]) -> None:
-    """Take the caller's environment as it is now (e.g. ``CUDA_VISIBLE_DEVICES`` set after import).
-
-    Nothing has initialised CUDA or read these variables in this rank yet, so they all take effect.
-    """
-    os.environ.clear()
-    os.environ.update(environment)
-
-
-def _use_rank_environment(rank: int, world_size: int) -> None:
-    """Tell code that reads its place from the environment, as torchrun sets it, which rank this is: a stream that
-    splits itself (MosaicML's StreamingDataset reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE), a library's
-    logging. One machine, one node: local = global. No MASTER_ADDR/MASTER_PORT: the ranks rendezvous in a private
-    file (see :func:`_process_group`), and code that would open a TCP store from them must fail, not listen."""
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        os.environ.pop(name, None)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                       "ROLE_WORLD_SIZE": str(world_size)})
-
-
-def _use_private_temp_dir(path: str) -> None:
-    """Send every temp file of this rank (DataLoader's pymp-*, inductor scratch) to the burst's own dir."""
-    os.environ["TMPDIR"] = path
-    tempfile.tempdir = path
-
-
-def _use_inductor_cache(path: str) -> None:
-    """Compiled kernels go to the launcher's choice of cache, kept across bursts (a re-run compiles warm).
-
-    Set, not ``setdefault``: the forkserver's preload of torch already wrote torch's shared default
-    into the environment this rank inherited.
-    """
-    if path:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
-
-
 def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
              should_stop: Callable[[], bool] = lambda: False,
              set_phase: Callable[[Phase], None] = lambda phase: None) -> None:
     """Build everything for one rank inside the config's global flags, train, and report."""
     setup_start = time.perf_counter()
-    config = spec.config
-    device = _device_for(spec.device_kind, rank)
+    plan, request = spec.plan, spec.request
+    device = _device_for(plan.device.kind, rank)
     set_phase(Phase.SETUP)
     with (
-        torch_threads(spec.threads_per_rank),
-        global_flags(config),
-        _process_group(spec, rank, device),
+        torch_threads(plan.threads_per_rank),
+        global_flags(plan.config),
+        joined(plan.group, rank, device, rendezvous_file=os.path.join(spec.temp_dir, "rendezvous"),
+               timeout_s=spec.collective_timeout_s),
         _collected_warnings() as caught,
         # The in-process fallback runs in the caller: seeding must not change the caller's RNG streams.
         torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []),
     ):
-        loop, raw = build_loop(workload, config, device, rank, config.ranks, cache_dir=spec.cache_dir, emit=emit,
+        loop, raw = build_loop(workload, plan, device, rank, cache_dir=spec.cache_dir, emit=emit,
                                clock_origin=spec.clock_origin, should_stop=should_stop, set_phase=set_phase)
         setup_s = time.perf_counter() - setup_start
-        first_step_s, steady_s = loop.warm_up(spec.warmup_steps)
-        steps, seconds = _window_bounds(spec, steady_s)
-        window = loop.measure(steps, seconds, first_step_s, spec.sync_debug)
+        first_step_s, steady_s = loop.warm_up(request.warmup_steps or 1)
+        steps, seconds = _window_bounds(request, steady_s)
+        window = loop.measure(steps, seconds, first_step_s, request.sync_debug)
         set_phase(Phase.FINISHING)
-        capture = _profile(loop, spec, rank)
+        capture = _profile(loop, request, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
                                loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
-                               stream_reading(loop.batches.loader.dataset))
+                               stream_reading(loop.batches.loader.dataset), loop.cache)
     emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
 
 
-def _window_bounds(spec: BurstSpec, steady_step_s: float) -> tuple[int | None, float | None]:
+def _window_bounds(request: BurstRequest, steady_step_s: float) -> tuple[int | None, float | None]:
     """The measured window's length: as asked, except that DDP ranks must all take the same steps.
 
     Ranks deciding "time is up" on their own clocks disagree by a step, and the extra step's
     all-reduce then waits forever for a partner. So rank 0 turns ``seconds`` into a step count from
     its last warm-up step and every rank takes that count.
     """
-    if spec.seconds is None or not dist.is_initialized():
-        return spec.steps, spec.seconds
-    decided = [max(1, math.ceil(spec.seconds / max(steady_step_s, 1e-6)))]
+    if request.seconds is None or not dist.is_initialized():
+        return request.steps, request.seconds
+    decided = [max(1, math.ceil(request.seconds / max(steady_step_s, 1e-6)))]
     dist.broadcast_object_list(decided, src=0)
     return int(decided[0]), None
 
 
-def _profile(loop: TrainingLoop, spec: BurstSpec, rank: int) -> Any:
+def _profile(loop: TrainingLoop, request: BurstRequest, rank: int) -> Any:
     """Rank 0 records the profiled steps; DDP peers take the same steps so its collectives have partners."""
-    if not spec.profile_steps:
+    if not request.profile_steps:
         return None
     if rank != 0:
-        loop.extra_steps(spec.profile_steps)
+        loop.extra_steps(request.profile_steps)
         return None
-    trace = os.path.join(spec.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
-    return loop.profile(spec.profile_steps, trace)
-
-
-@contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run with ``count`` intra-op threads: ranks sharing cores must not oversubscribe them."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(max(1, count))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
+    trace = os.path.join(request.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
+    return loop.profile(request.profile_steps, trace)
 
 
 def _device_for(kind: str, rank: int) -> torch.device:
@@ -468,42 +261,6 @@ def _device_for(kind: str, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _loopback_interface() -> str | None:
-    """The name of the interface that carries 127.0.0.1 (``lo`` on Linux)."""
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == LOOPBACK for a in addresses):
-            return name
-    return None
-
-
-@contextlib.contextmanager
-def _process_group(spec: BurstSpec, rank: int, device: torch.device) -> Iterator[None]:
-    """Join the burst's process group for DDP (NCCL on GPUs, gloo on CPU); nothing for one rank.
-
-    Nothing of it is reachable from the network: the rendezvous is a file in the burst's private temp
-    dir (a TCP store would listen on every interface, unauthenticated), and gloo's and NCCL's own
-    sockets are pinned to the loopback interface. The group's timeout sits well below the burst's, so
-    a collective without a partner fails with a message instead of hanging until the burst timeout.
-    """
-    if spec.config.parallel != "ddp":
-        yield
-        return
-    interface = _loopback_interface()
-    if interface is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface
-        os.environ["NCCL_SOCKET_IFNAME"] = interface
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    store = dist.FileStore(os.path.join(spec.temp_dir, "rendezvous"), spec.config.ranks)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=spec.config.ranks,
-                            timeout=datetime.timedelta(seconds=spec.collective_timeout_s),
-                            device_id=device if device.type == "cuda" else None)
-    try:
-        yield
-        dist.barrier()  # leave together: a rank destroying its group while a peer still uses it can abort
-    finally:
-        dist.destroy_process_group()
-
-
 @contextlib.contextmanager
 def _collected_warnings() -> Iterator[list[str]]:
     """Record the warnings that concern the user's code or config (e.g. a deprecated call in their model) so
@@ -511,8 +268,8 @@ def _collected_warnings() -> Iterator[list[str]]:
 
     Python attributes a warning to a file: the caller its ``stacklevel`` points at. One attributed to torch or
     another installed library is about that library's own calls (torch.compile's internal deprecations) and
-    says nothing the user can act on, yet it was listed under every compiled run; it is dropped here, where
-    its origin is still known exactly (the result keeps only text). accel_widgets' own warnings always pass.
+    says nothing the user can act on; it is dropped here, where its origin is still known exactly (the result
+    keeps only text). accel_widgets' own warnings always pass.
     """
     messages: list[str] = []
     libraries = _library_dirs()
@@ -573,7 +330,7 @@ def _environment(device: torch.device, spec: BurstSpec, model: torch.nn.Module) 
         "device_kind": device.type,
         "device_name": _device_name(device),
         "cpu_count": os.cpu_count(),
-        "threads_per_rank": spec.threads_per_rank,
+        "threads_per_rank": spec.plan.threads_per_rank,
         "pid": os.getpid(),
         "model_wrappers": _wrapper_chain(model),
         "executable": sys.executable,

@@ -2,13 +2,16 @@
 
 One module per optimisation group -- :mod:`.data`, :mod:`.precision`, :mod:`.attention`, :mod:`.batch`,
 :mod:`.compiling`, :mod:`.overhead`, :mod:`.system`, :mod:`.parallel` -- declares its knobs (values, devices, the
-what/why/when a user reads), its rules (conflicts, "no effect here"), and everything the knobs do: to
-the loader, the model, the step, torch's global flags, and the facts analysis needs. The training
-step (:mod:`accel_widgets.engine.training`) calls the owners at fixed points and reads top to bottom.
+what/why/when a user reads, how a search tries them), its rules (conflicts, "no effect here"), its part of the
+classic ladder (``LADDER``), its advice for what the diagnosis reads (``REMEDIES``), and everything the knobs do:
+to the loader, the model, the step, torch's global flags, and the facts analysis needs. The training step
+(:mod:`accel_widgets.engine.training`) calls the owners at fixed points and reads top to bottom; the ladder, the
+tuner and the diagnosis compose what the owners declare and name no knob themselves.
 
 :data:`KNOBS` is the union of the modules' declarations; the panel's controls, the CLI's flags,
-``Config``'s fields and checks, the validation rules and the docs are generated from it. Adding a knob
-is one module (or a few lines in the right one) plus its test.
+``Config``'s fields and checks, the validation rules and the docs are generated from it. A config is resolved
+once for a machine and a workload into a :class:`~.plan.Plan` (:func:`~.plan.resolve`). Adding a knob is one
+module (or a few lines in the right one) plus its test.
 """
 
 from __future__ import annotations
@@ -19,10 +22,25 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from . import attention, batch, compiling, data, overhead, parallel, precision, system
-from .base import CodePaths, DeviceKind, Facts, Group, Knob, KnobRegistry, KnobValueError, Rule
+from .base import (
+    RUNGS,
+    Climb,
+    CodePaths,
+    DeviceKind,
+    Facts,
+    Group,
+    Knob,
+    KnobRegistry,
+    KnobValueError,
+    Remedy,
+    Rule,
+    Search,
+    SearchContext,
+    Symptom,
+)
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from .config import Config
 
 #: The owning modules, one group each, in the classic order a tuning session walks them (the ladder's too).
 OWNERS: tuple[ModuleType, ...] = (data, precision, attention, batch, compiling, overhead, system, parallel)
@@ -30,12 +48,25 @@ GROUPS: tuple[Group, ...] = tuple(owner.GROUP for owner in OWNERS)
 GROUP_TITLES: dict[Group, str] = {owner.GROUP: owner.TITLE for owner in OWNERS}
 KNOBS = KnobRegistry([knob for owner in OWNERS for knob in owner.KNOBS])
 RULES: tuple[Rule, ...] = tuple(rule for owner in OWNERS for rule in owner.RULES)
+#: The owners' parts of the classic ladder's rungs, in the owners' order (the ladder groups them by rung).
+CLIMBS: tuple[Climb, ...] = tuple(climb for owner in OWNERS for climb in owner.LADDER)
 
 
 def owner_of(name: str) -> ModuleType:
     """The module that declares (and so implements) knob ``name``."""
     KNOBS[name]  # an unknown name raises, naming the known knobs
     return next(owner for owner in OWNERS if any(knob.name == name for knob in owner.KNOBS))
+
+
+def remedy(symptom: Symptom, config: Config) -> Remedy | None:
+    """What to try next for ``symptom`` under ``config``: the first owner's advice, owners in the classic order
+    (the data pipeline before the arithmetic, the arithmetic before compile)."""
+    for owner in OWNERS:
+        advise = owner.REMEDIES.get(symptom)
+        found = advise(config) if advise is not None else None
+        if found is not None:
+            return found
+    return None
 
 
 @contextlib.contextmanager
@@ -56,11 +87,14 @@ def facts(config: Config, device_kind: str, visible_gpus: int) -> Facts:
 
 
 __all__ = [
+    "CLIMBS",
     "GROUPS",
     "GROUP_TITLES",
     "KNOBS",
     "OWNERS",
     "RULES",
+    "RUNGS",
+    "Climb",
     "CodePaths",
     "DeviceKind",
     "Facts",
@@ -68,8 +102,13 @@ __all__ = [
     "Knob",
     "KnobRegistry",
     "KnobValueError",
+    "Remedy",
     "Rule",
+    "Search",
+    "SearchContext",
+    "Symptom",
     "facts",
     "global_flags",
     "owner_of",
+    "remedy",
 ]

@@ -9,14 +9,15 @@ are untouched.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .base import Knob, Rule
+from .base import Climb, Knob, Remedy, Rule, Symptom
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from .config import Config
 
 GROUP = "attention"
 TITLE = "Attention kernels"
@@ -45,6 +46,11 @@ RULES = [
         "or 'math' can run.",
     ),
 ]
+
+
+LADDER: list[Climb] = []
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {}
 
 
 def forward_context(config: Config) -> contextlib.AbstractContextManager[Any]:

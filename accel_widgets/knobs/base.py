@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..device import DeviceInfo
+    from ..inputs.device import DeviceInfo
+    from ..inputs.workload import Workload
+    from .config import Config
 
 #: A knob's group: the ``GROUP`` of the module that owns it (``"data"``, ``"precision"``, ...).
 Group = str
@@ -52,9 +53,89 @@ CodePath = Literal["sdpa", "convolution", "cuda"]
 
 
 @dataclass(frozen=True)
+class SearchContext:
+    """What a search knows when it picks a knob's candidate values: the config it starts from, the workload and
+    the machine."""
+
+    config: Config
+    workload: Workload
+    device: DeviceInfo
+
+
+@dataclass(frozen=True)
+class Search:
+    """How a search (:func:`accel_widgets.search.tuner.tune`) tries a knob, as its owner declares it.
+
+    ``left_out``: why a search leaves the knob alone unless it is named (it changes what is trained, or never
+    speeds a step up); "" for a knob worth searching. ``values``: the candidates, or a function of the
+    :class:`SearchContext` giving them; None: the knob's choices, or both booleans. ``ordered``: the values have
+    a direction (more workers, a deeper queue, a more aggressive compile), so a search walks away from the current
+    value and stops going that way at the first that does not win; None: numeric knobs are ordered. ``rank``:
+    where a value stands in that order when its own number does not say it (``sync_every=0`` syncs least).
+    """
+
+    left_out: str = ""
+    values: tuple[Any, ...] | Callable[[SearchContext], tuple[Any, ...]] | None = None
+    ordered: bool | None = None
+    rank: Callable[[Any, SearchContext], float] | None = None
+
+
+#: The conditions the diagnosis reads from a burst, for which a knob owner may know what to try next.
+Symptom = Literal[
+    "data_wait",  # the step waits on the loader
+    "slow_copies",  # host-to-device copies take a visible share of the step
+    "stream_rereads",  # every reader of a stream reads all of it and keeps its share
+    "frozen_augmentation",  # a cache stored one draw of randomly augmented items
+    "starved_loader",  # the step waits on data while the machine's cores are all busy
+    "disk_bound",  # the CPUs wait on I/O
+    "overhead_bound",  # short steps, the device idle between them
+    "sync_bound",  # the device idles while the host waits for it
+    "compute_bound",  # compute dominates the step
+    "fp32_on_tensor_cores",  # fp32 math on a GPU with bf16/fp16 tensor cores
+    "memory_full",  # the peak is close to the device's memory
+    "memory_headroom",  # the peak leaves room
+    "out_of_memory",  # the burst ran out of memory, or its process was killed for it
+    "diverged",  # a loss went NaN/inf
+    "one_process_many_gpus",  # one process drives several GPUs
+    "compile_does_not_pay",  # compiled steps are no faster than eager ones
+]
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """What a knob owner advises for a symptom: the knob to try and what to do with it, in a clause that completes
+    the diagnosis's sentence ("add DataLoader workers")."""
+
+    knob: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Climb:
+    """An owner's part of one rung of the classic ladder (:func:`accel_widgets.search.ladder.classic_ladder`).
+
+    ``rung`` names the rung (the ladder's order is ``RUNGS``), ``why`` says what it buys, ``changes`` gives the
+    knob values it sets on a machine for a workload (empty: this part is left out there), and ``title`` the
+    rung's name from what it set, where that says more ("+bf16" rather than "+precision").
+    """
+
+    rung: str
+    why: str
+    changes: Callable[[DeviceInfo, Workload], dict[str, Any]]
+    title: Callable[[dict[str, Any]], str] | None = None
+
+
+#: The classic ladder's rungs, in the order a tuning session climbs them: the data pipeline first, then the
+#: arithmetic, then compile, then the small things (measured on one H200: a better loader gave 1.4x while fp32
+#: compute dominated, 2.5x once bf16 had made compute cheap).
+RUNGS = ("+loader", "+precision", "+compile", "+rest")
+
+
+@dataclass(frozen=True)
 class Knob:
     """One optimisation: its valid values and the text a user reads before flipping it. ``needs`` names the code
-    paths (:class:`CodePaths`) its effect acts on: none for a knob that acts on every step."""
+    paths (:class:`CodePaths`) its effect acts on: none for a knob that acts on every step; ``search`` how a search
+    tries it."""
 
     name: str
     group: Group
@@ -69,6 +150,7 @@ class Knob:
     maximum: float | None = None
     allow_none: bool = False
     needs: tuple[CodePath, ...] = ()
+    search: Search = Search()
 
     def __post_init__(self) -> None:
         unknown = [path for path in self.needs if path not in CODE_PATH_TEXT]
@@ -203,3 +285,8 @@ class Facts:
     compiled: bool
     gpus: int
     micro_batches: int
+
+
+def powers_of_two(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to ``limit``: the candidate counts of workers or ranks a search tries."""
+    return tuple(1 << i for i in range(max(1, limit).bit_length()))

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from .base import Knob, Rule
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from .config import Config
 
 GROUP = "batch"
 TITLE = "Batch"
@@ -20,10 +21,18 @@ KNOBS = [
         what="Micro-batches accumulated per optimizer step (loss scaled by 1/k).",
         why="Reaches a large effective batch without its activation memory.",
         when="Memory, not speed, is the limit: accumulation saves memory, it does not save time.",
+        search=Search(left_out="accumulation saves memory, not time", values=(1, 2, 4, 8)),
     ),
 ]
 
 RULES: list[Rule] = []  # its one conflict (CUDA graphs) is the compile module's
+
+LADDER: list[Climb] = []
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "memory_full": lambda c: Remedy("grad_accum_steps", "the next step up in batch size will not fit; accumulate "
+                                    "gradients instead"),
+}
 
 
 def micro_batches(config: Config) -> int:

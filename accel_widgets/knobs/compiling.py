@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from torch import nn
 
-from .base import Knob, Rule
+from . import batch, overhead, system
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from .config import Config
 
 #: Modes that capture CUDA graphs on a GPU (inductor's ``triton.cudagraphs``).
 CUDA_GRAPH_COMPILE_MODES = ("reduce-overhead", "max-autotune")
@@ -24,21 +26,22 @@ KNOBS = [
         what="torch.compile the model with this mode (inductor backend).",
         why="Fuses elementwise kernels and removes Python overhead; reduce-overhead adds CUDA graphs.",
         when="Many small ops or launch-bound steps, and enough steps to repay the compile time.",
+        search=Search(ordered=True),  # the choices go from off to the most aggressive
     ),
 ]
 
 RULES = [
     Rule(
         ("deterministic", "compile_mode"), "error",
-        lambda c, d: c.deterministic and c.compile_mode in ("max-autotune", "max-autotune-no-cudagraphs"),
+        lambda c, d: system.deterministic(c) and c.compile_mode in ("max-autotune", "max-autotune-no-cudagraphs"),
         lambda c, d: f"compile_mode={c.compile_mode!r} picks kernels by timing, which deterministic=True "
         "forbids. Use compile_mode='default' or turn deterministic off.",
     ),
     Rule(
         ("compile_mode", "grad_accum_steps"), "error",
-        lambda c, d: d.has_cuda and c.compile_mode in CUDA_GRAPH_COMPILE_MODES and c.grad_accum_steps > 1,
+        lambda c, d: d.has_cuda and c.compile_mode in CUDA_GRAPH_COMPILE_MODES and batch.micro_batches(c) > 1,
         lambda c, d: f"compile_mode={c.compile_mode!r} replays CUDA graphs, which reuse their output memory: "
-        f"with grad_accum_steps={c.grad_accum_steps} training fails ('accessing tensor output of CUDAGraphs "
+        f"with grad_accum_steps={batch.micro_batches(c)} training fails ('accessing tensor output of CUDAGraphs "
         "that has been overwritten') or accumulates wrong gradients (pytorch/pytorch#169545, #96693). Use "
         "compile_mode='max-autotune-no-cudagraphs' or 'default', or a bigger batch_size instead of "
         "accumulating.",
@@ -50,11 +53,23 @@ RULES = [
     ),
     Rule(
         ("compile_mode", "script_loss"), "warning",
-        lambda c, d: c.compile_mode != "off" and c.script_loss,
+        lambda c, d: c.compile_mode != "off" and overhead.scripted_loss(c),
         lambda c, d: "script_loss=True (TorchScript, legacy) inside a compiled model: torch.compile "
         "already fuses the loss; TorchScript adds nothing.",
     ),
 ]
+
+
+LADDER = [
+    Climb("+compile", "torch.compile fuses kernels and removes Python overhead",
+          lambda device, workload: {"compile_mode": "default"}),
+]
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "compute_bound": lambda c: Remedy("compile_mode", "try torch.compile to fuse kernels") if not compiled(c) else None,
+    "compile_does_not_pay": lambda c: Remedy("compile_mode", "leave it off for this model, or look for graph breaks "
+                                             "and recompiles"),
+}
 
 
 class CompileError(RuntimeError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,22 +24,16 @@ from torch.utils.data import (
     default_collate,
 )
 
-from .base import Knob, Rule
+from ..data.cache import CacheInfo, cache_dataset
+from ..data.streams import split_stream
+from . import parallel
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom, powers_of_two
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..workload import Workload
+    from ..inputs.workload import Workload
+    from .config import Config
 
 DEFAULT_BATCH_SIZE = 64
-
-
-class FrozenAugmentationWarning(UserWarning):
-    """A data cache stores one draw of items that differ between reads: random augmentation is frozen per item.
-
-    Every epoch then trains on the same augmented items: faster, but another training. The cache warns
-    (:func:`~accel_widgets.engine.datacache.warn_if_random`); the burst's result carries the warning, and the
-    correctness guard reads it there.
-    """
 
 
 class SharedMemoryTooSmall(RuntimeError):
@@ -60,12 +54,18 @@ KNOBS = [
         what="Samples per micro-batch handed to the model (None: the workload's own batch size).",
         why="Larger batches amortise per-step Python and kernel-launch overhead over more samples.",
         when="The step is short and memory has headroom; watch accuracy when changing it for real.",
+        search=Search(
+            left_out="the batch is a hyperparameter: it changes what is trained, not only how fast",
+            values=lambda ctx: _around(resolve_batch_size(ctx.config, ctx.workload)),
+            rank=lambda value, ctx: value if value is not None else resolve_batch_size(ctx.config, ctx.workload),
+        ),
     ),
     Knob(
         "num_workers", "data", int, 0, minimum=0, maximum=64,
         what="DataLoader worker processes that load and augment batches in parallel.",
         why="With 0 workers the training loop waits while every item is decoded/augmented on its thread.",
         when="Data wait is a visible share of the step (per-item CPU work: decoding, augmentation).",
+        search=Search(values=lambda ctx: (0, *powers_of_two(ctx.device.cpu_count))),
     ),
     Knob(
         "pin_memory", "data", bool, False, applies_to=("cuda",),
@@ -79,6 +79,7 @@ KNOBS = [
         what="Batches each DataLoader worker prepares ahead of the training loop.",
         why="A deeper queue absorbs jitter in per-batch loading time.",
         when="Loading time varies a lot between batches. Needs num_workers > 0.",
+        search=Search(values=(2, 4)),
     ),
     Knob(
         "persistent_workers", "data", bool, False,
@@ -132,6 +133,66 @@ RULES = [
 ]
 
 
+#: More loader workers (persistent across epochs), and on a GPU pinned memory, non-blocking copies and a deeper
+#: queue: the data pipeline, fixed first.
+LADDER = [
+    Climb("+loader", "load and augment batches in worker processes, ahead of the step",
+          lambda device, workload: {"num_workers": min(8, max(1, device.cpu_count)), "persistent_workers": True,
+                                    **({"pin_memory": True, "non_blocking": True, "prefetch_factor": 4}
+                                       if device.has_cuda else {})}),
+]
+
+
+def _data_wait(config: Config) -> Remedy:
+    if config.num_workers == 0:
+        return Remedy("num_workers", "every item is prepared on the training thread: add DataLoader workers")
+    if config.data_cache == "none":
+        return Remedy("data_cache", f"even with {config.num_workers} workers: cache the prepared items (memory or "
+                      "memmap) or prefetch deeper")
+    return Remedy("prefetch_factor", f"with {config.num_workers} workers and a {config.data_cache} cache: prefetch "
+                  "deeper, or the cores are simply too few for the loader and the model")
+
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "data_wait": _data_wait,
+    "slow_copies": lambda c: Remedy("non_blocking" if c.pin_memory else "pin_memory", "pin host memory and copy "
+                                    "with non_blocking so copies overlap compute"),
+    "stream_rereads": lambda c: Remedy("data_cache", "write the items as shards (data_cache='shards' streams whole "
+                                       "shards per reader), or have the stream split itself (by get_worker_info() "
+                                       "and the rank) and declare it with splits_itself"),
+    "frozen_augmentation": lambda c: Remedy("data_cache", "cache only the deterministic part and augment after, or "
+                                            "leave data_cache off"),
+    "starved_loader": lambda c: Remedy("data_cache", "more workers cannot help; cache the prepared items instead")
+    if c.num_workers > 0 else None,
+    "disk_bound": lambda c: Remedy("data_cache", "the data source is the limit; cache the prepared items"),
+    "overhead_bound": lambda c: Remedy("batch_size", "a larger batch amortises it"),
+    "memory_headroom": lambda c: Remedy("batch_size", "room for a larger batch"),
+    "out_of_memory": lambda c: Remedy("batch_size", "lower batch_size, or keep the effective batch with "
+                                      "grad_accum_steps"),
+}
+
+
+def loader_workers(config: Config) -> int:
+    """DataLoader worker processes each rank starts (0: items are prepared on the training thread)."""
+    return config.num_workers
+
+
+def readers_per_rank(config: Config) -> int:
+    """How many readers of a stream each rank has: its loader workers, or the rank itself."""
+    return max(1, config.num_workers)
+
+
+def reseeding_factors(config: Config) -> dict[str, Any]:
+    """What of the data knobs decides how far reseeding the data moves the loss: a cache stores one draw of each
+    item, so it freezes random augmentation (the correctness guard keys its noise bands by this)."""
+    return {"data_cache": config.data_cache}
+
+
+def _around(natural: int) -> tuple[int, ...]:
+    """Batch sizes around the workload's own: half, itself, twice and four times."""
+    return (max(1, natural // 2), natural, natural * 2, natural * 4)
+
+
 def webdataset_installed() -> bool:
     """Whether webdataset can be imported, asked without importing it: the rules run on every edit in the
     panel, and importing webdataset (and its dependencies) there would slow every one of them."""
@@ -148,15 +209,13 @@ def data_seed(workload: Workload) -> int:
     return workload.seed if workload.data_seed is None else workload.data_seed
 
 
-def prepare_dataset(dataset: Any, config: Config, cache_dir: str) -> Any:
+def prepare_dataset(dataset: Any, config: Config, cache_dir: str) -> tuple[Any, CacheInfo | None]:
     """The dataset the loader reads: the workload's own, or materialised once in RAM, a memmap file or tar
-    shards (a stream over them, split per rank by :func:`build_loader` like any other stream)."""
+    shards (a stream over them, split per rank by :func:`build_loader` like any other stream); with what the
+    cache did (None without one)."""
     if config.data_cache == "none":
-        return dataset
-    from ..engine.datacache import cache_dataset
-
-    cached, _ = cache_dataset(dataset, config.data_cache, os.path.join(cache_dir, "data"))
-    return cached
+        return dataset, None
+    return cache_dataset(dataset, config.data_cache, os.path.join(cache_dir, "data"))
 
 
 def build_loader(
@@ -165,7 +224,7 @@ def build_loader(
     """The DataLoader with the data-loading knobs; the same seeded order in every burst.
 
     A stream (``IterableDataset``) has no length to check and no sampler: each rank and loader worker reads
-    its own share of it (:func:`~accel_widgets.engine.streaming.split_stream`), and an epoch ends where the
+    its own share of it (:func:`~accel_widgets.data.streams.split_stream`), and an epoch ends where the
     stream does.
     """
     batch_size = resolve_batch_size(config, workload)
@@ -252,8 +311,6 @@ def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, ra
     Full batches as for map-style data: each loader worker batches its own share and drops its last
     partial batch. The generator seeds the loader workers' RNG (augmentation) from the data seed.
     """
-    from ..engine.streaming import split_stream
-
     generator = torch.Generator().manual_seed(data_seed(workload))
     batching = {"batch_size": batch_size, "drop_last": True, "generator": generator}
     return split_stream(dataset, rank, world_size, workers), batching
@@ -310,7 +367,7 @@ def loader_notes(workload: Workload, config: Config) -> list[str]:
     user = workload.loader
     if user is None:
         return []
-    if _custom_batch_sampler(user) and config.parallel == "ddp":
+    if _custom_batch_sampler(user) and parallel.distributed(config):
         raise ValueError(f"your DataLoader's batch_sampler ({type(user.batch_sampler).__name__}) cannot be split "
                          "across DDP ranks: pass its dataset and a per-sample sampler, or run one rank")
     theirs = {"num_workers": user.num_workers, "pin_memory": user.pin_memory,
@@ -325,21 +382,27 @@ def loader_notes(workload: Workload, config: Config) -> list[str]:
             "its dataset, sampler, collate_fn and worker_init_fn are kept)"]
 
 
-def to_device(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
-    """Move every tensor of a (possibly nested) batch to the device.
+def copy_batch(batch: Any, device: torch.device, config: Config, channels_last: bool) -> Any:
+    """The batch on the device the step runs on, copied as the knobs say (``channels_last`` is the system
+    owner's answer for the inputs).
 
     Why non_blocking: from pinned memory the copy overlaps compute instead of stalling the host.
     A CPU burst's batches are already where they train (loaders yield host tensors): they are passed
     as they are, without a per-tensor ``.to`` a hand-written CPU loop would not pay either.
     """
     if device.type == "cpu" and not channels_last:
-        return obj
+        return batch
+    return _moved(batch, device, config.non_blocking, channels_last)
+
+
+def _moved(obj: Any, device: torch.device, non_blocking: bool, channels_last: bool) -> Any:
+    """Every tensor of a (possibly nested) batch moved to ``device``."""
     if isinstance(obj, torch.Tensor):
         if channels_last and obj.dim() == 4 and obj.is_floating_point():
             return obj.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
         return obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, Mapping):
-        return {k: to_device(v, device, non_blocking, channels_last) for k, v in obj.items()}
+        return {k: _moved(v, device, non_blocking, channels_last) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device, non_blocking, channels_last) for v in obj)
+        return type(obj)(_moved(v, device, non_blocking, channels_last) for v in obj)
     return obj

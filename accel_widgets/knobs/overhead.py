@@ -7,17 +7,18 @@ how gradients are cleared and when the loss is read back to the host.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from .base import Knob, Rule
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..workload import Workload
+    from ..inputs.workload import Workload
+    from .config import Config
 
 GROUP = "python"
 TITLE = "Python overhead"
@@ -29,6 +30,8 @@ KNOBS = [
         why="loss.item() blocks the host until the GPU finishes, so the GPU idles while Python catches up.",
         when="Launch-bound GPU steps; logging every step is the classic hidden sync. fp16 with a non-fused "
         "optimizer still syncs every step inside GradScaler; run_burst(sync_debug=True) names any sync left.",
+        # 0 reads the loss only at the end: fewer syncs than any N
+        search=Search(values=(1, 0), rank=lambda value, ctx: math.inf if value == 0 else value),
     ),
     Knob(
         "script_loss", "python", bool, False,
@@ -51,6 +54,16 @@ KNOBS = [
 ]
 
 RULES: list[Rule] = []  # script_loss's conflict with compiling is the compile module's
+
+LADDER = [
+    Climb("+rest", "no per-step loss sync, multi-tensor optimizer",
+          lambda device, workload: {"sync_every": 0, "optimizer_impl": "fused" if device.has_cuda else "foreach"}),
+]
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "sync_bound": lambda c: Remedy("sync_every", "the loss is read every step, and each read makes the host wait "
+                                   "for the GPU") if c.sync_every == 1 else None,
+}
 
 _IMPLEMENTATION_FLAGS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
                          "fused": {"foreach": False, "fused": True}}
@@ -99,3 +112,8 @@ def zero_grad(optimizer: torch.optim.Optimizer, config: Config) -> None:
 def loss_read_due(unread_steps: int, config: Config) -> bool:
     """Why sync_every: reading a loss (.item()) blocks the host until the device has run every queued kernel."""
     return bool(config.sync_every) and unread_steps >= config.sync_every
+
+
+def scripted_loss(config: Config) -> bool:
+    """Whether the loss function runs as TorchScript (the legacy path)."""
+    return config.script_loss

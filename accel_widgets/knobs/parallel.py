@@ -7,15 +7,19 @@ The process group itself (its rendezvous and sockets) is the engine's: :mod:`acc
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from .base import Knob, Rule
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom, powers_of_two
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..inputs.device import DeviceInfo, GpuInfo
+    from .config import Config
+
+_MORE_DEVICES = "it changes how many processes and devices train (compare with scaling_efficiency)"
 
 GROUP = "parallel"
 TITLE = "Parallel"
@@ -27,12 +31,15 @@ KNOBS = [
         why="More devices process more samples per second; DDP avoids DataParallel's single-process GIL "
         "and scatter/gather bottleneck.",
         when="Several local GPUs (or CPU ranks with gloo for learning DDP); prefer DDP.",
+        search=Search(left_out=_MORE_DEVICES),
     ),
     Knob(
         "world_size", "parallel", int, 1, minimum=1, maximum=1024,
         what="Number of DDP ranks (processes).",
         why="Each rank trains on its own shard of every global batch.",
         when="With parallel='ddp': one rank per GPU, or a few CPU ranks.",
+        search=Search(left_out=_MORE_DEVICES,
+                      values=lambda ctx: powers_of_two(len(ctx.device.gpus) or ctx.device.cpu_count)),
     ),
 ]
 
@@ -64,9 +71,36 @@ RULES = [
 ]
 
 
+LADDER: list[Climb] = []
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "one_process_many_gpus": lambda c: Remedy("parallel", "one Python process drives every GPU and scatters each "
+                                              "batch from GPU 0: DDP (one process per GPU) avoids both bottlenecks")
+    if single_process_multi_gpu(c) else None,
+}
+
+
+def single_process_multi_gpu(config: Config) -> bool:
+    """Legacy DataParallel: one process drives every visible GPU."""
+    return config.parallel == "dataparallel"
+
+
 def ranks(config: Config) -> int:
     """Processes a burst of this config runs: DDP ranks, else one."""
     return config.world_size if config.parallel == "ddp" else 1
+
+
+def distributed(config: Config) -> bool:
+    """Whether the ranks form a process group (DDP, one rank included: that measures what DDP itself costs)."""
+    return config.parallel == "ddp"
+
+
+def gpus_for(config: Config, device: DeviceInfo) -> tuple[GpuInfo, ...]:
+    """The GPUs a burst of ``config`` trains on: every visible one for DataParallel (one process drives them
+    all), one per DDP rank, else the first; none on a machine without CUDA."""
+    if config.parallel == "dataparallel":
+        return device.gpus
+    return device.gpus[: ranks(config)]
 
 
 def gpus_used(config: Config, device_kind: str, visible_gpus: int) -> int:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import Knob, Rule
+from .base import Climb, Knob, Remedy, Rule, Symptom
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..device import DeviceInfo
+    from ..inputs.device import DeviceInfo
+    from ..inputs.workload import Workload
+    from .config import Config
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -72,6 +73,57 @@ RULES = [
         "slower than fp32.",
     ),
 ]
+
+
+def half_precision(device: DeviceInfo) -> str | None:
+    """The half precision this hardware runs natively: bf16 on Ampere+ GPUs and bf16-capable CPUs; fp16 (with
+    GradScaler) on older GPUs (T4, V100), where bf16 is emulated; none on other CPUs."""
+    if device.has_cuda:
+        return "bf16" if device.gpu_has_bf16_units else "fp16"
+    return "bf16" if device.cpu_has_bf16_units else None
+
+
+def _half(device: DeviceInfo, workload: Workload) -> dict[str, Any]:
+    half = half_precision(device)
+    return {"precision": half} if half is not None else {}
+
+
+LADDER = [
+    Climb("+precision", "autocast matmuls/convs to half precision units", _half,
+          title=lambda changes: f"+{changes['precision']}"),
+    Climb("+rest", "TF32 fp32 matmuls", lambda device, workload: {"tf32": True} if device.has_cuda else {}),
+]
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "compute_bound": lambda c: Remedy("precision", "try mixed precision (bf16)") if c.precision == "fp32" else None,
+    "fp32_on_tensor_cores": lambda c: Remedy("precision", "bf16/fp16 matmuls run on tensor cores several times "
+                                             "faster than fp32") if c.precision == "fp32" else None,
+    "diverged": lambda c: Remedy("precision", f"precision={c.precision!r} may overflow (fp16 past 65504): compare "
+                                 "with fp32 or bf16") if c.precision != "fp32" else None,
+}
+
+#: The correctness guard's floor (accel_widgets.analysis.guard; a measured noise band only widens it): how far a
+#: run's loss may move from its fp32 baseline's at step 0, by the arithmetic the less precise of the two ran in
+#: (:func:`math_precision`).
+#: Why these sizes: bf16 keeps 8 significant bits (unit roundoff 2^-8 = 0.4% per rounding) and gets the
+#: widest band; fp16 under autocast keeps 11 bits but stores activations in half precision and lives in a
+#: narrow range; TF32 rounds only matmul inputs to 11 bits; fp32 only absorbs reordered reductions
+#: (compile, foreach/fused optimizers, GPU atomics): 1e-7 per operation, compounding over steps.
+#: Calibration (CPU with AVX512-BF16 autocast, torch 2.13, the small demos, in-process bursts with the same
+#: seed and data order): the largest smoothed deviation from the fp32 run, as computed here (the largest
+#: raw per-step one in brackets), and its share of the tolerance at that step:
+#:   fp32 again, optimizer_impl=foreach or fused   0 on mlp, lm and image: bitwise equal losses
+#:   fp32 compile_mode=default, 58 steps     mlp 0.000%, lm 0.000%, image 0.034% (0.13%)       <= 0.013
+#:   bf16, 58 steps                          mlp 0.14% (0.30%), lm 0.007%, image 0.47% (1.8%)   <= 0.044
+#:   bf16 + compile, 58 steps                mlp 0.14%, lm 0.005%, image 0.69% (3.5%)           <= 0.060
+#:   bf16, lm at batch 8, 40 steps           0.003%
+#:   fp16 with GradScaler, mlp, 58 steps     0.17% (0.40%)                                       0.025
+#:   long: image bf16 150 steps 2.1% (tolerance there 15.5%), mlp bf16 300 steps 2.9% (21%), mlp fp16
+#:   300 steps 3.9% (15.9%), mlp batch 32 bf16 200 steps 1.4% (14.5%)                            <= 0.24
+#: so correct runs stay under a quarter of the band (a sixteenth within 60 steps), while the breakages
+#: that matter (NaN, a stalled or blown-up loss) sit far outside it. The GPU's bf16 kernels round like the
+#: CPU's (fp32 accumulation), but bigger models drift more: the margin is left for them.
+LOSS_TOLERANCE_AT_START: dict[str, float] = {"fp32": 0.01, "tf32": 0.02, "fp16": 0.03, "bf16": 0.04}
 
 
 def math_precision(config: Config, device_kind: str) -> str:

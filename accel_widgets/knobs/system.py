@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .base import Knob, Rule
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..inputs.workload import Workload
+    from .config import Config
 
 _CUBLAS_DETERMINISTIC_WORKSPACE = ":4096:8"
 
@@ -33,6 +34,7 @@ KNOBS = [
         what="torch.use_deterministic_algorithms(True): bitwise-reproducible kernels.",
         why="Reproducibility for debugging; usually costs speed.",
         when="Debugging or auditing; turn off for speed.",
+        search=Search(left_out="it only ever trades speed for reproducibility"),
     ),
     Knob(
         "channels_last", "system", bool, False,
@@ -47,6 +49,7 @@ KNOBS = [
         what="Cap this process's share of GPU memory (torch.cuda.set_per_process_memory_fraction).",
         why="Simulates a smaller GPU or leaves room for other processes; OOMs show the real limit.",
         when="Testing whether a config fits a smaller device. No effect on CPU.",
+        search=Search(left_out="a memory cap never speeds a step up"),
     ),
     Knob(
         "empty_cache", "system", bool, False, applies_to=("cuda",),
@@ -56,6 +59,7 @@ KNOBS = [
         "does not lower the measured peak of allocated memory (that peak is reset after warm-up anyway).",
         when="Sharing the GPU with other processes. It never speeds training up; it can slow the first "
         "measured steps. No effect on CPU.",
+        search=Search(left_out="it frees cached memory before measuring and never speeds a step up"),
     ),
 ]
 
@@ -67,6 +71,39 @@ RULES = [
         "mode picks algorithms by timing, which is not reproducible. Choose one.",
     ),
 ]
+
+
+def has_convolutions(workload: Workload) -> bool:
+    """Whether channels_last can matter: only 4-D convolutional activations change layout."""
+    model = workload.build_model()
+    return any(isinstance(m, (nn.Conv2d, nn.BatchNorm2d)) for m in model.modules())
+
+
+LADDER = [
+    Climb("+rest", "memory layout, cuDNN autotuning",
+          lambda device, workload: {**({"channels_last": True} if has_convolutions(workload) else {}),
+                                    **({"cudnn_benchmark": True} if device.has_cuda else {})}),
+]
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "compute_bound": lambda c: Remedy("channels_last", "for convolutional models try channels_last")
+    if not c.channels_last else None,
+}
+
+
+def deterministic(config: Config) -> bool:
+    """Whether the run must be bitwise reproducible (kernels picked by timing are then out)."""
+    return config.deterministic
+
+
+def memory_cap(config: Config) -> float | None:
+    """The share of the GPU's memory the run may use (None: all of it)."""
+    return config.memory_fraction
+
+
+def with_memory_cap(config: Config, share: float) -> Config:
+    """``config`` capped at ``share`` of the GPU's memory."""
+    return config.replace(memory_fraction=share)
 
 
 @contextlib.contextmanager

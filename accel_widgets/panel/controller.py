@@ -13,25 +13,26 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..batchsize import BatchTry, find_batch_size
-from ..config import Config
-from ..device import DeviceInfo
+from ..analysis.guard import NoiseBand, cached_noise
 from ..engine.launcher import BurstError, Event
-from ..guard import NoiseBand, cached_noise
-from ..history import HistoryError, RunHistory, workload_fingerprint
-from ..ladder import classic_ladder
-from ..progress import BurstProgress
-from ..remeasure import remeasure
-from ..results import BurstResult, ErrorInfo, StepRecord, TelemetrySample
-from ..thresholds import THRESHOLDS
-from ..tuner import TuneResult, TuneStep
-from ..validation import ConfigError
-from ..workload import Workload
+from ..inputs.device import DeviceInfo
+from ..inputs.workload import Workload
+from ..knobs import data
+from ..knobs.config import Config
+from ..knobs.rules import ConfigError
+from ..metrics.thresholds import THRESHOLDS
+from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
+from ..results.history import HistoryError, RunHistory, workload_fingerprint
+from ..search.batchsize import BatchTry, find_batch_size
+from ..search.ladder import classic_ladder
+from ..search.remeasure import remeasure
+from ..search.tuner import TuneResult, TuneStep
+from ..views.progress import BurstProgress
 from .state import PanelState, ProfileShown, Ticker
 
 Engine = Callable[..., BurstResult]
@@ -59,7 +60,7 @@ def holds_still(config: Config, device: DeviceInfo) -> bool:
     """
     if device.kind == "cpu":
         return True
-    return config.ranks * (1 + config.num_workers) >= device.cpu_count
+    return config.ranks * (1 + data.loader_workers(config)) >= device.cpu_count
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
 #: starts one burst, not one per keystroke.
 LIVE_DELAY_S = 0.5
@@ -74,10 +75,10 @@ class PlanItem:
     config: Config
 
 
-def ladder_plan(workload: Workload, device: DeviceInfo) -> list[PlanItem]:
-    """The classic cumulative ladder (:func:`~accel_widgets.ladder.classic_ladder`) for this workload and
-    device, as bursts to run in order, each recorded under its rung's name."""
-    return [PlanItem(rung.name, rung.config) for rung in classic_ladder(workload, device)]
+def ladder_plan(workload: Workload, device: DeviceInfo, leave_out: Collection[str] = ()) -> list[PlanItem]:
+    """The classic cumulative ladder (:func:`~accel_widgets.search.ladder.classic_ladder`) for this workload and
+    device, but the rungs in ``leave_out``, as bursts to run in order, each recorded under its rung's name."""
+    return [PlanItem(rung.name, rung.config) for rung in classic_ladder(workload, device, leave_out=leave_out)]
 
 
 def length_kwargs(unit: str, value: float) -> dict[str, int | float | None]:
@@ -111,7 +112,7 @@ class Batch:
 class EventBatcher:
     """Collects a burst's live events and says when the next flush to the state is due.
 
-    The engine calls ``on_event`` for every step and every 10 Hz telemetry sample; drawing each would send a
+    The engine calls ``on_event`` for every step and every telemetry sample; drawing each would send a
     comm message per event. Flushing every ``FLUSH_INTERVAL_S`` keeps the plots live with one frame's worth of
     messages a second. Thread-safe, though the engine calls it from one thread.
     """
@@ -156,7 +157,7 @@ class PanelController:
 
     ``engine`` is called like :func:`~accel_widgets.engine.launcher.run_burst` (for example
     ``functools.partial(run_burst, isolation="inprocess")`` for a workload that cannot be pickled);
-    ``tuner`` like :func:`~accel_widgets.tuner.tune`. Every finished burst is recorded in ``history``.
+    ``tuner`` like :func:`~accel_widgets.search.tuner.tune`. Every finished burst is recorded in ``history``.
     """
 
     def __init__(self, workload: Workload, state: PanelState, *, engine: Engine, tuner: Tuner, history: HistoryArg,
@@ -193,8 +194,8 @@ class PanelController:
         plan = [PlanItem("", self.state.runnable_config())]
         self._start("Burst", lambda: self._run_plan("Burst", plan, length))
 
-    def run_ladder(self, length: dict[str, Any]) -> None:
-        plan = ladder_plan(self.workload, self.state.device)
+    def run_ladder(self, length: dict[str, Any], leave_out: Collection[str] = ()) -> None:
+        plan = ladder_plan(self.workload, self.state.device, leave_out)
         self._start("Ladder", lambda: self._run_plan("Ladder", plan, length))
 
     def profile(self, length: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 Nothing here knows a knob by name: kinds, ranges, choices, help text and availability all come from
 :data:`~accel_widgets.knobs.KNOBS` and the state's :class:`~.state.Draft` (which asks
-:func:`~accel_widgets.validation.check_config`), so a new registry entry shows up in the panel with no code
+:func:`~accel_widgets.knobs.rules.check_config`), so a new registry entry shows up in the panel with no code
 here. The inputs hold the draft's values: an edit goes to the draft, and :meth:`KnobControls.render` copies
 the draft (values and notes) back, so a config set from code shows up in the controls too.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import ipywidgets as w
 
-from ..device import DeviceInfo
+from ..inputs.device import DeviceInfo
 from ..knobs import GROUP_TITLES, GROUPS, KNOBS, Group, Knob
-from ..presentation import COLOURS
+from ..views.style import COLOURS
 from .state import Draft, Note, control_kind, value_note
 
 INPUT_WIDTH = "125px"  # "None (default)" with room to spare; a drop-down grows to its longest choice

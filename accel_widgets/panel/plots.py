@@ -1,17 +1,18 @@
 """The panel's timeline: device utilisation against time and step time against step, drawn on a canvas.
 
-The panel must not move the numbers it shows. Its first timeline was the report's plotly figure as a
-``FigureWidget`` that grew while a burst ran; it has no extendTraces, so every update resent each changed trace
-whole and the page laid the whole SVG figure out again. Measured in JupyterLab in Chromium on a 2-core machine,
-that took 70-85% of a core while the burst measured, and a burst started from the panel reached 0.14-0.33 of
-the same burst headless (benchmarks/panel_observer.py). So the timeline is a small canvas of its own
-(:class:`TimelineChart`, ``timeline_chart.js``):
+The panel must not move the numbers it shows. A plotly ``FigureWidget`` has no extendTraces: every update
+resends each changed trace whole and the page lays the whole SVG figure out again. Measured in JupyterLab in
+Chromium on a 2-core machine, a live plotly timeline took 70-85% of a core while the burst measured, and a burst
+started from the panel reached 0.14-0.33 of the same burst headless (benchmarks/panel_observer.py). So the
+timeline is a small canvas of its own (:class:`TimelineChart`, ``timeline_chart.js``):
 
 - finished runs are its synced state, thinned to ``MAX_TRACE_POINTS`` per series (a reloaded page draws them);
 - a running burst's points go as messages holding only what is new, as often as the controller flushes events
   (once a second) and only while the page says the chart is on screen (what it missed follows when it is back);
 - the page draws at most once a second, the lowest and highest point of each pixel column of a long series,
-  and nothing while the panel is scrolled away or its tab hidden; hovering names the nearest point.
+  and nothing while the panel is scrolled away or its tab hidden; hovering names the nearest point;
+- a burst that keeps every core busy is drawn live until its measured window starts, and that window once it
+  has ended (:func:`~accel_widgets.panel.controller.holds_still`).
 
 The report's plotly timeline (hover, zoom) is a Compare tab of the panel, drawn when looked at.
 """
@@ -26,17 +27,17 @@ import anywidget
 import ipywidgets as w
 import traitlets
 
-from ..device import DeviceInfo
-from ..presentation import (
+from ..inputs.device import DeviceInfo
+from ..results.burst import StepRecord, TelemetrySample
+from ..views.style import run_colour
+from ..views.timeline import (
     TIMELINE_HEIGHT,
     TIMELINE_MARGIN_B,
     TIMELINE_TITLES,
     device_groups,
-    run_colour,
     step_groups,
     utilisation_title,
 )
-from ..results import StepRecord, TelemetrySample
 from .state import Run, Ticker
 
 WIDTH = 1180  # until the browser says how wide the panel is (see WidthProbe)

@@ -15,20 +15,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..config import Config
-from ..device import DeviceInfo
-from ..diagnosis import Finding, diagnose
-from ..guard import NoiseBand
+from ..analysis.compare import RunRow, run_rows
+from ..analysis.diagnosis import Finding, diagnose
+from ..analysis.guard import NoiseBand
+from ..inputs.device import DeviceInfo
 from ..knobs import KNOBS, Knob
-from ..presentation import LOADED_MARK, RunRow, run_name, run_rows
-from ..results import BurstResult, ProfileCapture, StepRecord, TelemetrySample
-from ..stats import Summary
-from ..thresholds import THRESHOLDS
-from ..validation import RULES, ConfigError, check_config, knob_availability
+from ..knobs.config import Config
+from ..knobs.rules import RULES, ConfigError, check_config, knob_availability
+from ..metrics.stats import Summary
+from ..metrics.thresholds import THRESHOLDS
+from ..results.burst import BurstResult, ProfileCapture, StepRecord, TelemetrySample
+from ..views.style import LOADED_MARK, run_name
 
 if TYPE_CHECKING:
-    from ..batchsize import BatchSizeSearch
-    from ..tuner import TuneResult
+    from ..search.batchsize import BatchSizeSearch
+    from ..search.tuner import TuneResult
 
 Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile", "live",
                "replaced", "batch"]

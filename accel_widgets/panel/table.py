@@ -1,4 +1,4 @@
-"""The runs table: the state's rows (:func:`~accel_widgets.presentation.run_rows`) as widgets, with a
+"""The runs table: the state's rows (:func:`~accel_widgets.analysis.compare.run_rows`) as widgets, with a
 checkbox per row that shows or hides the run in the plots.
 
 A GridBox of plain ipywidgets (a Checkbox and HTML cells), so selecting what the plots show happens in the
@@ -13,7 +13,9 @@ from collections.abc import Callable, Collection, Sequence
 
 import ipywidgets as w
 
-from ..presentation import COLUMNS, PANEL_COLUMNS, STATUS, TITLE, RunRow, run_colour
+from ..analysis.compare import RunRow
+from ..views.style import COLOURS, run_colour
+from ..views.table import COLUMNS, PANEL_COLUMNS, STATUS, TITLE, row_cells, status_colour
 
 # A number column is as wide as its widest value or the longest word of its header, which wraps ("data" over
 # "wait"): so the whole table fits the ~970 px a 1400 px JupyterLab window with its file browser leaves.
@@ -26,7 +28,7 @@ _HEADERS = (("show", "tick to show the run in the plots", "64px", "left"), (*TIT
             (*STATUS, _WIDTHS["status"], "left"))
 _CELL = "padding: 2px 5px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
 _HEADER = "padding: 2px 5px; font-weight: 600; line-height: 1.25;"
-_ROW_EDGE = "1px solid #e0e0e0"
+_ROW_EDGE = f"1px solid {COLOURS['rule']}"
 
 
 class RunsTable:
@@ -86,11 +88,11 @@ class RunsTable:
 
     @staticmethod
     def _cells_html(row: RunRow) -> list[str]:
-        *cells, status = row.cells(PANEL_COLUMNS)
+        *cells, status = row_cells(row, PANEL_COLUMNS)
         styled = [(text, hover, f"text-align: {'left' if index == 0 else 'right'};")
                   for index, (text, hover) in enumerate(cells)]
         weight = " font-weight: 600;" if row.changes_training else ""
-        styled.append((*status, f"text-align: left; color: {row.status_colour()};{weight}"))
+        styled.append((*status, f"text-align: left; color: {status_colour(row)};{weight}"))
         out = []
         for text, hover, style in styled:
             title = f' title="{html.escape(hover)}"' if hover else ""

@@ -4,28 +4,30 @@ The panel is three parts: a plain :class:`~.state.PanelState` (the runs, which a
 edited, the status line, progress), the :class:`~.controller.PanelController` whose actions run off the
 kernel's main thread and change only that state, and this view, which builds the widgets, renders the state
 whenever it changes and hands clicks to the controller. The numbers, colours, names and figure traces come
-from :mod:`accel_widgets.presentation`, as in the HTML report.
+from :mod:`accel_widgets.views.table`, as in the HTML report.
 """
 
 from __future__ import annotations
 
 import html
 import os
+from collections.abc import Collection
 from typing import Any
 
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..config import Config
-from ..device import DeviceInfo, probe_device
 from ..engine.launcher import run_burst, warm_up
-from ..figures import COMPARISONS, comparison_figures
-from ..history import RunHistory
-from ..presentation import COLOURS, TIMELINE_META, findings_html, fit_step_axis, timeline
-from ..remeasure import DEFAULT_PAIRS
-from ..results import BurstResult, ProfileCapture
-from ..tuner import TuneResult, tune
-from ..workload import Workload
+from ..inputs.device import DeviceInfo, probe_device
+from ..inputs.workload import Workload
+from ..knobs.config import Config
+from ..results.burst import BurstResult, ProfileCapture
+from ..results.history import RunHistory
+from ..search.remeasure import DEFAULT_PAIRS
+from ..search.tuner import TuneResult, tune
+from ..views.figures import COMPARISONS, comparison_figures
+from ..views.style import COLOURS, findings_html
+from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
 from .controls import COLUMN_PX, KnobControls
 from .plots import MIN_WIDTH, WIDTH, Timeline, fit_timeline, sync_state
@@ -145,9 +147,10 @@ class TuningPanel:
         """Start one burst of the current settings (what the Run burst button does)."""
         self.controller.run_burst(self._length())
 
-    def run_ladder(self) -> None:
-        """Start the classic ladder (baseline, +loader, +precision, +compile, +rest), one burst per rung."""
-        self.controller.run_ladder(self._length())
+    def run_ladder(self, leave_out: Collection[str] = ()) -> None:
+        """Start the classic ladder (baseline, +loader, +precision, +compile, +rest), one burst per rung, but the
+        rungs named in ``leave_out`` (``{"+compile"}``: a cold compile costs tens of seconds on a CPU)."""
+        self.controller.run_ladder(self._length(), leave_out)
 
     def profile(self) -> None:
         """Start one burst of the current settings with ``profile_steps`` profiled steps after the measured
@@ -441,7 +444,8 @@ class TuningPanel:
         device = self.device
         where = (f"{len(device.gpus)} × {device.name}" if device.has_cuda
                  else f"{device.cpu_name}, {device.cpu_count} cores, no GPU")
-        header = w.HTML(f'<div style="font-size: 1.15em; padding-bottom: 4px; border-bottom: 1px solid #e0e0e0;">'
+        rule = f"border-bottom: 1px solid {COLOURS['rule']}"
+        header = w.HTML(f'<div style="font-size: 1.15em; padding-bottom: 4px; {rule};">'
                         f"<b>accel_widgets tuning panel</b> · workload "
                         f"<code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>",
                         layout=w.Layout(margin="0 0 4px 0"))
@@ -454,7 +458,7 @@ class TuningPanel:
              w.HBox([self.remeasure_button]), self.batch_button, self.load_button,
              self.progress, self.status, self.validation],
             layout=w.Layout(width=f"{ACTIONS_PX - 10}px", min_width=f"{ACTIONS_PX - 10}px", padding="0 0 0 10px",
-                            border_left="1px solid #e0e0e0", margin="0 0 8px 0"),
+                            border_left=f"1px solid {COLOURS['rule']}", margin="0 0 8px 0"),
         )
         # The controls and the actions side by side; when the controls' columns and the actions do not fit
         # on one line, the actions wrap *above* the controls (wrap-reverse, so "flex-end" is the top), where

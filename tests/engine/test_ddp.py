@@ -13,8 +13,10 @@ import time
 
 import psutil
 import pytest
+import torch
+import torch.nn.functional as F
 
-from accel_widgets import Config, StepRecord, WorkerCrashed, WorkerError
+from accel_widgets import Config, StepRecord, WorkerCrashed, WorkerError, Workload
 from accel_widgets import run_burst as _run_burst
 from accel_widgets.engine.launcher import PUMP_TICK_S, SYNC_DEBUG_DDP_NOTE
 from accel_widgets.engine.worker import STEP_BATCH_S
@@ -60,11 +62,11 @@ def test_nothing_a_ddp_burst_opens_is_reachable_from_the_network():
     """The rendezvous is a file and gloo is pinned to loopback: every listening socket is on 127.0.0.0/8."""
     seen: list[set[str]] = []
 
-    def on_event(event):
-        if isinstance(event, StepRecord) and event.step == 3 and event.rank == 0 and not seen:
+    def on_event(event):  # the first measured step: the group is up, and the burst has a second to go
+        if isinstance(event, StepRecord) and not event.warmup and event.rank == 0 and not seen:
             seen.append(_listening_addresses(_burst_processes()))
 
-    assert run_burst(tiny_workload(), DDP, steps=10, on_event=on_event).ok
+    assert run_burst(tiny_workload(), DDP, seconds=1.0, on_event=on_event).ok
     assert seen[0], "the ranks were expected to listen for gloo's pair connections"
     assert all(ipaddress.ip_address(address).is_loopback for address in seen[0]), seen[0]
     assert not _listening_addresses(_burst_processes())
@@ -170,31 +172,49 @@ def test_one_rank_ddp_still_wraps_the_model_to_measure_its_overhead():
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "expect"),
     [
-        {"num_workers": 1, "data_cache": "memmap", "persistent_workers": True},
-        {"precision": "bf16", "sync_every": 0, "optimizer_impl": "foreach", "set_to_none": False},
-        {"script_loss": True, "deterministic": True},
+        ({"num_workers": 1, "persistent_workers": True}, frozenset()),
+        ({"data_cache": "memmap"}, frozenset()),
+        ({"precision": "bf16", "sync_every": 0, "optimizer_impl": "foreach", "set_to_none": False},
+         frozenset({"bf16", "zeroed"})),
+        ({"script_loss": True, "deterministic": True, "channels_last": True},
+         frozenset({"deterministic", "channels_last"})),
     ],
-    ids=lambda c: ",".join(c),
+    ids=lambda c: ",".join(c) if isinstance(c, dict) else "",
 )
-def test_knobs_compose_with_ddp(changes):
-    result = run_burst(tiny_workload(), DDP.replace(**changes), steps=4)
-    assert result.ok and len(result.ranks) == 2
+def test_knobs_act_in_every_ddp_rank(changes, expect, tmp_path):
+    """Each knob is checked where it acts, in both ranks: the model fails its forward, the optimizer its step and
+    the loss its call unless the knob acted there; the dataset says which processes read it."""
+    from tests.workloads import ForeachSGD, KnobsActed, ReadersRecorded, scripted_only
 
-
-def test_channels_last_composes_with_ddp():
-    from tests.workloads import conv_workload
-
-    assert run_burst(conv_workload(), DDP.replace(channels_last=True), steps=3).ok
-
+    readers = tmp_path / "readers"
+    readers.mkdir()
+    optimizer = ((lambda params: ForeachSGD(params, lr=0.01, foreach=False)) if "optimizer_impl" in changes
+                 else (lambda params: torch.optim.SGD(params, lr=0.01)))
+    workload = Workload(model=functools.partial(KnobsActed, expect), batch_size=8, optimizer=optimizer,
+                        dataset=ReadersRecorded(str(readers)), name="knobs-acted",
+                        loss_fn=scripted_only if changes.get("script_loss") else F.cross_entropy)
+    live_losses = []
+    result = run_burst(workload, DDP.replace(**changes), steps=4, cache_dir=str(tmp_path / "cache"),
+                       on_event=lambda e: live_losses.append(e.loss) if isinstance(e, StepRecord) and not e.warmup
+                       else None)
+    assert result.ok, result.error
+    assert len(result.ranks) == 2
+    if changes.get("num_workers"):  # the ranks and a loader worker of each read items
+        assert len(list(readers.iterdir())) >= 4
+    if changes.get("data_cache") == "memmap":
+        assert all(rank.cache is not None and rank.cache.mode == "memmap" for rank in result.ranks)
+    if changes.get("sync_every") == 0:  # read back once, at the end: no loss travels with a step record
+        assert live_losses and all(loss is None for loss in live_losses)
+        assert all(s.loss is not None for s in result.measured_steps())
 
 
 def test_a_rank_dying_after_it_finished_keeps_the_measurement():
     """gloo can abort a rank in teardown after it sent its summary: the measurement is complete, keep it."""
     from accel_widgets.engine.launcher import _Collected, _finish
-    from accel_widgets.results import BurstResult
-    from tests.test_results import _rank
+    from accel_widgets.results.burst import BurstResult
+    from tests.results.test_burst import _rank
 
     collected = _Collected(ranks={0: _rank(0, 96, 0.3), 1: _rank(1, 96, 0.5)}, exit_codes=[0, -6])
     result = _finish(BurstResult("w", DDP, "ok", world_size=2), collected, "failed", time.perf_counter(), 60.0)

@@ -21,9 +21,9 @@ from accel_widgets import (
     WorkloadNotPicklable,
     run_burst,
 )
-from accel_widgets.diagnosis import diagnose
+from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.engine.launcher import EXIT_GRACE_S
-from accel_widgets.results import BurstPhase, ProfileCapture
+from accel_widgets.results.burst import BurstPhase, ProfileCapture
 from tests.devices import cpu_device
 from tests.workloads import (
     BreaksTheProfiler,

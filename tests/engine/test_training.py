@@ -14,21 +14,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from accel_widgets import Config, Workload, run_burst
+from accel_widgets.engine.process import torch_threads
+from accel_widgets.engine.timing import RESOLVE_EVERY_S, CudaTimeline, HostTimeline, StepClock
 from accel_widgets.engine.training import (
-    RESOLVE_EVERY_S,
     BatchFormatError,
-    CudaTimeline,
     DieWithRank,
-    HostTimeline,
-    StepClock,
     batch_length,
     build_loop,
     peak_memory_bytes,
     split_batch,
 )
-from accel_widgets.engine.worker import torch_threads
 from accel_widgets.knobs import global_flags, parallel
-from accel_widgets.knobs.data import to_device
+from accel_widgets.knobs.data import copy_batch
+from accel_widgets.knobs.plan import Plan, resolve
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, tiny_workload
 
@@ -170,11 +168,16 @@ def test_cuda_timeline_reads_events_only_once_the_gpu_passed_them(monkeypatch):
     assert timer.completed() == []  # the GPU has not reached the end marker: no sync forced
     FakeEvent.done_until = 30.0
     assert timer.completed() == []  # looked at again only RESOLVE_EVERY_S later
-    clock.now += RESOLVE_EVERY_S
+    clock.now += RESOLVE_EVERY_S + 1e-9
     (timing,) = timer.completed()
     assert (timing.total_s, timing.data_s, timing.h2d_s) == pytest.approx((0.020, 0.004, 0.002))
     assert timing.t == pytest.approx(1.0 + 0.030)
     assert len(synced) == 2  # only at construction, never per step
+
+
+def plan_of(config: Config) -> Plan:
+    """``config`` resolved for this machine's CPU, as a burst resolves it."""
+    return resolve(config, cpu_device(), tiny_workload())
 
 
 class TickingClock(FakeClock):
@@ -254,7 +257,7 @@ def test_a_training_loop_on_the_cuda_timeline_creates_no_event_in_steady_state(c
     """The real loop's markers (data, copy, end) on the pooled timeline: after warm-up no event is created."""
     counted_events.lag, counted_events.clock = 0.0, TickingClock()
     with tempfile.TemporaryDirectory() as cache:
-        loop, _ = build_loop(tiny_workload(), Config(), torch.device("cpu"), 0, 1, cache_dir=cache,
+        loop, _ = build_loop(tiny_workload(), plan_of(Config()), torch.device("cpu"), 0, cache_dir=cache,
                              emit=lambda event: None, clock_origin=time.perf_counter())
         loop.step_clock = StepClock(CudaTimeline(torch.device("cuda", 0)), counted_events.clock, origin=99.0)
         first_step_s, _ = loop.warm_up(2)
@@ -263,8 +266,9 @@ def test_a_training_loop_on_the_cuda_timeline_creates_no_event_in_steady_state(c
             window = loop.measure(100, None, first_step_s)
             pool = counted_events.created
             loop.measure(300, None, first_step_s)
-    # pending steps are looked at every 5 steps (10 ms of 2 ms steps): the pool holds ~6 steps of 5 markers
-    assert window.steps == 100 and after_warm_up <= 11 and pool - after_warm_up <= 5 * 6
+    # pending steps are looked at every RESOLVE_EVERY_S (of 2 ms steps): the pool holds that many steps of 5 markers
+    steps_per_look = round(RESOLVE_EVERY_S / 0.002) + 1
+    assert window.steps == 100 and after_warm_up <= 11 and pool - after_warm_up <= 5 * steps_per_look
     assert counted_events.created == pool  # 300 more steps, not one event more (it was 5 a step)
 
 
@@ -272,7 +276,7 @@ def test_the_measured_window_closes_at_the_last_steps_end_not_after_the_final_lo
     """sync_every=0 reads every loss after the last step (on a GPU, a wait for the queued work): not a step."""
     records = []
     with tempfile.TemporaryDirectory() as cache:
-        loop, _ = build_loop(tiny_workload(), Config(sync_every=0), torch.device("cpu"), 0, 1, cache_dir=cache,
+        loop, _ = build_loop(tiny_workload(), plan_of(Config(sync_every=0)), torch.device("cpu"), 0, cache_dir=cache,
                              emit=records.append, clock_origin=time.perf_counter())
         first_step_s, _ = loop.warm_up(2)
         read_losses = loop._read_losses
@@ -303,7 +307,8 @@ def test_dataparallel_peak_memory_is_the_busiest_gpus_not_device_zeros(monkeypat
 
 
 def test_batch_helpers():
-    batch = to_device([torch.zeros(4, 3, 2, 2), {"y": torch.ones(4)}], torch.device("cpu"), False, True)
+    batch = copy_batch([torch.zeros(4, 3, 2, 2), {"y": torch.ones(4)}], torch.device("cpu"), Config(),
+                       channels_last=True)
     assert batch[0].is_contiguous(memory_format=torch.channels_last)
     assert batch_length(batch[1]) == 4
     with pytest.raises(BatchFormatError, match="3 elements"):

@@ -11,7 +11,7 @@ import pytest
 
 from accel_widgets.engine.events import RankLosses, StepBatch
 from accel_widgets.engine.worker import HANG_FLUSH_S, STEP_BATCH_S, _BatchedEmit
-from accel_widgets.results import StepRecord
+from accel_widgets.results.burst import StepRecord
 
 
 def _record(step: int) -> StepRecord:

@@ -10,7 +10,7 @@ from torch import nn
 from accel_widgets import Config, ConfigError, Workload, check_config, run_burst
 from accel_widgets.knobs import attention
 from tests.devices import cpu_device
-from tests.test_validation import CPU, ONE_GPU
+from tests.knobs.test_rules import CPU, ONE_GPU
 
 
 class TinyAttention(nn.Module):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -10,8 +12,19 @@ import torch
 from torch import nn
 
 from accel_widgets import Config
-from accel_widgets.knobs import GROUPS, KNOBS, OWNERS, RULES, Facts, compiling, facts, overhead, owner_of
-from accel_widgets.knobs.data import DEFAULT_BATCH_SIZE, resolve_batch_size, to_device
+from accel_widgets.knobs import (
+    GROUPS,
+    KNOBS,
+    OWNERS,
+    RUNGS,
+    Facts,
+    Symptom,
+    compiling,
+    facts,
+    overhead,
+    owner_of,
+)
+from accel_widgets.knobs.data import DEFAULT_BATCH_SIZE, copy_batch, resolve_batch_size
 from tests.workloads import TinyNet, tiny_workload
 
 
@@ -32,10 +45,23 @@ def test_each_module_owns_one_group_in_the_classic_order():
     assert GROUPS[:2] == ("data", "precision") and GROUPS[-1] == "parallel"
 
 
-def test_every_rule_names_only_registry_knobs():
-    for rule in RULES:
-        for name in rule.knobs:
-            assert owner_of(name) in OWNERS
+def test_every_rule_names_its_owners_knob_and_only_registry_knobs():
+    """A rule lives with one of the knobs it involves, and names only knobs of the registry."""
+    for owner in OWNERS:
+        own = {knob.name for knob in owner.KNOBS}
+        for rule in owner.RULES:
+            assert set(rule.knobs) <= set(KNOBS), (owner.__name__, rule.knobs)
+            assert own & set(rule.knobs), f"{owner.__name__} holds a rule about {rule.knobs}, none of them its own"
+
+
+def test_every_owner_declares_its_part_of_the_ladder_and_its_remedies():
+    for owner in OWNERS:
+        assert all(climb.rung in RUNGS for climb in owner.LADDER), owner.__name__
+        assert all(isinstance(advice, Callable) for advice in owner.REMEDIES.values()), owner.__name__
+        for symptom, advise in owner.REMEDIES.items():
+            assert symptom in typing.get_args(Symptom), (owner.__name__, symptom)
+            remedy = advise(Config())
+            assert remedy is None or owner_of(remedy.knob) is owner, (owner.__name__, symptom, remedy)
 
 
 def test_facts_are_the_owners_account_of_a_run():
@@ -54,7 +80,8 @@ def test_batch_size_and_the_copy_to_the_device():
     workload = tiny_workload()
     workload.batch_size = None
     assert resolve_batch_size(Config(), workload) == DEFAULT_BATCH_SIZE
-    batch = to_device([torch.zeros(4, 3, 2, 2), {"y": torch.ones(4)}], torch.device("cpu"), False, True)
+    batch = copy_batch([torch.zeros(4, 3, 2, 2), {"y": torch.ones(4)}], torch.device("cpu"), Config(),
+                       channels_last=True)
     assert batch[0].is_contiguous(memory_format=torch.channels_last)
 
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from accel_widgets.config import Config
 from accel_widgets.knobs import global_flags
+from accel_widgets.knobs.config import Config
 
 
 def tf32_state() -> dict[str, object]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accel_widgets import BurstResult, Config, DeviceInfo, ErrorInfo, StepRecord, TelemetrySample, WorkerError
-from accel_widgets.device import GpuInfo
-from accel_widgets.results import OperatorTime, ProfileCapture, RankSummary, Status
+from accel_widgets.inputs.device import GpuInfo
+from accel_widgets.results.burst import OperatorTime, ProfileCapture, RankSummary, Status
+from tests.measured import as_measured
 
 CPU = DeviceInfo(cpu_count=2, cpu_name="Fake CPU", cpu_flags=frozenset({"avx2"}))
 GPU1 = DeviceInfo(cpu_count=8, cpu_name="Fake CPU", gpus=(GpuInfo(0, 0, "Fake GPU", 80 * 2**30),), driver="1.0")
@@ -57,9 +58,9 @@ def synthetic_result(config: Config | None = None, *, steps: int = 10, step_s: f
                         total_mib=total_mib) for i in range(10)]
     summaries = [RankSummary(rank, 32 * steps, steps * step_s, int(peak_mib * MIB), "rss", 0.1, step_s, "cpu")
                  for rank in range(ranks)] if status == "ok" else []
-    return BurstResult(workload="fake", config=config, status=status, world_size=ranks, warmup_steps=WARMUP,
-                       steps=records, telemetry=telemetry, ranks=summaries, error=error,
-                       warnings=list(warnings or []), label=label)
+    return as_measured(BurstResult(workload="fake", config=config, status=status, world_size=ranks,
+                                   warmup_steps=WARMUP, steps=records, telemetry=telemetry, ranks=summaries,
+                                   error=error, warnings=list(warnings or []), label=label))
 
 
 @dataclass

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from accel_widgets import Config
-from accel_widgets.history import RunHistory
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.controller import LIVE_DELAY_S
+from accel_widgets.results.history import RunHistory
 from tests.devices import cpu_device
 from tests.panel.fakes import CPU, FakeEngine
 from tests.panel.reading import ChartPage

@@ -17,7 +17,6 @@ import pytest
 
 from accel_widgets import KNOBS, Config, StepRecord
 from accel_widgets.knobs import GROUP_TITLES
-from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.controller import FLUSH_INTERVAL_S
 from accel_widgets.panel.controls import COLUMN_PX
@@ -31,7 +30,9 @@ from accel_widgets.panel.plots import (
 )
 from accel_widgets.panel.state import PanelState
 from accel_widgets.panel.view import ACTIONS_PX, COMPARE_TABS
-from accel_widgets.presentation import run_colour, timeline
+from accel_widgets.search.ladder import classic_ladder
+from accel_widgets.views.style import run_colour
+from accel_widgets.views.timeline import timeline
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample, synthetic_result
 from tests.panel.reading import ChartPage, chart_rows, table_text, traces
 from tests.workloads import tiny_workload

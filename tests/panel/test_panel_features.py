@@ -1,7 +1,7 @@
 """The panel's history, correctness guard, TFLOP/s column, Profile and Tune, through its widgets.
 
 Fakes stand in for the engine (tests/panel/fakes.py) and the tuner (here, calling the panel's engine
-wrapper as :func:`accel_widgets.tuner.tune` does); one test profiles with the real engine.
+wrapper as :func:`accel_widgets.search.tuner.tune` does); one test profiles with the real engine.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from accel_widgets import Config
-from accel_widgets.history import RunHistory
+from accel_widgets.analysis.compare import run_rows
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.table import RunsTable
-from accel_widgets.presentation import run_rows
-from accel_widgets.results import BurstResult
-from accel_widgets.tuner import PairedComparison, TuneResult, TuneStep, tune
+from accel_widgets.results.burst import BurstResult
+from accel_widgets.results.history import RunHistory
+from accel_widgets.search.tuner import PairedComparison, TuneResult, TuneStep, tune
+from tests.measured import as_measured
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
 from tests.panel.reading import ChartPage, chart_rows, header_text, table_text
 from tests.workloads import tiny_workload
@@ -156,8 +157,8 @@ def test_the_panel_flags_a_run_that_changes_training() -> None:
 def test_flops_and_mfu_are_shown_with_the_prefix_their_size_needs() -> None:
     cpu = synthetic_result(steps=10, step_s=0.05)  # 640 samples/s
     cpu = replace(cpu, ranks=[replace(r, flops_per_sample=1e9) for r in cpu.ranks])
-    gpu = replace(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.05),
-                  environment={"device_kind": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"})
+    gpu = as_measured(replace(synthetic_result(Config(precision="bf16"), steps=10, step_s=0.05),
+                              environment={"device_kind": "cuda", "device_name": "NVIDIA A100-SXM4-80GB"}))
     gpu = replace(gpu, ranks=[replace(r, flops_per_sample=312e12 * 0.5 / 640) for r in gpu.ranks])
     tiny = replace(cpu, ranks=[replace(r, flops_per_sample=1e5) for r in cpu.ranks])  # 0.064 GFLOP/s
     table = table_of([cpu, gpu, synthetic_result(), tiny])
@@ -303,7 +304,7 @@ def test_the_default_tuner_is_the_real_one_and_an_empty_search_reads_plainly() -
 def test_find_batch_size_reports_each_try_and_shows_the_curve() -> None:
     """The finder through the panel's engine: a fake whose bursts fail past a batch of 64, like an OOM."""
     from accel_widgets import WorkerOutOfMemory
-    from accel_widgets.results import BurstResult, ErrorInfo
+    from accel_widgets.results.burst import BurstResult, ErrorInfo
 
     class FitsUpTo64(FakeEngine):
         def __call__(self, workload, config, **kwargs):
@@ -335,7 +336,7 @@ def test_find_batch_size_reports_each_try_and_shows_the_curve() -> None:
 # -- status line ------------------------------------------------------------------------------------------------
 def test_the_status_line_names_the_phase_a_long_first_step_is_in() -> None:
     """The launcher's phase events reach the status line as the CLI's progress line reads them."""
-    from accel_widgets.results import BurstPhase
+    from accel_widgets.results.burst import BurstPhase
 
     class CompilesFirst(FakeEngine):
         def __call__(self, workload, config, *, on_event=None, **kwargs):
@@ -425,9 +426,9 @@ def test_an_unreliable_run_is_marked_and_a_paired_re_measure_replaces_its_speed_
 
 
 def test_unreliable_runs_are_marked_in_the_text_table_and_the_speed_up_figure() -> None:
-    from accel_widgets.figures import speedup_figure
-    from accel_widgets.presentation import comparison_rows
-    from accel_widgets.reporting import format_table
+    from accel_widgets.analysis.compare import comparison_rows
+    from accel_widgets.views.figures import speedup_figure
+    from accel_widgets.views.report import format_table
 
     runs = [synthetic_result(), synthetic_result(Config(num_workers=1), step_s=0.04, util=40, foreign=40)]
     rows = comparison_rows(runs)

@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 
 from accel_widgets import KNOBS, Config
-from accel_widgets.ladder import classic_ladder
 from accel_widgets.panel.controller import (
     FLUSH_INTERVAL_S,
     Batch,
@@ -19,6 +18,7 @@ from accel_widgets.panel.controller import (
 )
 from accel_widgets.panel.controls import balanced_columns, choice_label, choice_notes
 from accel_widgets.panel.state import Draft, PanelState, control_kind, value_note
+from accel_widgets.search.ladder import classic_ladder
 from tests.panel.fakes import CPU, GPU1, sample, step_record, synthetic_result
 from tests.workloads import tiny_workload
 

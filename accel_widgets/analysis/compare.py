@@ -1,0 +1,158 @@
+"""Runs against their baselines: each workload's baseline, every run's numbers against it, and the correctness
+guard's verdict against that same run, so a row's speed-up and its "changes training" always refer to one
+baseline. Plain data: the views (:mod:`accel_widgets.views.table`) decide how a row reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..knobs.config import Config
+from ..metrics.stats import Summary
+from ..metrics.thresholds import THRESHOLDS
+from ..results.burst import BurstResult
+from .guard import GuardVerdict, NoiseBand, check_training
+
+Row = dict[str, Any]
+
+
+def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None = None) -> list[Row]:
+    """One plain dict of numbers per run: what the terminal table, the CSV and every other face start from.
+
+    Speed-ups are only meaningful within one workload, so each workload gets its own baseline: the
+    first ok run whose config is ``Config()`` (the plain loop), else its first ok run. An explicit
+    ``baseline`` replaces the default for its own workload only. ``baseline`` in a row is the index of
+    the run its speed-up refers to (``None`` when there is none among ``results``). Unknown numbers are
+    ``None``; ``noisy`` is always a bool (False when there are no measured steps to judge).
+    """
+    return _rows(results, _baselines(results, baseline))
+
+
+def _rows(results: Sequence[BurstResult], baselines: Sequence[BurstResult | None]) -> list[Row]:
+    index = {id(result): i for i, result in enumerate(results)}
+    return [_row(i, result, chosen, index.get(id(chosen)))
+            for i, (result, chosen) in enumerate(zip(results, baselines, strict=True))]
+
+
+def _baselines(results: Sequence[BurstResult], baseline: BurstResult | None) -> list[BurstResult | None]:
+    """Each run's baseline: per workload, the first ok plain-loop run, else the first ok run."""
+    chosen: dict[str, BurstResult] = {}
+    plain = Config()
+    for result in results:
+        if not result.ok:
+            continue
+        current = chosen.get(result.workload)
+        if current is None or (result.config == plain and current.config != plain):
+            chosen[result.workload] = result
+    if baseline is not None:
+        chosen[baseline.workload] = baseline
+    return [chosen.get(result.workload) for result in results]
+
+
+def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline_index: int | None) -> Row:
+    step = result.step_time
+    return {
+        "run": index,
+        "workload": result.workload,
+        "label": result.label or result.config.label(),
+        "changes": result.config.label(baseline.config if baseline is not None else None),
+        "baseline": baseline_index,
+        "status": result.status,
+        "samples_per_s": result.samples_per_s,
+        "tokens_per_s": result.tokens_per_s,
+        "speedup": result.speedup_over(baseline) if baseline is not None else None,
+        "step_ms_median": step.median * 1e3 if step is not None else None,
+        "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
+        "noisy": bool(step is not None and step.noisy),
+        # Measured on a shared or stalling machine: not ranked, not shown as a plain speed-up (thresholds.py).
+        "unreliable": result.status == "ok" and not result.reliability.reliable,
+        "unreliable_why": result.reliability.text(),
+        "util_pct": result.mean_utilisation_pct,
+        "util_note": result.utilisation_note,
+        "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
+        "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
+        "compile_s": result.compile_s,
+        "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
+        "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
+        "mfu_basis": result.mfu_basis,
+        "joules_per_sample": result.joules_per_sample,
+        "samples_per_joule": result.samples_per_joule,
+        "mean_power_w": result.mean_power_w,
+        "energy_note": result.energy_note,
+        "error": _first_line(result.error.message) if result.error is not None else "",
+    }
+
+
+def _first_line(message: str) -> str:
+    lines = message.strip().splitlines()
+    return lines[0] if lines else ""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run judged against its baseline, as the panel's and the report's tables show it
+    (:mod:`accel_widgets.views.table` decides how it reads).
+
+    ``values`` are its :func:`comparison_rows` numbers, ``baseline`` the run they are measured against
+    and ``verdict`` the correctness guard's reading against that same run (its reading is
+    ``diagnose(result, baseline, verdict=verdict)``). ``loaded`` is the hover note of a run loaded from
+    the run history.
+    """
+
+    result: BurstResult
+    baseline: BurstResult | None
+    values: Row
+    verdict: GuardVerdict
+    loaded: str | None = None
+
+    @property
+    def run(self) -> int:
+        return int(self.values["run"])
+
+    @property
+    def changes_training(self) -> bool:
+        return self.verdict.status == "changes_training"
+
+
+def run_rows(results: Sequence[BurstResult], *, loaded: Mapping[int, str] | None = None,
+             judged: Sequence[RunRow] = (),
+             noise_of: Callable[[BurstResult], NoiseBand | None] | None = None,
+             paired: Mapping[int, Summary] | None = None) -> list[RunRow]:
+    """Every run's table row, each judged by the guard against the baseline of its own speed-up.
+
+    ``loaded`` maps the index of each run loaded from the run history to its hover note. ``judged`` are
+    rows built before from the same runs (the panel's table before its latest run): a run whose baseline
+    is still the same keeps its verdict, so the guard judges each run once, not once per table update.
+    ``noise_of(baseline)`` gives the baseline's measured noise band when one is known (the guard then
+    tolerates what reseeding the data moves the loss by, not only the precision's floor). ``paired`` maps a
+    run re-measured against its baseline (:func:`~accel_widgets.search.remeasure.remeasure`) to its paired speed-ups:
+    that number replaces the row's, and the row is reliable again when the pairs agree.
+    """
+    notes = loaded or {}
+    baselines = _baselines(results, None)
+    rows = [with_paired(values, (paired or {}).get(i)) for i, values in enumerate(_rows(results, baselines))]
+    return [RunRow(result, chosen, values, _verdict(result, chosen, judged[i] if i < len(judged) else None,
+                                                    noise_of),
+                   notes.get(i))
+            for i, (result, chosen, values) in enumerate(zip(results, baselines, rows, strict=True))]
+
+
+def with_paired(values: Row, ratio: Summary | None) -> Row:
+    """A row whose speed-up is its re-measure's paired median (with its quartiles): believed over the single
+    burst's, and reliable when the pairs spread less than ``THRESHOLDS.paired_max_relative_iqr``."""
+    if ratio is None:
+        return values
+    agree = ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
+    why = "" if agree else f"its {ratio.n} paired re-measures spread {ratio.relative_iqr:.0%} of their median"
+    return {**values, "speedup": ratio.median, "paired": (ratio.q1, ratio.q3, ratio.n),
+            "unreliable": not agree, "unreliable_why": why}
+
+
+def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow | None,
+             noise_of: Callable[[BurstResult], NoiseBand | None] | None) -> GuardVerdict:
+    if before is not None and before.result is result and before.baseline is baseline:
+        return before.verdict
+    noise = noise_of(baseline) if noise_of is not None and baseline is not None else None
+    return check_training(result, baseline, noise)

@@ -1,0 +1,103 @@
+"""Beyond one machine: the chosen configuration as a ``torchrun`` training script that trains as the burst did.
+
+A burst tells you which knobs help; a real job then runs for hours, maybe across machines. The
+exported script holds the workload reference and every knob's value (each with its one-line what, to
+edit), and trains through the very code a burst runs (:mod:`accel_widgets.engine.standalone`): the
+same seed, weights, data order and step, so its losses equal the burst's, step for step: there is no second
+copy of the loop to drift from it.
+
+The workload is ``module:function`` (returning an ``accel_widgets.Workload``); it is checked when the
+script is written, and must be importable on every machine that runs it, as ``accel_widgets`` is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..inputs.workload import load_workload
+from ..knobs import KNOBS, parallel
+from ..knobs.config import Config
+from ..knobs.plan import portable_errors
+from ..knobs.rules import ConfigError
+
+_TEMPLATE = '''"""Training script exported by accel_widgets for workload {workload_ref!r}.
+
+Configuration: {label}
+
+It trains through the same code a burst runs, so its losses equal the burst's step for step (same
+seed, weights and data order). Edit the knob values below to change the job.
+
+One machine, {nproc} process(es):
+    torchrun --standalone --nproc-per-node {nproc} {name} --steps 1000
+{multinode_block}"""
+
+import argparse
+import os
+
+os.environ.setdefault("ACCEL_WIDGETS_PRESTART", "0")  # this process trains itself: no burst forkserver needed
+
+from accel_widgets import Config  # noqa: E402
+from accel_widgets.engine.standalone import train  # noqa: E402
+
+WORKLOAD = {workload_ref!r}
+CONFIG = Config(
+{knob_lines}
+)
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to train")
+    train(WORKLOAD, CONFIG, parser.parse_args().steps)
+'''
+
+
+def torchrun_command(script: str | os.PathLike[str], *, nproc_per_node: int, nnodes: int = 1,
+                     endpoint: str = "HOST:29400", job_id: str = "accel-widgets") -> str:
+    """The multi-machine launch line (c10d rendezvous: no extra service to run)."""
+    return (f"torchrun --nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
+            f"--rdzv-endpoint {endpoint} --rdzv-id {job_id} {Path(script).name}")
+
+
+def export_script(workload_ref: str, config: Config, path: str | os.PathLike[str], *, nnodes: int = 2,
+                  endpoint: str = "HOST:29400") -> Path:
+    """Write the training script for ``config``; returns its path.
+
+    ``workload_ref`` is ``module:function`` and is imported and called now (the current directory
+    first, as ``python -m`` does), so a reference that names nothing fails here, not on the cluster.
+    A config the rules refuse on every machine, or one the knobs cannot run with the workload's own DataLoader,
+    raises :class:`ConfigError` and writes nothing; the script checks the rest on the machine it runs on.
+    Directories of ``path`` that do not exist yet are created.
+    """
+    workload = load_workload(workload_ref)
+    if parallel.single_process_multi_gpu(config):
+        raise ConfigError("export_script writes a torchrun script; DataParallel is single-process legacy: "
+                          "use parallel='ddp'")
+    problems = portable_errors(config, workload)
+    if problems:
+        raise ConfigError(f"this config cannot run as a job: {' '.join(problems)}")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)  # -o runs/today/train.py, as a user would type it
+    nproc = parallel.ranks(config)
+    multinode = ""
+    if parallel.distributed(config):
+        multinode = ("Several machines (run on each; HOST:PORT is reachable from all of them):\n    "
+                     + torchrun_command(target, nproc_per_node=nproc, nnodes=nnodes, endpoint=endpoint) + "\n")
+    target.write_text(_TEMPLATE.format(
+        workload_ref=workload_ref, label=config.label(), nproc=nproc, name=target.name,
+        multinode_block=multinode, knob_lines=_knob_lines(config),
+    ))
+    return target
+
+
+def _knob_lines(config: Config) -> str:
+    """Every knob with its value and what it does: the knobs the burst changed first, then the defaults."""
+    changed = config.diff()
+    names = [*changed, *(name for name in KNOBS if name not in changed)]
+    return "\n".join(f"    {name}={getattr(config, name)!r},  # {_first_sentence(KNOBS[name].what)}"
+                     + ("" if name in changed else " (default)") for name in names)
+
+
+def _first_sentence(text: str) -> str:
+    head, dot, _ = text.partition(". ")
+    return head + ("." if dot else "")

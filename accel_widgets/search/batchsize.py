@@ -1,0 +1,511 @@
+"""Batch-size finder: the largest batch that fits in memory, and samples/s at every batch size tried.
+
+Each try is a short burst in worker processes, which is what makes trying sizes that do not fit safe:
+
+- on a GPU a batch that does not fit raises ``torch.OutOfMemoryError`` in the rank, which dies; the caller
+  gets a :class:`~accel_widgets.WorkerOutOfMemory` and goes on. An optional cap becomes the
+  ``memory_fraction`` knob, so the allocator itself refuses beyond it (NVML's "used" would count other
+  processes and the CUDA context);
+- on a CPU nothing fails cleanly: the machine swaps, or the kernel's OOM killer picks a process, maybe the
+  notebook. So the search stops at a memory cap on the burst's RSS, watched live from the burst's
+  telemetry (5 Hz): over the cap, the burst is stopped at once, and a finished burst whose ranks' peak
+  RSS passed the cap between two samples counts as over it too.
+
+The search doubles from the start size until a size does not fit (or a limit: ``max_batch_size``, the
+dataset's items per rank), halving instead when the start does not fit, then bisects between the last
+size that fit and the first that did not, for a bounded number of tries. A larger batch is not always
+faster, so the result reports the fastest size apart from the largest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import psutil
+from torch.utils.data import IterableDataset
+
+from ..engine.launcher import run_burst
+from ..inputs.device import DeviceInfo, probe_device
+from ..inputs.workload import Workload
+from ..knobs import KNOBS, KnobValueError, batch, parallel, system
+from ..knobs.config import Config
+from ..knobs.plan import resolve
+from ..metrics.units import MISSING, significant
+from ..results.burst import BurstResult, TelemetrySample
+from ..views.style import COLOURS, PALETTE
+from .bursts import Bursts
+
+if TYPE_CHECKING:
+    from plotly.graph_objects import Figure
+
+#: Without a cap on a CPU, the burst may use this share of the RAM available when the search starts: room
+#: for the notebook and the rest of the machine, and far from the point where the OOM killer chooses.
+DEFAULT_CPU_SHARE = 0.5
+#: Measured steps per try: enough for a median step time, few enough that a search of ~10 tries is short.
+DEFAULT_STEPS = 8
+#: Bisection tries after the doubling: each halves the gap, so 4 end within 1/16 of the last doubling.
+DEFAULT_REFINE_TRIES = 4
+#: torch's CPU allocator raises a plain RuntimeError (not OutOfMemoryError) when malloc fails.
+CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
+
+Failure = Literal["memory_cap", "oom", "crash", "error", "stopped"]
+#: Failures that mean "this size does not fit": the search goes on below it. Any other ends the search.
+MEMORY_FAILURES: tuple[Failure, ...] = ("memory_cap", "oom", "crash")
+Stage = Literal["grow", "shrink", "refine"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class BatchTry:
+    """One batch size tried: whether it fit, why not, and what it measured.
+
+    ``failure`` is None when it fit; "memory_cap" (over the cap), "oom" (the allocator refused), "crash"
+    (a rank was killed, e.g. by the OOM killer) mean it does not fit; "error" (the workload failed for
+    another reason) and "stopped" (the caller's stop) end the search without a verdict on memory.
+    ``peak_memory_bytes`` is the most the try was seen to use: on a CPU the ranks' RSS summed (the larger of
+    the live telemetry's peak and the ranks' own peak after the burst; for a burst stopped at the cap, what it
+    had reached then, a lower bound); on a GPU the allocator's peak of the busiest rank. Throughput and step
+    times are None for a try that did not finish.
+    """
+
+    batch_size: int
+    fits: bool
+    stage: Stage
+    failure: Failure | None = None
+    why_not: str = ""
+    samples_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    step_median_s: float | None = None
+    step_iqr_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BatchSizeSearch:
+    """Every try of a batch-size search, in the order run, and what they say.
+
+    ``batch_scope`` says what a batch size means for ``config`` (per DDP rank, per micro-batch...).
+    ``cap_bytes`` is the memory cap the tries were held to (None: none, a GPU's own memory is the limit) and
+    ``cap_note`` where it came from; ``memory_kind`` what ``peak_memory_bytes`` measures ("rss" or
+    "cuda_allocator"). ``stopped_reason`` says why the search ended.
+    """
+
+    workload: str
+    config: Config
+    device: str
+    memory_kind: Literal["rss", "cuda_allocator"]
+    cap_bytes: int | None
+    cap_note: str
+    batch_scope: str
+    tries: tuple[BatchTry, ...] = ()
+    stopped_reason: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def largest_fitting(self) -> int | None:
+        """The largest batch size that fit, None when none did."""
+        return max((t.batch_size for t in self.tries if t.fits), default=None)
+
+    @property
+    def fastest(self) -> int | None:
+        """The fitting batch size with the highest samples/s (short bursts: sizes within a few % are a tie)."""
+        best = self.fastest_try()
+        return best.batch_size if best is not None else None
+
+    def fastest_try(self) -> BatchTry | None:
+        measured = [t for t in self.tries if t.fits and t.samples_per_s is not None]
+        return max(measured, key=lambda t: t.samples_per_s or 0.0) if measured else None
+
+    def curve(self) -> list[BatchTry]:
+        """The tries that fit, by batch size: samples/s against batch size."""
+        return sorted((t for t in self.tries if t.fits), key=lambda t: t.batch_size)
+
+    def summary(self) -> str:
+        """What a person reads: the answer, the cap, then one line per try in batch-size order."""
+        best = self.fastest_try()
+        fastest = MISSING if best is None else f"{best.batch_size:,} ({significant(best.samples_per_s or 0)} samples/s)"
+        largest = MISSING if self.largest_fitting is None else f"{self.largest_fitting:,}"
+        cap = ("no memory cap" if self.cap_bytes is None
+               else f"memory cap {_bytes_text(self.cap_bytes)} ({self.cap_note})")
+        lines = [f"batch size {self.batch_scope}: largest that fits {largest}, fastest {fastest}",
+                 f"{self.device}, {cap}; {len(self.tries)} tries in {self.wall_s:.1f} s; {self.stopped_reason}",
+                 f"{'batch':>9}  {'fits':<4}  {'samples/s':>10}  {'step ms ± IQR':>15}  {'peak mem':>9}"]
+        lines += [_try_line(t) for t in sorted(self.tries, key=lambda t: t.batch_size)]
+        return "\n".join(lines)
+
+    def figure(self) -> Figure:
+        """samples/s against batch size (log2 axis), the sizes that did not fit marked at the bottom, peak
+        memory on the right axis with the cap, and the largest fit annotated. Traces carry ``meta["kind"]``."""
+        from plotly.subplots import make_subplots
+
+        figure = make_subplots(specs=[[{"secondary_y": True}]])
+        figure.update_layout(template="plotly_white", height=380, hovermode="closest",
+                             title={"text": f"{self.workload}: samples/s by batch size"},
+                             margin={"l": 60, "r": 60, "t": 60, "b": 45}, legend={"x": 1.08, "y": 1})
+        for trace, on_memory_axis in _traces(self):
+            figure.add_trace(trace, secondary_y=on_memory_axis)
+        sizes = [t.batch_size for t in self.tries] or [1]
+        ticks = [1 << k for k in range(min(sizes).bit_length() - 1, max(sizes).bit_length())]
+        per = "per DDP rank, " if self.config.ranks > 1 else ""
+        figure.update_xaxes(type="log", title_text=f"batch size ({per}log2 axis)", tickvals=ticks,
+                            ticktext=[f"{v:,}" for v in ticks])
+        figure.update_yaxes(title_text="samples/s", rangemode="tozero", secondary_y=False)
+        figure.update_yaxes(title_text=f"peak memory (MiB, {self.memory_kind})", rangemode="tozero", showgrid=False,
+                            secondary_y=True)
+        if self.cap_bytes is not None:
+            figure.add_hline(y=self.cap_bytes / 2**20, line={"dash": "dash", "color": COLOURS["error"]},
+                             secondary_y=True)
+            figure.add_annotation(text=f"cap {_bytes_text(self.cap_bytes)}", xref="paper", x=0, yref="y2",
+                                  y=self.cap_bytes / 2**20, xanchor="left", yanchor="bottom", showarrow=False,
+                                  font={"color": COLOURS["error"]})
+        if self.largest_fitting is not None:
+            figure.add_vline(x=self.largest_fitting, line={"dash": "dot", "color": COLOURS["ok"]})
+            figure.add_annotation(text=f"largest fit {self.largest_fitting:,}", x=math.log10(self.largest_fitting),
+                                  yref="paper", y=1, yanchor="bottom", showarrow=False, font={"color": COLOURS["ok"]})
+        return figure
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchSizeSearch:
+        tries = tuple(BatchTry(**t) for t in data.get("tries", ()))
+        return cls(**{**data, "config": Config.from_dict(data["config"]), "tries": tries})
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchSizeSearch:
+        return cls.from_dict(json.loads(text))
+
+
+def find_batch_size(
+    workload: Workload,
+    config: Config | None = None,
+    *,
+    start: int | None = None,
+    max_batch_size: int | None = None,
+    memory_cap: int | float | str | None = None,
+    steps: int = DEFAULT_STEPS,
+    refine_tries: int = DEFAULT_REFINE_TRIES,
+    device: DeviceInfo | None = None,
+    engine: Callable[..., BurstResult] = run_burst,
+    on_try: Callable[[BatchTry], None] | None = None,
+    stop: threading.Event | None = None,
+) -> BatchSizeSearch:
+    """Find the largest batch size of ``workload`` under ``config`` that fits, and samples/s at each size tried.
+
+    The batch size is ``Config.batch_size``: samples per micro-batch of one process, so under DDP it is per
+    rank (each of ``world_size`` ranks trains on that many; the result's ``batch_scope`` says so).
+    ``start``: the first size tried (default: the config's batch size, else the workload's, else 1).
+    ``max_batch_size`` bounds the growth, as does the dataset (a size needs one full batch of items per rank).
+
+    ``memory_cap``: bytes (``2 * 2**30``), a size text (``"2GiB"``, ``"1.5 GB"``), or a share in (0, 1] of the
+    memory there is (a GPU's own memory; on a CPU, the RAM available when the search starts).
+    On a CPU it caps the RSS of the burst's processes (ranks and their loader workers, summed); it defaults
+    to ``DEFAULT_CPU_SHARE`` of the available RAM. On a GPU it sets the ``memory_fraction`` knob of every
+    try (default: none, or the config's own ``memory_fraction``), and running out of device memory is the limit;
+    the result's ``cap_bytes`` is then that fraction of CUDA's total, as the ranks read it.
+
+    Every try is a burst of ``steps`` measured steps through ``engine`` (called like ``run_burst`` with
+    ``steps``, ``label``, ``on_event`` and ``stop``); ``refine_tries`` bisection tries follow the doubling
+    (0: powers of two only). ``on_try`` gets each try as it finishes. Setting ``stop`` ends the running try
+    and the search. A try that fails never raises: a size that does not fit is a result, and any other
+    failure ends the search with the reason. A config that cannot run here raises before any burst, as does a
+    workload whose own DataLoader has a batch sampler (its batches do not take the batch size).
+    """
+    if start is not None and start < 1:
+        raise ValueError(f"start={start}: use a whole number >= 1, or None for the config's or workload's batch size")
+    device = device or probe_device()
+    config = resolve(config or Config(), device, workload).config  # refused here as a burst would refuse it
+    _check_batchable(workload)
+    config, cap, cap_note = _memory_cap(memory_cap, config, device)
+    limit, limit_note = _limit(workload, config, max_batch_size)
+    first = min(start or config.batch_size or workload.batch_size or 1, limit)
+    search = _Search(workload, config, Bursts(engine, steps=steps, stop=stop), None if device.has_cuda else cap,
+                     on_try)
+    search.grow(first, limit, limit_note)
+    search.refine(refine_tries)
+    if device.has_cuda:
+        cap, cap_note = _enforced_cap(cap, cap_note, config, search.cuda_total)
+    return BatchSizeSearch(workload.name, config, device.name if device.has_cuda else f"CPU ({device.name})",
+                           "cuda_allocator" if device.has_cuda else "rss", cap, cap_note, batch_scope(config),
+                           tuple(search.tries), search.stopped, time.perf_counter() - search.started)
+
+
+def batch_scope(config: Config) -> str:
+    """What ``Config.batch_size`` counts under ``config``: it is always one process's micro-batch."""
+    micro = batch.micro_batches(config)
+    accumulate = f"; {micro} micro-batches per optimizer step" if micro > 1 else ""
+    ranks = parallel.ranks(config)
+    if ranks > 1:
+        return (f"per DDP rank: each of the {ranks} ranks trains on batch_size samples, "
+                f"{ranks * micro} x batch_size per optimizer step{accumulate}")
+    if parallel.single_process_multi_gpu(config):
+        return f"per process: DataParallel splits each batch across the GPUs{accumulate}"
+    return f"per micro-batch{accumulate}" if accumulate else "per step"
+
+
+def parse_memory_size(text: str) -> int:
+    """Bytes in ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"`` or ``"1000000"`` (KiB/MiB/GiB/TiB: 1024s; kB/MB/GB/TB: 1000s)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"memory size {text!r} not understood: write e.g. '2GiB', '512 MiB', '1.5GB' or a byte count")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+# -- limits and the cap -----------------------------------------------------------------------------------
+def _check_batchable(workload: Workload) -> None:
+    """A user's DataLoader without a batch size batches through its batch sampler, which the knob cannot change."""
+    loader = workload.loader
+    if loader is not None and loader.batch_size is None:
+        raise ValueError(f"your DataLoader batches with its batch_sampler ({type(loader.batch_sampler).__name__}), "
+                         "so the batch size cannot be varied: pass its dataset and a per-sample sampler instead")
+
+
+def _limit(workload: Workload, config: Config, max_batch_size: int | None) -> tuple[int, str]:
+    """The largest size worth trying, and why it is the limit (one full batch per rank; the knob's range)."""
+    knob_max = KNOBS["batch_size"].maximum or 1 << 20
+    limits = [(knob_max, f"the batch_size knob's maximum ({knob_max:,})")]
+    if max_batch_size is not None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size={max_batch_size}: use a whole number >= 1, or None")
+        limits.append((max_batch_size, f"max_batch_size={max_batch_size:,}"))
+    # A stream has no length (it restarts when it ends), and a factory's dataset is built in the ranks.
+    if not isinstance(workload.dataset, IterableDataset) and not workload.dataset_is_factory:
+        items = len(workload.dataset)
+        per_rank = items // config.ranks
+        where = f" ({per_rank:,} per rank)" if config.ranks > 1 else ""
+        limits.append((max(1, per_rank), f"the dataset's {items:,} items{where}"))
+    return min(limits)
+
+
+def _memory_cap(memory_cap: int | float | str | None, config: Config,
+                device: DeviceInfo) -> tuple[Config, int | None, str]:
+    """(the config every try runs, the cap in bytes, where the cap came from)."""
+    if device.has_cuda:
+        return _gpu_cap(memory_cap, config, device)
+    available = psutil.virtual_memory().available
+    if memory_cap is None:
+        return config, int(available * DEFAULT_CPU_SHARE), (f"default: {DEFAULT_CPU_SHARE:.0%} of the "
+                                                            f"{_bytes_text(available)} RAM available at the start")
+    cap, note = _cap_bytes(memory_cap, available, "the RAM available at the start")
+    return config, cap, f"RSS of the burst's processes; {note}"
+
+
+def _gpu_cap(memory_cap: int | float | str | None, config: Config,
+             device: DeviceInfo) -> tuple[Config, int | None, str]:
+    """On a GPU the cap is the ``memory_fraction`` knob: the allocator raises OOM past it.
+
+    A share is the fraction itself, never a round trip through bytes: ``int(0.05 * memory) / memory`` falls
+    just below 0.05, the knob's minimum, on any GPU whose size is not a multiple of 20 bytes (an H200's
+    143,771 MiB). Bytes become the fraction of NVML's total (all the caller can read without CUDA); the
+    cap the allocator enforces is that fraction of CUDA's total, which :func:`_enforced_cap` reads back.
+    """
+    memory = min(g.memory_bytes for g in parallel.gpus_for(config, device) or device.gpus)
+    if memory_cap is None:
+        share = system.memory_cap(config)
+        if share is None:
+            return config, None, "none: the GPU's memory is the limit"
+        return config, int(share * memory), f"the config's memory_fraction={share:g}"
+    cap, note = _cap_bytes(memory_cap, memory, "the GPU's memory")
+    fraction = memory_cap if isinstance(memory_cap, float) else cap / memory
+    try:
+        capped = system.with_memory_cap(config, fraction)
+    except KnobValueError as exc:
+        raise ValueError(f"memory_cap={memory_cap!r} is {fraction:.2%} of the GPU's {_bytes_text(memory)}: {exc}") \
+            from None
+    return capped, cap, f"{note}, as memory_fraction={fraction:.3g}"
+
+
+def _enforced_cap(cap: int | None, note: str, config: Config, cuda_total: int | None) -> tuple[int | None, str]:
+    """The cap as the allocator enforced it: ``torch.cuda.set_per_process_memory_fraction`` takes its share of
+    CUDA's total (``cudaMemGetInfo``, read by the ranks), which is a little less than NVML's."""
+    share = system.memory_cap(config)
+    if cap is None or share is None or cuda_total is None:
+        return cap, note
+    enforced = int(share * cuda_total)
+    return enforced, f"{note}; enforced on CUDA's total of {_bytes_text(cuda_total)}"
+
+
+def _cap_bytes(memory_cap: int | float | str, whole: int, whole_name: str) -> tuple[int, str]:
+    if isinstance(memory_cap, bool) or not isinstance(memory_cap, int | float | str):
+        raise TypeError(f"memory_cap={memory_cap!r}: use bytes (int), a size text ('2GiB') or a share in (0, 1]")
+    if isinstance(memory_cap, str):
+        return parse_memory_size(memory_cap), f"memory_cap={memory_cap!r}"
+    if isinstance(memory_cap, float):
+        if not 0 < memory_cap <= 1:
+            raise ValueError(f"memory_cap={memory_cap!r}: a float is a share of {whole_name}, in (0, 1]; pass "
+                             "bytes as an int or a size text ('2GiB')")
+        return int(memory_cap * whole), f"{memory_cap:.0%} of {whole_name} ({_bytes_text(whole)})"
+    if memory_cap < 1:
+        raise ValueError(f"memory_cap={memory_cap}: bytes must be >= 1")
+    return memory_cap, f"memory_cap={_bytes_text(memory_cap)}"
+
+
+# -- the search ---------------------------------------------------------------------------------------------
+@dataclass
+class _Watch:
+    """``on_event`` of one try: keeps the telemetry's memory peak, and stops the burst past the cap or when
+    the caller's stop is set (the try's own stop event: the caller's must not be set by a cap). Telemetry
+    arrives every ~0.1 s from launch to teardown, so the caller's stop is seen within that."""
+
+    cap: int | None
+    caller_stop: threading.Event | None
+    stop: threading.Event = field(default_factory=threading.Event)
+    peak: int = 0
+    over_cap: bool = False
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, TelemetrySample) and event.source == "psutil":
+            self.peak = max(self.peak, event.mem_used_bytes)
+            if self.cap is not None and event.mem_used_bytes > self.cap:
+                self.over_cap = True
+                self.stop.set()
+        if self.caller_stop is not None and self.caller_stop.is_set():
+            self.stop.set()
+
+
+class _Search:
+    """The tries so far, the bracket (largest fit, smallest failure) and why the search ended."""
+
+    def __init__(self, workload: Workload, config: Config, bursts: Bursts, cpu_cap: int | None,
+                 on_try: Callable[[BatchTry], None] | None) -> None:
+        self.workload, self.config, self.bursts = workload, config, bursts
+        self.cpu_cap, self.on_try, self.stop = cpu_cap, on_try, bursts.stop
+        self.tries: list[BatchTry] = []
+        self.fit: int | None = None
+        self.failed: int | None = None
+        self.cuda_total: int | None = None  # CUDA's total device memory, as a finished try's rank read it
+        self.stopped = ""
+        self.started = time.perf_counter()
+
+    def grow(self, size: int, limit: int, limit_note: str) -> None:
+        """Double from ``size`` while it fits (halve while it does not) until a fit and a failure bracket the
+        answer, or the limit or a batch of 1 ends it."""
+        while self.fit is None or self.failed is None:
+            stage: Stage = "shrink" if self.failed is not None else "grow"
+            outcome = self.attempt(size, stage)
+            if outcome is None:
+                return
+            if outcome.fits and self.failed is None and size >= limit:
+                self.stopped = f"every size up to the limit fit: {limit_note}"
+                return
+            if not outcome.fits and size == 1:
+                self.stopped = "even a batch of 1 does not fit"
+                return
+            size = min(size * 2, limit) if outcome.fits else size // 2
+        self.stopped = f"{self.failed:,} does not fit"
+
+    def refine(self, tries: int) -> None:
+        """Bisect between the largest fit and the smallest failure, at most ``tries`` times."""
+        for _ in range(tries):
+            if self.fit is None or self.failed is None or self.failed - self.fit <= 1:
+                return
+            outcome = self.attempt((self.fit + self.failed) // 2, "refine")
+            if outcome is None:
+                return
+            self.stopped = f"{self.failed:,} does not fit; {self.fit:,} does"
+
+    def attempt(self, size: int, stage: Stage) -> BatchTry | None:
+        """Try ``size`` and record it; None when the search has to end (stop, or a failure not about memory)."""
+        if self.stop is not None and self.stop.is_set():
+            self.stopped = "stopped: the stop event was set"
+            return None
+        watch = _Watch(self.cpu_cap, self.stop)
+        result = self.bursts.run(self.workload, self.config.replace(batch_size=size), label=f"batch size {size}",
+                                 on_event=watch, stop=watch.stop)
+        self.cuda_total = result.environment.get("cuda_memory_bytes", self.cuda_total)
+        outcome = _judge(size, stage, result, watch)
+        self.record(outcome)
+        if outcome.failure in ("error", "stopped"):
+            self.stopped = ("stopped: the stop event was set" if outcome.failure == "stopped"
+                            else f"batch size {size:,} failed for a reason other than memory: {outcome.why_not}")
+            return None
+        return outcome
+
+    def record(self, outcome: BatchTry) -> None:
+        self.tries.append(outcome)
+        if outcome.fits:
+            self.fit = max(self.fit or 0, outcome.batch_size)
+        elif outcome.failure in MEMORY_FAILURES:
+            self.failed = min(self.failed or outcome.batch_size, outcome.batch_size)
+        if self.on_try is not None:
+            self.on_try(outcome)
+
+
+def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch) -> BatchTry:
+    """It fit unless it was over the cap (live, or by its ranks' peak), stopped, or failed: out of memory (or killed,
+    as the OOM killer does) does not fit; any other failure is the workload's error."""
+    peak = _peak(result, watch)
+    if watch.over_cap or (watch.cap is not None and peak is not None and peak > watch.cap):
+        when = ", seen live: the burst was stopped" if result.status == "stopped" else ""
+        # In MiB on both sides: a peak just over a 1 GiB cap would read "1.00 GiB > 1.00 GiB" in GiB.
+        return BatchTry(size, False, stage, "memory_cap", f"over the memory cap: {(peak or 0) / 2**20:,.0f} MiB > "
+                        f"{(watch.cap or 0) / 2**20:,.0f} MiB{when}", peak_memory_bytes=peak)
+    if result.status == "stopped":
+        return BatchTry(size, False, stage, "stopped", "stopped before the end of the try", peak_memory_bytes=peak)
+    if result.status in ("failed", "timeout") and result.error is not None:
+        message = result.error.message
+        if result.error.kind == "oom" or CPU_ALLOCATOR_FAILURE in message:
+            return BatchTry(size, False, stage, "oom", f"out of memory: {message}", peak_memory_bytes=peak)
+        kind: Failure = "crash" if result.error.kind == "crash" else "error"
+        return BatchTry(size, False, stage, kind, message, peak_memory_bytes=peak)
+    step = result.step_time
+    return BatchTry(size, True, stage, samples_per_s=result.samples_per_s, peak_memory_bytes=peak,
+                    step_median_s=step.median if step else None, step_iqr_s=step.iqr if step else None)
+
+
+def _peak(result: BurstResult, watch: _Watch) -> int | None:
+    """Most memory seen: on a CPU the ranks' peak RSS summed (they run side by side) or the live telemetry's,
+    whichever is larger; on a GPU the busiest rank's allocator peak."""
+    if result.memory_kind == "cuda_allocator":
+        return result.peak_memory_bytes
+    ranks = sum(r.peak_memory_bytes for r in result.ranks)
+    return max(ranks, watch.peak) or None
+
+
+# -- text and figure ------------------------------------------------------------------------------------------
+def _bytes_text(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.0f} MiB"
+
+
+def _try_line(t: BatchTry) -> str:
+    if not t.fits:
+        return f"{t.batch_size:>9,}  {'no':<4}  {t.why_not}"
+    rate = MISSING if t.samples_per_s is None else significant(t.samples_per_s)
+    step = (MISSING if t.step_median_s is None
+            else f"{t.step_median_s * 1e3:.3g} ± {(t.step_iqr_s or 0) * 1e3:.2g}")
+    memory = MISSING if t.peak_memory_bytes is None else _bytes_text(t.peak_memory_bytes)
+    return f"{t.batch_size:>9,}  {'yes':<4}  {rate:>10}  {step:>15}  {memory:>9}"
+
+
+def _traces(search: BatchSizeSearch) -> list[tuple[Any, bool]]:
+    """(trace, on the memory axis) of the figure: the throughput curve, the sizes that did not fit, peak memory."""
+    import plotly.graph_objects as go
+
+    curve = search.curve()
+    failed = sorted((t for t in search.tries if t.failure in MEMORY_FAILURES), key=lambda t: t.batch_size)
+    measured = sorted((t for t in search.tries if t.peak_memory_bytes is not None), key=lambda t: t.batch_size)
+    return [
+        (go.Scatter(x=[t.batch_size for t in curve], y=[t.samples_per_s for t in curve], mode="lines+markers",
+                    name="samples/s", line={"color": PALETTE[0]}, meta={"kind": "samples_per_s"},
+                    hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False),
+        (go.Scatter(x=[t.batch_size for t in failed], y=[0] * len(failed), mode="markers", name="does not fit",
+                    marker={"symbol": "x", "size": 11, "color": COLOURS["error"]}, text=[t.why_not for t in failed],
+                    meta={"kind": "does_not_fit"}, hovertemplate="batch %{x:,}: %{text}<extra></extra>"), False),
+        (go.Scatter(x=[t.batch_size for t in measured], y=[(t.peak_memory_bytes or 0) / 2**20 for t in measured],
+                    mode="markers", name="peak memory", marker={"symbol": "diamond-open", "color": "#777"},
+                    meta={"kind": "peak_memory"}, hovertemplate="batch %{x:,}: %{y:,.0f} MiB<extra></extra>"), True),
+    ]

@@ -1,0 +1,401 @@
+"""Figures read at a glance: speed-ups per workload, the ladder as a waterfall, where the step goes, utilisation
+per run, and the workshop's folklore against what was measured.
+
+Each takes the comparison rows (:func:`~accel_widgets.analysis.compare.comparison_rows`) and, where it needs raw
+steps or telemetry, the results they came from, so the report, the panel and a notebook draw the same
+figure from the same numbers. Runs keep their colour and ``#n`` name from :mod:`.presentation`; every trace
+carries ``meta`` with its ``kind`` and its run (``run``) or runs (``runs``), so tests find traces without
+relying on names or order. plotly is imported inside the functions, as everywhere in the package.
+
+Spread: a speed-up is a ratio of two medians, each measured with an IQR. Its error bar is half of each
+run's IQR relative to its median, the run's and its baseline's added in quadrature: the bar spans about
+what the middle half of the steps would give. The baseline itself is 1 by definition, without a bar.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..analysis.compare import Row, comparison_rows
+from ..results.burst import BurstResult
+from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, run_colour, run_name, shorten
+from .timeline import utilisation_title
+
+if TYPE_CHECKING:
+    from plotly.graph_objects import Figure
+
+NOISY_PATTERN = "/"  # hatch of a noisy run's bar
+NOISY_MARK = "~ noisy"
+UNRELIABLE_PATTERN = "x"  # cross-hatch of an unreliable run's bar, drawn faded: it measured the machine as much
+UNRELIABLE_OPACITY = 0.45
+_FACET_GAP_PX = 65  # the facet above's tick labels, then this facet's title
+_BAR_PX = 30
+_SPEEDUP_TICKS = [0.1, 0.2, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 50, 100]
+_COMPONENTS = tuple((part, name, STEP_PART_COLOURS[part])
+                    for part, name in (("data_s", "data wait"), ("h2d_s", "h2d copy"), ("compute_s", "compute")))
+_GRID_COLUMNS = 3
+_SMALL_PANEL_PX = 170
+_TITLE_CHARS = 34
+_WATERFALL_COLOURS = {"increasing": COLOURS["ok"], "decreasing": COLOURS["error"], "totals": COLOURS["totals"]}
+_LAYOUT = {"template": "plotly_white", "hovermode": "closest"}
+
+
+#: The comparison figures by key, with the title of the panel's tab that shows each.
+COMPARISONS = {"speedup": "Speed-up", "waterfall": "Ladder waterfall", "breakdown": "Where the step goes",
+               "utilisation": "Utilisation per run"}
+
+
+def comparison_figures(results: Sequence[BurstResult], keys: Collection[str] = tuple(COMPARISONS)) -> dict[str, Figure]:
+    """The figures that compare finished runs, keyed as :data:`COMPARISONS` (the report shows them around the
+    timeline, the panel in its Compare tabs), only those in ``keys`` built. "waterfall" is left out when no
+    workload has a run besides its baseline, and "utilisation" when no run has telemetry: an empty chart is
+    only noise."""
+    rows = comparison_rows(results)
+    builders: dict[str, Callable[[], Figure | None]] = {
+        "speedup": lambda: speedup_figure(rows),
+        "waterfall": lambda: waterfall_figure(rows) if any(len(ladder(g)) > 1 for g in by_workload(rows).values())
+        else None,
+        "breakdown": lambda: breakdown_figure(results, rows),
+        "utilisation": lambda: utilisation_figure(results, rows) if any(r.telemetry for r in results) else None,
+    }
+    figures = {key: build() for key, build in builders.items() if key in keys}
+    return {key: figure for key, figure in figures.items() if figure is not None}
+
+
+# -- numbers ---------------------------------------------------------------------------------------
+def relative_half_spread(median_ms: float | None, iqr_ms: float | None) -> float | None:
+    """Half the IQR relative to the median: the ± of a median measured over steps (None when unknown)."""
+    if median_ms is None or iqr_ms is None or median_ms <= 0:
+        return None
+    return iqr_ms / median_ms / 2
+
+
+def speedup_error(row: Row, baseline: Row | None) -> float:
+    """The ± of ``row``'s speed-up: both runs' relative half-IQRs in quadrature, times the speed-up (see the
+    module docstring); 0 for the baseline itself and where a spread is unknown."""
+    if row["speedup"] is None or baseline is None or baseline["run"] == row["run"]:
+        return 0.0
+    spreads = [relative_half_spread(r["step_ms_median"], r["step_ms_iqr"]) for r in (row, baseline)]
+    if None in spreads:
+        return 0.0
+    return float(row["speedup"]) * math.hypot(*(s or 0.0 for s in spreads))
+
+
+def by_workload(rows: Sequence[Row]) -> dict[str, list[Row]]:
+    """Rows grouped by workload, workloads in order of first appearance, runs in run (ladder) order."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(str(row["workload"]), []).append(row)
+    return groups
+
+
+def ladder(rows: Sequence[Row]) -> list[Row]:
+    """One workload's runs with a speed-up, from its baseline: the baseline first, the others in run order."""
+    measured = [r for r in rows if r["speedup"] is not None]
+    return sorted(measured, key=lambda r: (r["run"] != r["baseline"], r["run"]))
+
+
+def _short_name(row: Row) -> str:
+    return run_name(int(row["run"]), str(row["label"]))
+
+
+def _rows_by_run(rows: Sequence[Row]) -> dict[int, Row]:
+    return {int(r["run"]): r for r in rows}
+
+
+# -- speed-up bars ---------------------------------------------------------------------------------
+def speedup_figure(rows: Sequence[Row]) -> Figure:
+    """Speed-up over each workload's baseline: one facet per workload, runs in ladder order, a 1× line.
+
+    Workloads hundreds of times apart in samples/s share one axis this way, since a speed-up has no unit.
+    Error bars: :func:`speedup_error`. A noisy run's bar is hatched and labelled "~ noisy"; an unreliable run's
+    (other load, a stalling machine: :attr:`~accel_widgets.results.burst.BurstResult.reliability`) is cross-hatched,
+    faded and labelled "⚠ unreliable", so it never reads as a plain speed-up.
+    """
+    from plotly.subplots import make_subplots
+
+    groups = {w: ladder(g) for w, g in by_workload(rows).items() if ladder(g)}
+    runs = _rows_by_run(rows)
+    heights = [len(g) for g in groups.values()] or [1]
+    figure = make_subplots(rows=len(heights), cols=1, shared_xaxes=True, row_heights=heights,
+                           subplot_titles=list(groups) or ["no run with a speed-up"],
+                           vertical_spacing=_spacing(len(heights), _height(heights)))
+    for index, (workload, shown) in enumerate(groups.items(), start=1):
+        figure.add_trace(_speedup_bars(workload, shown, runs), row=index, col=1)
+        figure.update_yaxes(autorange="reversed", row=index, col=1)
+    top = max((r["speedup"] + speedup_error(r, runs.get(r["baseline"])) for g in groups.values() for r in g),
+              default=1.0)
+    figure.add_vline(x=1.0, line={"color": "#444", "dash": "dash", "width": 1}, row="all", col=1)
+    figure.update_xaxes(range=[0, max(1.2, top * 1.18)], ticksuffix="×", showticklabels=True)
+    figure.update_xaxes(title_text="speed-up over the workload's baseline (± IQR; hatched: noisy; crossed, faded: "
+                        "unreliable)",
+                        row=len(heights), col=1)
+    figure.update_layout(**_LAYOUT, title="Speed-up per workload", height=_height(heights), showlegend=False,
+                         margin={"l": 10, "r": 20, "t": 70, "b": 50}, bargap=0.25)
+    return figure
+
+
+def _speedup_bars(workload: str, shown: Sequence[Row], runs: dict[int, Row]) -> Any:
+    import plotly.graph_objects as go
+
+    errors = [speedup_error(r, runs.get(r["baseline"])) for r in shown]
+    return go.Bar(
+        x=[r["speedup"] for r in shown], y=[_short_name(r) for r in shown], orientation="h",
+        error_x={"type": "data", "array": errors, "color": "#333", "thickness": 1.2, "width": 4},
+        marker={"color": [run_colour(int(r["run"])) for r in shown],
+                "opacity": [UNRELIABLE_OPACITY if r.get("unreliable") else 1.0 for r in shown],
+                "pattern": {"shape": [_pattern(r) for r in shown], "fgcolor": "#222", "solidity": 0.2}},
+        text=[f"{r['speedup']:.2f}× {_mark(r)}".rstrip() for r in shown],
+        textposition="inside", insidetextanchor="start",
+        textfont={"color": [_text_colour(run_colour(int(r["run"]))) for r in shown]},
+        customdata=[[e, r["samples_per_s"]] for e, r in zip(errors, shown, strict=True)],
+        hovertemplate="%{y}: %{x:.2f}× ± %{customdata[0]:.2f} (%{customdata[1]:,.1f} samples/s)<extra></extra>",
+        meta={"kind": "speedup", "workload": workload, "runs": [int(r["run"]) for r in shown],
+              "noisy": [bool(r["noisy"]) for r in shown], "unreliable": [bool(r.get("unreliable")) for r in shown]},
+    )
+
+
+def _pattern(row: Row) -> str:
+    return UNRELIABLE_PATTERN if row.get("unreliable") else NOISY_PATTERN if row["noisy"] else ""
+
+
+def _mark(row: Row) -> str:
+    return UNRELIABLE if row.get("unreliable") else NOISY_MARK if row["noisy"] else ""
+
+
+def _text_colour(background: str) -> str:
+    """White on a dark bar, near-black on a light one: plotly's own choice loses to a noisy run's hatching."""
+    red, green, blue = (int(background[i:i + 2], 16) for i in (1, 3, 5))
+    return "#222" if 0.299 * red + 0.587 * green + 0.114 * blue > 150 else "white"
+
+
+def _height(bars_per_facet: Sequence[int]) -> int:
+    return 130 + _FACET_GAP_PX * len(bars_per_facet) + _BAR_PX * max(sum(bars_per_facet), 1)
+
+
+def _spacing(facets: int, height: int) -> float:
+    """Vertical room between facets for the next facet's title, as plotly wants it: a share of the height."""
+    return min(_FACET_GAP_PX / height, 0.9 / max(facets - 1, 1)) if facets > 1 else 0.0
+
+
+# -- ladder waterfall ------------------------------------------------------------------------------
+def waterfall_figure(rows: Sequence[Row]) -> Figure:
+    """Each workload's ladder as a waterfall: from its baseline (1×), what every later run added to the
+    speed-up over the run before it, to the last run's speed-up. One facet per workload with at least two
+    runs. Hover gives each step's own samples/s ratio over the step before."""
+    from plotly.subplots import make_subplots
+
+    groups = {w: shown for w, g in by_workload(rows).items() if len(shown := ladder(g)) > 1}
+    heights = [len(g) + 1 for g in groups.values()] or [1]
+    figure = make_subplots(rows=len(heights), cols=1, shared_xaxes=True, row_heights=heights,
+                           subplot_titles=list(groups) or ["no workload with more than its baseline"],
+                           vertical_spacing=_spacing(len(heights), _height(heights)))
+    for index, (workload, shown) in enumerate(groups.items(), start=1):
+        figure.add_trace(_waterfall(workload, shown), row=index, col=1)
+        figure.update_yaxes(autorange="reversed", row=index, col=1)
+    figure.add_vline(x=1.0, line={"color": "#444", "dash": "dash", "width": 1}, row="all", col=1)
+    figure.update_xaxes(ticksuffix="×", showticklabels=True)
+    figure.update_xaxes(title_text="speed-up over the baseline, step by step", row=len(heights), col=1)
+    figure.update_layout(**_LAYOUT, title="Ladder: what each rung added", height=_height(heights),
+                         showlegend=False, margin={"l": 10, "r": 20, "t": 70, "b": 50})
+    return figure
+
+
+def _waterfall(workload: str, shown: Sequence[Row]) -> Any:
+    import plotly.graph_objects as go
+
+    speedups = [float(r["speedup"]) for r in shown]
+    steps = [b - a for a, b in itertools.pairwise(speedups)]
+    ratios = [b / a for a, b in itertools.pairwise(speedups)]
+    return go.Waterfall(
+        orientation="h", measure=["absolute", *["relative"] * len(steps), "total"],
+        y=[*(_short_name(r) for r in shown), "= final"], x=[speedups[0], *steps, 0.0],
+        text=["1.00× baseline", *(f"{d:+.2f}×" for d in steps), f"{speedups[-1]:.2f}×"], textposition="outside",
+        customdata=[speedups[0], *ratios, speedups[-1]],
+        hovertemplate="%{y}: ×%{customdata:.2f}<extra></extra>",
+        increasing={"marker": {"color": _WATERFALL_COLOURS["increasing"]}},
+        decreasing={"marker": {"color": _WATERFALL_COLOURS["decreasing"]}},
+        totals={"marker": {"color": _WATERFALL_COLOURS["totals"]}},
+        connector={"line": {"color": "#999", "width": 1}},
+        meta={"kind": "waterfall", "workload": workload, "runs": [int(r["run"]) for r in shown]},
+    )
+
+
+# -- where the step goes ---------------------------------------------------------------------------
+def step_breakdown(result: BurstResult) -> dict[str, float] | None:
+    """Median data wait, host-to-device copy and compute of the measured steps, in ms (None without steps)."""
+    steps = result.measured_steps()
+    if not steps:
+        return None
+    return {attribute: statistics.median(getattr(s, attribute) for s in steps) * 1e3
+            for attribute, _, _ in _COMPONENTS}
+
+
+def breakdown_figure(results: Sequence[BurstResult], rows: Sequence[Row]) -> Figure:
+    """Where a steady step goes: data wait / h2d copy / compute as shares of the median step (100% stacked
+    bars, one per run, grouped by workload); hover gives the milliseconds.
+
+    Shares, not milliseconds, because workloads far apart in step time would otherwise leave most bars as
+    slivers; the ms are one hover away.
+    """
+    import plotly.graph_objects as go
+
+    several = len(by_workload(rows)) > 1
+    shown = [(row, parts) for group in by_workload(rows).values() for row in group
+             if (parts := step_breakdown(results[int(row["run"])])) is not None and sum(parts.values()) > 0]
+    names = [run_name(int(r["run"]), str(r["label"]), str(r["workload"]) if several else None) for r, _ in shown]
+    figure = go.Figure()
+    for attribute, label, colour in _COMPONENTS:
+        ms = [parts[attribute] for _, parts in shown]
+        shares = [100 * parts[attribute] / sum(parts.values()) for _, parts in shown]
+        figure.add_trace(go.Bar(
+            y=names, x=shares, customdata=ms, orientation="h", name=label, marker_color=colour,
+            texttemplate="%{x:.0f}%", textposition="inside", insidetextanchor="middle",
+            hovertemplate=f"%{{y}}: {label} %{{customdata:.3g}} ms (%{{x:.0f}}%)<extra></extra>",
+            meta={"kind": attribute, "runs": [int(r["run"]) for r, _ in shown]},
+        ))
+    figure.update_layout(**_LAYOUT, barmode="stack", title="Where the median step goes",
+                         xaxis={"title": "share of the median step (hover: ms)", "range": [0, 100],
+                                "ticksuffix": "%"},
+                         yaxis={"autorange": "reversed"}, height=150 + _BAR_PX * max(len(shown), 1),
+                         legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"},
+                         uniformtext={"minsize": 9, "mode": "hide"},
+                         margin={"l": 10, "r": 20, "t": 80, "b": 50})
+    return figure
+
+
+# -- utilisation small multiples -------------------------------------------------------------------
+def utilisation_figure(results: Sequence[BurstResult], rows: Sequence[Row]) -> Figure:
+    """One small panel per run (grouped by workload), device utilisation against time on a shared 0-100
+    axis, its mean in the panel's title: fifteen runs overlaid in one panel read as one tangle."""
+    from plotly.subplots import make_subplots
+
+    shown = [row for group in by_workload(rows).values() for row in group if results[int(row["run"])].telemetry]
+    several = len(by_workload(rows)) > 1
+    columns = max(1, min(_GRID_COLUMNS, len(shown)))
+    grid_rows = max(1, math.ceil(len(shown) / columns))
+    height = 90 + _SMALL_PANEL_PX * grid_rows
+    titles = [_panel_title(row, results[int(row["run"])], several) for row in shown] or ["no telemetry"]
+    figure = make_subplots(rows=grid_rows, cols=columns, shared_yaxes="all", subplot_titles=titles,
+                           horizontal_spacing=0.04, vertical_spacing=min(0.3, 75 / height))
+    for index, row in enumerate(shown):
+        _add_device_lines(figure, row, results[int(row["run"])], index // columns + 1, index % columns + 1)
+    figure.update_yaxes(range=[0, 105], tickvals=[0, 50, 100])
+    figure.update_annotations(font={"size": 11})
+    figure.update_layout(**_LAYOUT, height=height, showlegend=False, margin={"l": 40, "r": 20, "t": 80, "b": 40},
+                         title=utilisation_title({t.source for r in results for t in r.telemetry})
+                         + " per run, against time since launch (s)")
+    return figure
+
+
+def _panel_title(row: Row, result: BurstResult, several: bool) -> str:
+    name = run_name(int(row["run"]), str(row["label"]), str(row["workload"]) if several else None)
+    mean = result.mean_utilisation_pct
+    return shorten(name, _TITLE_CHARS) + (f" · mean {mean:.0f}%" if mean is not None else "")
+
+
+def _add_device_lines(figure: Figure, row: Row, result: BurstResult, grid_row: int, grid_col: int) -> None:
+    import plotly.graph_objects as go
+
+    from .timeline import device_groups, utilisation_points
+
+    run = int(row["run"])
+    for index, (device, samples) in enumerate(device_groups(result.telemetry).items()):
+        x, y, memory = utilisation_points(samples)
+        figure.add_trace(go.Scatter(
+            x=x, y=y, customdata=memory, mode="lines", name=f"#{run} {device}",
+            line={"color": run_colour(run), "width": 1.5, "dash": ("solid", "dot", "dash")[index % 3]},
+            hovertemplate=f"#{run} {device}: %{{y:.0f}}%, %{{customdata:,.0f}} MiB at %{{x:.1f}} s<extra></extra>",
+            meta={"run": run, "kind": "util", "device": device}), row=grid_row, col=grid_col)
+
+
+# -- the workshop: folklore against this machine ---------------------------------------------------
+@dataclass(frozen=True)
+class Lesson:
+    """One workshop lesson: the folklore's promised speed-up range and the two bursts that test it.
+
+    ``result`` is None when the lesson's knob could not act here (it was skipped).
+    """
+
+    title: str
+    folklore: tuple[float, float]
+    folklore_text: str
+    baseline: BurstResult
+    result: BurstResult | None
+
+    def speedup(self) -> tuple[float, float] | None:
+        """The measured speed-up over the baseline and its ± (:func:`speedup_error`), None when unmeasured."""
+        if self.result is None or (speedup := self.result.speedup_over(self.baseline)) is None:
+            return None
+        steps = (self.result.step_time, self.baseline.step_time)
+        if None in steps:
+            return speedup, 0.0
+        return speedup, speedup * math.hypot(*(s.relative_iqr / 2 for s in steps if s is not None))
+
+
+def folklore_figure(lessons: Sequence[Lesson]) -> Figure:
+    """Per lesson, the folklore's range as a band and the measured speed-up (± IQR) as a point, on a log axis
+    (0.5× and 2× are as far from 1× as each other); a skipped lesson says so where its point would be."""
+    import plotly.graph_objects as go
+
+    titles = [lesson.title for lesson in lessons]
+    measured = [(lesson.title, s) for lesson in lessons if (s := lesson.speedup()) is not None]
+    skipped = [lesson.title for lesson in lessons if lesson.speedup() is None]
+    figure = go.Figure()
+    figure.add_trace(go.Bar(
+        y=titles, base=[lesson.folklore[0] for lesson in lessons], orientation="h", width=0.55,
+        x=[max(hi - lo, hi * 0.04) for lo, hi in (lesson.folklore for lesson in lessons)],
+        marker={"color": COLOURS["promise"], "line": {"color": PALETTE[4], "width": 1}},
+        name="folklore promises", customdata=[lesson.folklore_text for lesson in lessons],
+        hovertemplate="%{y}: folklore %{customdata}<extra></extra>", meta={"kind": "folklore"}))
+    figure.add_trace(go.Scatter(
+        y=[t for t, _ in measured], x=[s for _, (s, _) in measured], mode="markers+text",
+        error_x={"type": "data", "array": [e for _, (_, e) in measured], "thickness": 1.5, "width": 6},
+        marker={"size": 11, "color": COLOURS["info"]}, text=[f"{s:.2f}×" for _, (s, _) in measured],
+        textposition="top center", name="measured here (± IQR)",
+        hovertemplate="%{y}: measured %{x:.2f}×<extra></extra>", meta={"kind": "measured"}))
+    values = [v for lesson in lessons for v in lesson.folklore] + [s for _, (s, _) in measured]
+    low, high = min([*values, 1.0]) / 1.5, max([*values, 1.0]) * 1.5
+    if skipped:  # at the left edge, clear of the 1× line and the bands
+        figure.add_trace(go.Scatter(y=skipped, x=[low * 1.05] * len(skipped), mode="text", name="skipped",
+                                    text=["skipped here"] * len(skipped), textposition="middle right",
+                                    textfont={"color": COLOURS["muted"]}, showlegend=False, hoverinfo="skip",
+                                    meta={"kind": "skipped"}))
+    figure.add_vline(x=1.0, line={"color": "#444", "dash": "dash", "width": 1})
+    figure.update_layout(**_LAYOUT, title="Folklore vs. this machine", height=140 + 50 * max(len(lessons), 1),
+                         xaxis={"type": "log", "range": [math.log10(low), math.log10(high)], "ticksuffix": "×",
+                                "tickvals": [t for t in _SPEEDUP_TICKS if low <= t <= high],
+                                "title": "speed-up over the baseline (log)"},
+                         yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+                         margin={"l": 10, "r": 20, "t": 80, "b": 50})
+    return figure
+
+
+def step_distributions(lessons: Sequence[Lesson]) -> Figure:
+    """Each measured lesson's two bursts side by side: the baseline's measured step times and the lesson's,
+    as boxes on a log axis, so a speed-up can be seen against the spread it is read from."""
+    import plotly.graph_objects as go
+
+    shown = [lesson for lesson in lessons if lesson.result is not None and lesson.result.step_times()]
+    figure = go.Figure()
+    for kind, name, colour, pick in (("baseline_steps", "baseline", COLOURS["neutral"], lambda les: les.baseline),
+                                     ("lesson_steps", "with the lesson's knob", COLOURS["info"],
+                                      lambda les: les.result)):
+        x: list[str] = []
+        y: list[float] = []
+        for lesson in shown:
+            times = [t * 1e3 for t in pick(lesson).step_times()]
+            x += [lesson.title] * len(times)
+            y += times
+        figure.add_trace(go.Box(x=x, y=y, name=name, marker_color=colour, boxpoints="all", jitter=0.4,
+                                pointpos=0, marker={"size": 4}, meta={"kind": kind}))
+    figure.update_layout(**_LAYOUT, boxmode="group", title="Measured step times, baseline vs. each lesson",
+                         yaxis={"type": "log", "title": "step time (ms, log)"}, height=420,
+                         legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+                         margin={"l": 60, "r": 20, "t": 80, "b": 60})
+    return figure

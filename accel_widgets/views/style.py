@@ -1,0 +1,76 @@
+"""How a run looks in every face: its name and colour, the colours of statuses and findings, and their marks.
+
+Decided once here (the palette too), so the panel's plots and table, the report's figures and the terminal
+table cannot disagree.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..analysis.diagnosis import Finding, Severity
+
+
+#: A finished run whose numbers cannot rank a knob (:attr:`~accel_widgets.results.burst.BurstResult.reliability`): its
+#: status and its speed-up carry this mark in every face.
+UNRELIABLE = "⚠ unreliable"
+
+
+UNRELIABLE_MARK = "⚠"
+
+
+#: Title prefix of runs loaded from the run history rather than run in this session.
+LOADED_MARK = "⟲ "
+
+
+NAME_LIMIT = 40
+
+
+#: plotly's default qualitative palette ("Plotly"), spelled out so a run's colour needs no plotly import.
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF",
+           "#FECB52")
+
+
+#: Statuses, findings and the lines around them; ``rule`` draws separators, ``failed row`` the background of a row
+#: that did not train as it should, ``neutral`` a reference (a baseline's steps), ``totals`` a waterfall's sums.
+COLOURS = {"ok": "#2e7d32", "stopped": "#8a6d00", "warning": "#b35900", "error": "#c62828", "info": "#1565c0",
+           "muted": "#777", "neutral": "#9e9e9e", "totals": "#607d8b", "rule": "#e0e0e0", "text": "#222",
+           "failed row": "#fdecea", "code": "#f6f6f6", "promise": "rgba(255,161,90,0.45)"}
+#: Where a step's time goes, in the palette's colours: waiting for data, copying to the device, computing.
+STEP_PART_COLOURS = {"data_s": PALETTE[1], "h2d_s": PALETTE[4], "compute_s": PALETTE[0]}
+
+
+FINDING_MARKS: dict[Severity, tuple[str, str]] = {
+    "warn": ("⚠", COLOURS["warning"]), "info": ("ℹ", COLOURS["info"]), "good": ("✔", COLOURS["ok"]),
+}
+
+
+def run_colour(run: int) -> str:
+    """The run's colour, the same in the panel's plots and table and in the report's figures."""
+    return PALETTE[run % len(PALETTE)]
+
+
+def run_name(run: int, label: str, workload: str | None = None) -> str:
+    """Legend and axis name of a run: its index first (runs can share a label), then a shortened label,
+    after the workload's name when one figure holds several workloads."""
+    where = f"{workload}: " if workload else ""
+    return f"#{run} {where}{shorten(label, NAME_LIMIT)}"
+
+
+def shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def findings_html(findings: Sequence[Finding]) -> str:
+    """A run's findings as an HTML list: mark, title, the numbers read and the knob to try."""
+    items = []
+    for finding in findings:
+        mark, colour = FINDING_MARKS[finding.severity]
+        knob = f" → try <code>{html.escape(finding.knob)}</code>" if finding.knob else ""
+        items.append(f'<li style="margin-bottom: 4px;"><span style="color: {colour};">{mark}</span> '
+                     f"<b>{html.escape(finding.title)}</b>: {html.escape(finding.detail)}{knob}</li>")
+    body = "".join(items) or "<li>Nothing stands out.</li>"
+    return f'<ul style="padding-left: 18px; margin: 4px 0;">{body}</ul>'

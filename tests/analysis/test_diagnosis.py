@@ -1,0 +1,284 @@
+"""``diagnose`` on synthetic results: each rule of thumb fires on its numbers and points at the right knob."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from accel_widgets import Config, ErrorInfo
+from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
+from accel_widgets.analysis.guard import GuardVerdict
+from tests.panel.fakes import synthetic_result
+
+
+def titles(findings: list[Finding]) -> list[str]:
+    return [f.title for f in findings]
+
+
+def by_title(findings: list[Finding], title: str) -> Finding:
+    (found,) = [f for f in findings if f.title == title]
+    return found
+
+
+def test_a_healthy_gpu_run_reads_as_healthy_and_points_at_the_next_lever() -> None:
+    findings = diagnose(synthetic_result(util=95, source="nvml", peak_mib=40_000, total_mib=80_000, steps=60))
+    assert {f.severity for f in findings} == {"good"}
+    assert by_title(findings, "Device kept busy").detail.startswith("GPU at 95%")
+    assert by_title(findings, "Compute-bound").knob == "precision"
+    assert by_title(findings, "Memory headroom").knob == "batch_size"
+
+
+@pytest.mark.parametrize(
+    ("config", "knob"),
+    [(Config(), "num_workers"), (Config(num_workers=2), "data_cache"),
+     (Config(num_workers=2, data_cache="memmap"), "prefetch_factor")],
+)
+def test_data_wait_above_ten_percent_is_data_bound(config: Config, knob: str) -> None:
+    finding = by_title(diagnose(synthetic_result(config, data_s=0.02)), "Data-bound")
+    assert finding.severity == "warn" and finding.knob == knob and "40%" in finding.detail
+
+
+def test_data_wait_between_five_and_ten_percent_is_a_note() -> None:
+    finding = by_title(diagnose(synthetic_result(data_s=0.004)), "Some data wait")
+    assert finding.severity == "info" and finding.knob == "num_workers"
+    assert "Some data wait" not in titles(diagnose(synthetic_result(data_s=0.001)))
+
+
+def test_slow_host_to_device_copies_point_at_pinned_memory_then_non_blocking() -> None:
+    assert by_title(diagnose(synthetic_result(h2d_s=0.01)), "Host-to-device copies are slow").knob == "pin_memory"
+    pinned = synthetic_result(Config(pin_memory=True), h2d_s=0.01)
+    assert by_title(diagnose(pinned), "Host-to-device copies are slow").knob == "non_blocking"
+
+
+def test_low_utilisation_with_fast_steps_points_at_the_batch_size() -> None:
+    finding = by_title(diagnose(synthetic_result(util=30, step_s=0.002)), "Low utilisation, fast steps")
+    assert finding.knob == "batch_size" and "worker CPU at 30%" in finding.detail
+
+
+def test_a_gpu_idling_while_the_loss_is_read_every_step_looks_sync_bound() -> None:
+    finding = by_title(diagnose(synthetic_result(util=60, source="nvml", steps=60)), "Possibly sync-bound")
+    assert finding.knob == "sync_every"
+    unsynced = diagnose(synthetic_result(Config(sync_every=0), util=60, source="nvml", steps=60))
+    assert "Possibly sync-bound" not in titles(unsynced) and "Utilisation below 80%" in titles(unsynced)
+
+
+def test_a_gpu_window_too_short_for_nvml_says_so_instead_of_judging_utilisation() -> None:
+    findings = diagnose(synthetic_result(util=20, source="nvml", steps=10))  # a 0.5 s window
+    finding = by_title(findings, "Utilisation not read")
+    assert finding.severity == "info" and finding.detail.startswith("too short to read: NVML's utilisation averages")
+    assert not {"Utilisation below 80%", "Possibly sync-bound", "Low utilisation, fast steps"} & set(titles(findings))
+
+
+def test_compute_bound_advice_follows_what_is_already_on() -> None:
+    def knob(config: Config) -> str | None:
+        return by_title(diagnose(synthetic_result(config)), "Compute-bound").knob
+
+    assert knob(Config()) == "precision"
+    assert knob(Config(precision="bf16")) == "compile_mode"
+    assert knob(Config(precision="bf16", compile_mode="default")) == "channels_last"
+    assert knob(Config(precision="bf16", compile_mode="default", channels_last=True)) is None
+
+
+def test_memory_above_ninety_percent_suggests_accumulation() -> None:
+    finding = by_title(diagnose(synthetic_result(peak_mib=950, total_mib=1000)), "Memory nearly full")
+    assert finding.severity == "warn" and finding.knob == "grad_accum_steps" and "95%" in finding.detail
+
+
+def test_noisy_steps_say_re_run_and_name_the_foreign_load() -> None:
+    noisy = by_title(diagnose(synthetic_result(jitter=0.15)), "Noisy step times")
+    assert "re-run" in noisy.detail
+    loaded = by_title(diagnose(synthetic_result(jitter=0.15, util=50, foreign=20)), "Noisy step times")
+    assert "~20%" in loaded.detail
+    steady = diagnose(synthetic_result(util=50, foreign=15))
+    assert by_title(steady, "Machine busy").severity == "info" and "Noisy step times" not in titles(steady)
+    short = by_title(diagnose(synthetic_result(steps=2)), "Noisy step times")
+    assert "only 2 measured steps" in short.detail
+
+
+def test_a_spread_past_half_the_median_or_a_shared_machine_is_an_unreliable_measurement() -> None:
+    spread = synthetic_result(jitter=0.3)  # steps alternate 35 and 65 ms: IQR 60% of the median
+    assert spread.reliability.reasons == ("step times spread 60% of their median (IQR 30 ms around 50 ms)",)
+    finding = by_title(diagnose(spread), "Unreliable measurement")
+    assert finding.severity == "warn" and "Re-measure" in finding.detail and "Noisy step times" not in titles(
+        diagnose(spread))
+    shared = synthetic_result(util=50, foreign=30)
+    assert not shared.reliability.reliable and "other load took 30% of the machine" in shared.reliability.text()
+    assert synthetic_result(util=50, foreign=20).reliability.reliable
+
+
+def test_the_load_is_attributed_and_a_browser_drawing_live_plots_is_named() -> None:
+    result = synthetic_result(util=40, foreign=30)
+    result.environment["cpu_count"] = 2
+    result.telemetry = [dataclasses.replace(t, caller_util_pct=5.0, other_processes={"chromium": 44.0,
+                                                                                      "jupyter-server": 10.0,
+                                                                                      "sshd": 1.0})
+                        for t in result.telemetry]
+    assert result.other_processes() == [("chromium", 44.0), ("jupyter-server", 10.0), ("sshd", 1.0)]
+    assert result.foreign_cpu_pct == pytest.approx(25.0)  # 70% busy: 40 the burst's, 5 the caller's
+    assert result.load_attribution() == "chromium 44%, jupyter-server 10% of a core; the calling process 10% of a core"
+    finding = by_title(diagnose(result), "Unreliable measurement")
+    assert "other load took 30% of the machine (chromium 44%, jupyter-server 10% of a core" in finding.detail
+    assert "The browser used 44% of a core while the burst ran" in finding.detail
+
+
+def test_result_warnings_are_shown() -> None:
+    findings = diagnose(synthetic_result(warnings=["pin_memory only acts on CUDA"]))
+    assert by_title(findings, "Engine warning").detail == "pin_memory only acts on CUDA"
+
+
+def test_failures_are_read_first_with_their_first_line() -> None:
+    oom = synthetic_result(status="failed", error=ErrorInfo("oom", "CUDA out of memory. Tried 20 GiB\nmore"))
+    findings = diagnose(oom)
+    assert findings[0].title == "Out of memory" and findings[0].knob == "batch_size"
+    assert "more" not in findings[0].detail
+    failed = diagnose(synthetic_result(status="failed", error=ErrorInfo("exception", "ValueError: bad\ntrace")))
+    assert findings[0].severity == "warn" and by_title(failed, "Burst failed").detail == "ValueError: bad"
+
+
+def test_a_stopped_burst_is_still_read_from_its_steps() -> None:
+    stopped = synthetic_result(status="stopped", error=ErrorInfo("stopped", "stopped before the end"))
+    findings = diagnose(stopped)
+    assert by_title(findings, "Stopped early").detail.startswith("10 measured steps")
+    assert "Device kept busy" in titles(findings)
+
+
+def test_findings_are_ordered_warnings_first() -> None:
+    findings = diagnose(synthetic_result(data_s=0.02, warnings=["w"]))
+    order = [f.severity for f in findings]
+    assert order == sorted(order, key=["warn", "info", "good"].index)
+
+
+def test_a_finding_must_name_a_real_knob() -> None:
+    with pytest.raises(ValueError, match="unknown knob"):
+        Finding("info", "x", "y", knob="num_worker")
+
+
+# -- the rules added for the full diagnosis --
+
+def with_host(result, **fields):
+    result.telemetry = [dataclasses.replace(t, **fields) for t in result.telemetry]
+    return result
+
+
+def test_fp32_on_a_tensor_core_gpu_points_at_mixed_precision() -> None:
+    result = synthetic_result(source="nvml")
+    result.environment = {"device_kind": "cuda", "capability": "9.0"}
+    assert by_title(diagnose(result), "fp32 on a tensor-core GPU").knob == "precision"
+    result.environment = {"device_kind": "cuda", "capability": "6.1"}  # Pascal: no tensor cores
+    assert "fp32 on a tensor-core GPU" not in titles(diagnose(result))
+
+
+def test_dataparallel_points_at_ddp() -> None:
+    assert by_title(diagnose(synthetic_result(Config(parallel="dataparallel"))), "DataParallel").knob == "parallel"
+
+
+def test_io_wait_reads_as_disk_bound() -> None:
+    result = with_host(synthetic_result(), iowait_pct=THRESHOLDS.iowait_notice_pct + 15)
+    assert by_title(diagnose(result), "Disk-bound").knob == "data_cache"
+
+
+def test_a_saturated_machine_starves_the_loader() -> None:
+    result = with_host(synthetic_result(Config(num_workers=2), data_s=0.02), host_util_pct=97.0, loader_util_pct=60.0)
+    finding = by_title(diagnose(result), "Loader starved of cores")
+    assert finding.knob == "data_cache" and "97%" in finding.detail and "60%" in finding.detail
+    quiet = with_host(synthetic_result(Config(num_workers=2), data_s=0.02), host_util_pct=50.0)
+    assert "Loader starved of cores" not in titles(diagnose(quiet))
+
+
+def test_compile_payback_counts_steps_or_says_it_never_pays() -> None:
+    baseline = synthetic_result(step_s=0.05)
+    compiled = synthetic_result(Config(compile_mode="default"), step_s=0.04)
+    compiled.ranks = [dataclasses.replace(r, first_step_s=10.04) for r in compiled.ranks]
+    finding = by_title(diagnose(compiled, baseline), "Compile payback")
+    assert "~1,000 steps" in finding.detail and finding.severity == "info"  # 10 s / 10 ms, more than measured
+    slower = synthetic_result(Config(compile_mode="default"), step_s=0.06)
+    slower.ranks = [dataclasses.replace(r, first_step_s=10.0) for r in slower.ranks]
+    assert by_title(diagnose(slower, baseline), "Compile does not pay off here").knob == "compile_mode"
+
+
+def test_a_run_that_changes_training_is_flagged_against_its_baseline() -> None:
+    baseline = synthetic_result()
+    broken = synthetic_result(Config(precision="bf16"))
+    broken.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in broken.steps]
+    finding = by_title(diagnose(broken, baseline), "Faster but changes training")
+    assert "NaN" in finding.detail
+    assert "Faster but changes training" not in titles(diagnose(synthetic_result(Config(precision="bf16")), baseline))
+
+
+def test_a_verdict_the_caller_already_has_is_read_not_recomputed() -> None:
+    """The panel and the report judge each run once, for their table, and hand that verdict to the reading."""
+    baseline, run = synthetic_result(), synthetic_result(Config(precision="bf16"))
+    verdict = GuardVerdict("changes_training", ("the loss left the baseline's at step 7",))
+    finding = by_title(diagnose(run, baseline, verdict=verdict), "Faster but changes training")
+    assert finding.detail == "the loss left the baseline's at step 7"
+    assert "Faster but changes training" not in titles(diagnose(run, baseline, verdict=GuardVerdict("ok")))
+
+
+def test_model_math_is_reported_when_flops_were_counted() -> None:
+    result = synthetic_result()
+    result.ranks = [dataclasses.replace(r, flops_per_sample=2e6) for r in result.ranks]
+    assert by_title(diagnose(result), "Model math").detail == "1.28 GFLOP/s of matmul/conv work sustained."
+
+
+def diverged(config: Config | None = None):
+    """A finished synthetic burst whose loss went NaN after step 5, marked as the launcher marks it."""
+    result = synthetic_result(config)
+    result.steps = [dataclasses.replace(s, loss=float("nan")) if s.step > 5 else s for s in result.steps]
+    result.error = result.divergence()
+    result.status = "diverged"
+    return result
+
+
+def test_a_diverged_run_is_read_first_and_still_from_its_numbers() -> None:
+    findings = diagnose(diverged())
+    first = findings[0]
+    assert first.title == "Training diverged" and first.severity == "warn" and first.knob is None
+    assert first.detail.startswith("loss is NaN from step 6 (6 of 12 steps not finite): the throughput is measured, "
+                                   "but a run that does not train is no speed-up. Check the learning rate")
+    assert "Device kept busy" in titles(findings)  # the numbers are still read
+
+
+def test_a_diverged_run_in_reduced_precision_points_at_precision_once() -> None:
+    findings = diagnose(diverged(Config(precision="bf16")), synthetic_result())
+    finding = by_title(findings, "Training diverged")
+    assert finding.knob == "precision" and "precision='bf16' may overflow" in finding.detail
+    assert "Check the learning rate and the data for NaN/inf" in finding.detail
+    assert "Faster but changes training" not in titles(findings)  # the guard's NaN reason is not said twice
+
+
+# -- energy against the baseline --
+
+def with_energy(result, watts: float):
+    """The result's GPU read by an energy counter rising at ``watts``, from well before its window to well after."""
+    result.telemetry = [dataclasses.replace(t, source="nvml", device="cuda:0", energy_j=watts * t.t,
+                                            energy_scope="gpu") for t in (result.telemetry[0], result.telemetry[-1])]
+    result.telemetry[-1] = dataclasses.replace(result.telemetry[-1], t=100.0, energy_j=watts * 100.0)
+    return result
+
+
+def test_a_run_against_its_baseline_says_what_it_saved_in_time_and_energy() -> None:
+    # Twice as fast (25 ms steps vs 50 ms, 32 samples each) at 1.5x the power: half the time, 3/4 the energy.
+    baseline = with_energy(synthetic_result(step_s=0.05), watts=240.0)
+    run = with_energy(synthetic_result(Config(precision="bf16"), step_s=0.025), watts=360.0)
+    finding = by_title(diagnose(run, baseline, verdict=GuardVerdict("ok")), "Energy per sample")
+    assert finding.severity == "good"
+    assert finding.detail == ("precision=bf16: 50% less time and 25% less energy per sample than the baseline "
+                              "(0.375 → 0.281 J/sample; GPU energy over the measured window, from NVML's energy "
+                              "counter).")
+
+
+def test_a_faster_run_that_costs_more_energy_says_so() -> None:
+    baseline = with_energy(synthetic_result(step_s=0.05), watts=200.0)
+    run = with_energy(synthetic_result(Config(precision="bf16"), step_s=0.025), watts=500.0)
+    finding = by_title(diagnose(run, baseline, verdict=GuardVerdict("ok")), "Energy per sample")
+    assert finding.severity == "info"
+    assert finding.detail.startswith("precision=bf16: 50% less time and 25% more energy per sample")
+
+
+def test_no_energy_finding_where_either_run_was_not_measured() -> None:
+    measured = with_energy(synthetic_result(step_s=0.05), watts=200.0)
+    unmeasured = synthetic_result(Config(precision="bf16"), step_s=0.025)  # CPU telemetry without RAPL
+    assert unmeasured.energy_j is None
+    assert "Energy per sample" not in titles(diagnose(unmeasured, measured, verdict=GuardVerdict("ok")))
+    assert "Energy per sample" not in titles(diagnose(measured, unmeasured, verdict=GuardVerdict("ok")))

@@ -1,0 +1,76 @@
+"""The panel notebooks execute headless, top to bottom, with short bursts on the CPU.
+
+Without a front end the widgets still work on the kernel side (buttons are clicked with ``.click()``),
+so this checks the notebooks' code and the panel's kernel-side behaviour; the browser test
+(tests/integration/test_panel_in_a_browser.py) checks the rendering.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def execute(name: str, tmp_path: Path, **parameters: object) -> tuple[str, set[str]]:
+    """Run the notebook, its cell tagged "parameters" replaced by ``parameters`` where given (papermill's
+    convention); return its text output and the MIME types it displayed."""
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    if parameters:
+        (cell,) = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+        cell.source = "\n".join(f"{key} = {value!r}" for key, value in parameters.items())
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+    text = "".join(output.get("text", "") for output in outputs)
+    text += "".join(output.get("data", {}).get("text/markdown", "") for output in outputs)
+    mimes = {mime for output in outputs for mime in output.get("data", {})}
+    return text, mimes
+
+
+@pytest.mark.slow
+def test_tuning_notebook_opens_the_panel_and_runs_the_ladder(tmp_path: Path) -> None:
+    """Without the compile rung: compiling is tested on its own (tests/engine/test_compile.py), and two cold compiles
+    would take most of this test's time."""
+    text, mimes = execute("tuning.ipynb", tmp_path, STEPS=10, LEAVE_OUT=("+compile",))
+    assert WIDGET_VIEW in mimes
+    for rung in ("baseline", "+loader", "+rest"):
+        assert rung in text
+    assert "+compile" not in text
+    assert "num_workers=2, persistent_workers=True, precision=bf16 [my-cnn]" in text
+    assert "[good]" in text or "[warn]" in text or "[info]" in text
+
+
+@pytest.mark.slow
+def test_workshop_notebook_compares_every_group_with_the_folklore(tmp_path: Path) -> None:
+    """Without the compile lesson's cold compile (tests/engine/test_compile.py compiles), at 6 steps a burst."""
+    text, _ = execute("workshop.ipynb", tmp_path, STEPS=6, LEAVE_OUT=("compile",))
+    for title in ("Data loading", "Mixed precision", "Batch", "torch.compile", "Python overhead", "System", "Parallel"):
+        assert f"### {title}: the knobs" in text
+        assert any(line.startswith(title) and "folklore" in line for line in text.splitlines()), title
+    assert "Why it may differ here" in text and "Skipped here" in text
+    assert "torch.compile: left out of this run" in text
+
+
+@pytest.mark.slow
+def test_whatif_notebook_sweeps_and_plots(tmp_path: Path) -> None:
+    text, mimes = execute("whatif.ipynb", tmp_path)
+    assert text.count("samples/s") >= 4 and "speedup" in text
+    assert PLOTLY in mimes
+    assert "streaming, num_workers=0" in text and "streaming, num_workers=2" in text
+    assert "data_cache=shards" in text
+
+
+@pytest.mark.slow
+def test_huggingface_notebook_trains_a_transformers_model_on_dict_batches(tmp_path: Path) -> None:
+    text, mimes = execute("huggingface.ipynb", tmp_path)
+    assert WIDGET_VIEW in mimes
+    assert "baseline [tiny-gpt2] ok" in text and "precision=bf16 [tiny-gpt2] ok" in text
+    assert "tokens/s" in text and "+loader" in text and "+rest" in text

@@ -1,0 +1,100 @@
+"""Export = burst: the exported script, run under torchrun, trains loss for loss as the burst did."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import accel_widgets as aw
+from accel_widgets import Config, run_burst
+from accel_widgets.inputs.workload import WorkloadReferenceError
+from accel_widgets.job.export import export_script
+from accel_widgets.knobs.rules import ConfigError
+from tests.devices import cpu_device
+from tests.workloads import exported_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = "tests.workloads:exported_workload"
+STEPS = 6  # 2 warm-up steps and 4 measured ones in the burst; 6 steps of the script
+
+#: Each torchrun costs seconds, so each config carries several knobs: the data path, the step's own overheads and
+#: accumulation, and DDP.
+REPRESENTATIVE = [
+    Config(),
+    Config(num_workers=1, data_cache="memmap"),
+    Config(grad_accum_steps=2, batch_size=16, script_loss=True, optimizer_impl="foreach", sync_every=0),
+    Config(parallel="ddp", world_size=2, grad_accum_steps=2, batch_size=16, set_to_none=False),
+]
+
+
+def run_script(script: Path, nproc: int, tmp_path: Path) -> list[float]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # torchelastic_* dirs stay in tmp_path
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               str(script), "--steps", str(STEPS)]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith('{"losses"')]
+    return json.loads(line)["losses"]
+
+
+@pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: c.label())
+def test_the_exported_script_trains_exactly_as_the_burst_did(config, short_tmp):
+    script = export_script(REFERENCE, config, short_tmp / "train.py")
+    burst = run_burst(exported_workload(), config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    assert burst.ok
+    assert run_script(script, config.ranks, short_tmp) == burst.losses(rank=0)  # equal, not close
+
+
+def test_the_script_names_every_knob_and_the_multi_machine_launch(tmp_path):
+    assert aw.export_script is export_script  # as the README writes it
+    text = export_script(REFERENCE, Config(parallel="ddp", world_size=2, precision="bf16"),
+                         tmp_path / "train.py").read_text()
+    assert text.index("    parallel='ddp',") < text.index("    num_workers=0,")  # what the burst changed first
+    assert "num_workers=0,  # DataLoader worker processes that load and augment batches in parallel. (default)" in text
+    assert "--rdzv-backend c10d --rdzv-endpoint HOST:29400" in text
+    assert "from accel_widgets.engine.standalone import train" in text
+
+
+def test_export_refuses_what_it_cannot_write(tmp_path):
+    with pytest.raises(WorkloadReferenceError, match="MODULE:FUNCTION"):
+        export_script("no_colon", Config(), tmp_path / "x.py")
+    with pytest.raises(WorkloadReferenceError, match="no module named 'made_up'"):
+        export_script("made_up.module:make", Config(), tmp_path / "x.py")
+    with pytest.raises(WorkloadReferenceError, match="has no 'nothing_here'"):
+        export_script("tests.workloads:nothing_here", Config(), tmp_path / "x.py")
+    with pytest.raises(WorkloadReferenceError, match=r"must return an accel_widgets\.Workload"):
+        export_script("tests.workloads:tensors", Config(), tmp_path / "x.py")
+    with pytest.raises(ValueError, match="use parallel='ddp'"):
+        export_script(REFERENCE, Config(parallel="dataparallel"), tmp_path / "x.py")
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_a_config_the_rules_refuse_on_every_machine_is_not_exported(tmp_path):
+    with pytest.raises(ConfigError, match="contradict each other"):
+        export_script(REFERENCE, Config(deterministic=True, cudnn_benchmark=True), tmp_path / "x.py")
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_a_ddp_script_of_a_loader_whose_batches_cannot_be_split_is_refused_with_the_reason(tmp_path):
+    """Every rank would read the same batches: the export refuses, as a burst does, before writing anything."""
+    export_script("tests.workloads:batch_sampler_workload", Config(), tmp_path / "one.py")  # one rank: fine
+    with pytest.raises(ConfigError, match="cannot be split across DDP ranks"):
+        export_script("tests.workloads:batch_sampler_workload", Config(parallel="ddp", world_size=2),
+                      tmp_path / "x.py")
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_a_script_refuses_a_config_its_machine_cannot_run_before_it_trains(short_tmp):
+    """A config a GPU can run is exported; the script run on this CPU machine checks it as a burst would and stops
+    with the rule's reason, without a step."""
+    script = export_script(REFERENCE, Config(sdpa_backend="efficient"), short_tmp / "train.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(short_tmp)}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           str(script), "--steps", "2"], cwd=short_tmp, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode != 0
+    assert "ConfigError" in done.stderr and "is a CUDA kernel" in done.stderr
+    assert '{"losses"' not in done.stdout

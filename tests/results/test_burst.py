@@ -1,0 +1,214 @@
+import dataclasses
+import json
+import math
+
+import pytest
+
+from accel_widgets import BurstResult, Config, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from tests.measured import as_measured
+
+
+def _steps(rank: int, totals: list[float], warmup: int = 1) -> list[StepRecord]:
+    return [StepRecord(rank, i, float(i), data_s=t * 0.25, h2d_s=0.0, compute_s=t * 0.75, total_s=t, samples=32,
+                       loss=1.0 / (i + 1), warmup=i < warmup) for i, t in enumerate(totals)]
+
+
+def _rank(rank: int, samples: int, seconds: float) -> RankSummary:
+    return RankSummary(rank, samples, seconds, 100 << 20, "rss", setup_s=0.5, first_step_s=2.0, device="cpu")
+
+
+def make_result(**overrides) -> BurstResult:
+    fields = dict(
+        workload="w", config=Config(compile_mode="default"), status="ok", world_size=2, warmup_steps=1,
+        steps=_steps(0, [2.0, 0.1, 0.1, 0.1]) + _steps(1, [2.0, 0.1, 0.3, 0.1]),
+        telemetry=[TelemetrySample(1.5, "psutil", 50.0, 1 << 20, "cpu"), TelemetrySample(2.5, "psutil", 70.0, 1 << 20)],
+        ranks=[_rank(0, 96, 0.3), _rank(1, 96, 0.5)], tokens_per_sample=8,
+    )
+    fields.update(overrides)
+    return as_measured(BurstResult(**fields))
+
+
+def test_throughput_sums_ranks_and_step_time_takes_the_slowest_rank():
+    result = make_result()
+    assert result.samples_per_s == pytest.approx(96 / 0.3 + 96 / 0.5)
+    assert result.tokens_per_s == pytest.approx(result.samples_per_s * 8)
+    assert result.step_times() == [0.1, 0.3, 0.1]
+    assert result.step_time.median == pytest.approx(0.1)
+    assert result.straggler_rank == 1
+
+
+def test_shares_and_compile_time():
+    result = make_result()
+    assert result.data_wait_share == pytest.approx(0.25)
+    assert result.compute_share == pytest.approx(0.75)
+    assert result.compile_s == pytest.approx(2.0 - 0.1)
+    assert make_result(config=Config()).compile_s is None
+    assert result.mean_utilisation_pct == pytest.approx(60.0)
+
+
+def test_json_round_trip_keeps_every_number_and_nan_losses():
+    steps = _steps(0, [0.1, 0.1])
+    steps[1] = StepRecord(0, 1, 1.0, 0.0, 0.0, 0.1, 0.1, 32, loss=float("nan"))
+    failed = make_result(steps=steps, status="failed", error=ErrorInfo("exception", "ValueError: x", 1, "tb"))
+    for original in (make_result(), failed):
+        text = original.to_json()
+        json.loads(text)  # strict JSON: no bare NaN
+        assert "NaN" not in text
+        loaded = BurstResult.from_json(text)
+        assert loaded.samples_per_s == original.samples_per_s
+        assert loaded.config == original.config
+        assert loaded.error == original.error
+        assert loaded.step_times() == original.step_times()
+    assert math.isnan(BurstResult.from_json(failed.to_json()).losses()[1])
+
+
+def test_summary_text_and_speedup():
+    fast, slow = make_result(), make_result(ranks=[_rank(0, 96, 0.6), _rank(1, 96, 1.0)])
+    assert fast.speedup_over(slow) == pytest.approx(2.0, rel=0.01)
+    text = fast.summary()
+    assert "samples/s" in text and "data wait 25%" in text and "compile" in text
+    failed = make_result(status="failed", error=ErrorInfo("oom", "OutOfMemoryError: boom"))
+    assert "OutOfMemoryError: boom" in failed.summary()
+
+
+def make_diverged(**overrides) -> BurstResult:
+    """A finished burst whose rank 1 loss went NaN at step 2, marked the way the launcher marks it."""
+    steps = _steps(0, [2.0, 0.1, 0.1, 0.1]) + [
+        dataclasses.replace(s, loss=math.nan) if s.step >= 2 else s for s in _steps(1, [2.0, 0.1, 0.3, 0.1])]
+    result = make_result(steps=steps, **overrides)
+    result.error = result.divergence()
+    result.status = "diverged"
+    return result
+
+
+def test_divergence_names_the_rank_and_step_and_keeps_the_numbers():
+    assert make_result().divergence() is None
+    result = make_diverged()
+    assert result.nonfinite_losses() == ["loss is NaN from step 2 on rank 1 (2 of 4 steps not finite)"]
+    assert result.error.kind == "diverged" and result.error.rank == 1
+    assert result.error.message.startswith("loss is NaN from step 2 on rank 1 (2 of 4 steps not finite): training "
+                                           "diverged. The throughput was measured, but a run that does not train")
+    assert not result.ok  # numbers, but no valid speed-up
+    assert result.samples_per_s == pytest.approx(96 / 0.3 + 96 / 0.5)
+    inf = make_result(world_size=1, ranks=[_rank(0, 96, 0.3)],
+                      steps=[dataclasses.replace(s, loss=-math.inf) for s in _steps(0, [2.0, 0.1])])
+    assert inf.divergence().message.startswith("loss is -inf from step 0 (2 of 2 steps not finite)")
+    assert inf.divergence().rank is None
+
+
+def test_diverged_summary_says_why_and_still_shows_the_numbers():
+    text = make_diverged(label="bf16").summary()
+    head, *rest = text.splitlines()
+    assert head.startswith("bf16 [w] diverged: loss is NaN from step 2 on rank 1")
+    assert any(line.strip().startswith("throughput") for line in rest)
+    assert any("step" in line and "median" in line for line in rest)
+
+
+def test_diverged_status_round_trips_json():
+    original = make_diverged()
+    loaded = BurstResult.from_json(original.to_json())
+    assert loaded.status == "diverged" and loaded.error == original.error
+    assert loaded.nonfinite_losses() == original.nonfinite_losses()
+
+
+def _windowed(telemetry: list[TelemetrySample], steps: list[StepRecord] | None = None) -> BurstResult:
+    """One rank; warm-up step 0 ends at 10.0 (a compile), measured steps 1-3 run from 10.0 to 10.3."""
+    if steps is None:
+        steps = [StepRecord(0, i, 10.0 + 0.1 * i, 0.0, 0.0, 0.1, 10.0 if i == 0 else 0.1, 32, warmup=i == 0)
+                 for i in range(4)]
+    return make_result(world_size=1, steps=steps, ranks=[_rank(0, 96, 0.3)], telemetry=telemetry)
+
+
+def _host_sample(t: float, util: float, host: float, loader: float, iowait: float) -> TelemetrySample:
+    return TelemetrySample(t, "psutil", util, 1 << 20, "cpu", host_util_pct=host, loader_util_pct=loader,
+                           iowait_pct=iowait)
+
+
+def test_telemetry_means_cover_the_measured_window_only():
+    setup = [_host_sample(0.1 * k, util=5.0, host=95.0, loader=0.0, iowait=40.0) for k in range(100)]  # compiling
+    measured = [_host_sample(10.0, 80.0, 90.0, 20.0, 2.0), _host_sample(10.15, 60.0, 70.0, 30.0, 4.0),
+                _host_sample(10.3, 70.0, 95.0, 10.0, 0.0)]
+    after = [_host_sample(10.4, 0.0, 50.0, 0.0, 0.0)]  # the profiler / teardown after the window
+    result = _windowed(setup + measured + after)
+    assert result.measured_window() == pytest.approx((10.0, 10.3))
+    assert result.measured_telemetry() == measured
+    assert result.mean_utilisation_pct == pytest.approx(70.0)
+    assert result.loader_cpu_pct == pytest.approx(20.0)
+    assert result.iowait_pct == pytest.approx(2.0)
+    assert result.foreign_cpu_pct == pytest.approx((10.0 + 10.0 + 25.0) / 3)
+
+
+def test_the_window_spans_every_rank():
+    steps = [StepRecord(0, 1, 2.0, 0.0, 0.0, 0.5, 0.5, 32), StepRecord(1, 1, 2.2, 0.0, 0.0, 0.5, 0.5, 32),
+             StepRecord(0, 2, 3.0, 0.0, 0.0, 1.0, 1.0, 32), StepRecord(1, 2, 3.4, 0.0, 0.0, 1.2, 1.2, 32)]
+    result = _windowed([], steps)
+    assert result.measured_window() == pytest.approx((1.5, 3.4))
+
+
+def test_without_measured_steps_every_sample_counts_and_an_empty_window_reads_nothing():
+    samples = [TelemetrySample(0.5, "psutil", 30.0, 1 << 20), TelemetrySample(0.6, "psutil", 50.0, 1 << 20)]
+    warmup_only = [StepRecord(0, 0, 5.0, 0.0, 0.0, 4.0, 4.0, 32, warmup=True)]  # failed after the first step
+    failed = _windowed(samples, warmup_only)
+    assert failed.measured_window() is None and failed.mean_utilisation_pct == pytest.approx(40.0)
+    assert _windowed(samples).mean_utilisation_pct is None  # measured 10.0-10.3 s: no sample in it
+
+
+def _gpu_window(seconds: float, telemetry: list[TelemetrySample]) -> BurstResult:
+    """A warm-up step (a 10 s compile) ending at 10.0, then measured steps of 0.1 s for ``seconds``."""
+    measured = round(seconds / 0.1)
+    steps = [StepRecord(0, 0, 10.0, 0.0, 0.0, 10.0, 10.0, 32, warmup=True)]
+    steps += [StepRecord(0, i, 10.0 + 0.1 * i, 0.0, 0.0, 0.1, 0.1, 32) for i in range(1, measured + 1)]
+    return make_result(world_size=1, steps=steps, ranks=[_rank(0, 32 * measured, seconds)], telemetry=telemetry)
+
+
+def _nvml(t: float, util: float | None, device: str = "cuda:0") -> TelemetrySample:
+    return TelemetrySample(round(t, 3), "nvml", util, 5 << 30, device)
+
+
+def test_a_gpu_without_utilisation_readings_is_left_out_of_the_mean():
+    mig = [_nvml(10.0 + 0.1 * k, None) for k in range(31)]
+    full = [_nvml(10.0 + 0.1 * k, 90.0, "cuda:1") for k in range(31)]
+    assert _gpu_window(3.0, mig + full).mean_utilisation_pct == pytest.approx(90.0)
+    assert _gpu_window(3.0, mig).mean_utilisation_pct is None
+
+
+def test_nvml_utilisation_counts_from_one_averaging_period_into_the_window():
+    """NVML's reading at t averages the second before t: the first second's readings still hold the compile."""
+    compile_idle = [_nvml(0.1 * k, 5.0) for k in range(100)]
+    ramp = [_nvml(10.0 + 0.1 * k, 5.0 + 9.0 * k) for k in range(10)]  # still averaging the idle compile
+    settled = [_nvml(11.0 + 0.1 * k, 95.0) for k in range(21)]
+    result = _gpu_window(3.0, compile_idle + ramp + settled)
+    assert result.measured_window() == pytest.approx((10.0, 13.0))
+    assert result.mean_utilisation_pct == pytest.approx(95.0)  # the read-time window would say ~75%
+    assert result.utilisation_note.startswith("NVML's readings taken at least 1 s into the measured window")
+    assert "  util        95%" in result.summary()
+
+
+def test_a_window_under_two_seconds_is_too_short_to_read_nvml_utilisation():
+    result = _gpu_window(1.5, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(16)])
+    assert result.mean_utilisation_pct is None
+    assert result.utilisation_note == ("too short to read: NVML's utilisation averages the last 1 s, and the measured "
+                                       "window is 1.5 s (measure at least 2 s)")
+    assert "  util        too short to read" in result.summary()
+    assert _gpu_window(2.0, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(21)]).mean_utilisation_pct == 80.0
+
+
+def _on_gpus(config: Config, world_size: int, gpus: int) -> BurstResult:
+    flops = 1e12  # per sample: rank 0 trains 96 samples in 0.3 s, every rank alike
+    ranks = [dataclasses.replace(_rank(r, 96, 0.3), flops_per_sample=flops) for r in range(world_size)]
+    return make_result(config=config, world_size=world_size, ranks=ranks,
+                       environment={"device_kind": "cuda", "device_name": "NVIDIA H200",
+                                    "gpus": ["NVIDIA H200"] * gpus})
+
+
+def test_mfu_divides_by_every_gpu_the_burst_used():
+    peak = 989.4e12  # H200 dense bf16
+    dataparallel = _on_gpus(Config(parallel="dataparallel", precision="bf16"), world_size=1, gpus=4)
+    assert dataparallel.gpus_used == 4  # one process, four GPUs
+    assert dataparallel.mfu == pytest.approx(96 / 0.3 * 1e12 / (4 * peak))
+    ddp = _on_gpus(Config(parallel="ddp", world_size=2, precision="bf16"), world_size=2, gpus=4)
+    assert ddp.gpus_used == 2  # one GPU per rank, two of the four visible ones
+    assert ddp.mfu == pytest.approx(2 * 96 / 0.3 * 1e12 / (2 * peak))
+    single = _on_gpus(Config(precision="bf16"), world_size=1, gpus=4)
+    assert single.gpus_used == 1 and single.mfu == pytest.approx(96 / 0.3 * 1e12 / peak)
+    assert make_result().gpus_used == 0 and make_result().mfu is None  # a CPU burst

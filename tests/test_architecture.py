@@ -1,0 +1,169 @@
+"""The floor plan holds: every import in the package points down the layers, and no two modules import each other.
+
+The layers, bottom to top, are the package's folders (docs/architecture.md says what lives where and why). Every
+import is read from the source, lazy ones inside functions and ``TYPE_CHECKING`` ones included: a lazy upward
+import hides a dependency, it does not remove it. The one cycle allowed is type-only: the registry's modules name
+``Config`` in annotations while ``Config`` is built from the registry.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "accel_widgets"
+
+#: Bottom to top. A module may import its own room and any room on a lower floor, never a higher one. Rooms on one
+#: floor know nothing of each other.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("metrics", "data"),
+    ("inputs",),
+    ("knobs",),
+    ("results",),
+    ("engine",),
+    ("analysis", "job"),
+    ("views",),
+    ("search",),
+    ("demos",),
+    ("panel", "cli"),
+    ("__init__", "__main__"),
+)
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+
+#: The one cycle allowed, because its way back is for type checkers only: ``Config``'s fields come from the
+#: registry, and the registry's modules name ``Config`` in their annotations. A cycle is allowed when it breaks
+#: once the type-only imports of these modules are taken out.
+TYPE_ONLY_TARGETS_ALLOWED = {"accel_widgets.knobs.config"}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module (a package's __init__ counts as the package)
+    line: int
+    type_only: bool
+    path: Path
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def known(module: str) -> str | None:
+    """``module`` or the nearest package above it that is a file of this package (``from x import name``)."""
+    parts = module.split(".")
+    while parts:
+        candidate = PACKAGE.parent.joinpath(*parts)
+        if candidate.with_suffix(".py").exists() or (candidate / "__init__.py").exists():
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def imports_of(path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text())
+    source = module_name(path)
+    package = source if path.name == "__init__.py" else source.rpartition(".")[0]
+    type_blocks = [node for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(
+        node.test)]
+    type_lines = {n.lineno for block in type_blocks for stmt in block.body for n in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{alias.name}" for alias in node.names]
+        for target in targets:
+            if not target.startswith("accel_widgets"):
+                continue
+            resolved = known(target)
+            if resolved is not None and resolved != source:
+                found.append(Import(source, resolved, node.lineno, node.lineno in type_lines, path))
+    return found
+
+
+def all_imports() -> list[Import]:
+    return [imp for path in sorted(PACKAGE.rglob("*.py")) for imp in imports_of(path)]
+
+
+def test_every_module_lives_in_a_room_of_the_floor_plan() -> None:
+    rooms = {room(module_name(path)) for path in PACKAGE.rglob("*.py")}
+    assert rooms <= set(FLOOR), f"rooms missing from FLOORS: {sorted(rooms - set(FLOOR))}"
+
+
+def test_every_import_points_down_the_floors() -> None:
+    upward = [f"{imp.path.relative_to(PACKAGE.parent)}:{imp.line}: {imp.source} imports {imp.target}"
+              f"{' (type-only)' if imp.type_only else ''}: {room(imp.source)!r} is on floor {FLOOR[room(imp.source)]}, "
+              f"{room(imp.target)!r} on floor {FLOOR[room(imp.target)]}; a module may import only its own room "
+              "and lower floors"
+              for imp in all_imports()
+              if room(imp.source) != room(imp.target) and FLOOR[room(imp.target)] >= FLOOR[room(imp.source)]]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_cycles_but_the_allowed_type_only_one() -> None:
+    edges: dict[str, set[str]] = {}
+    type_only: dict[tuple[str, str], bool] = {}
+    for imp in all_imports():
+        edges.setdefault(imp.source, set()).add(imp.target)
+        key = (imp.source, imp.target)
+        type_only[key] = type_only.get(key, True) and imp.type_only
+    cycles = [cycle for cycle in strongly_connected(edges) if len(cycle) > 1]
+    bad = []
+    for cycle in cycles:
+        kept = {s: {t for t in edges.get(s, ()) if t in cycle
+                    and not (type_only[(s, t)] and t in TYPE_ONLY_TARGETS_ALLOWED)} for s in cycle}
+        if not any(len(c) > 1 for c in strongly_connected(kept)):
+            continue
+        links = [f"{s} -> {t}" + (" (type-only)" if type_only[(s, t)] else "")
+                 for s in sorted(cycle) for t in sorted(edges.get(s, ())) if t in cycle]
+        bad.append(f"modules importing each other: {', '.join(sorted(cycle))}\n  " + "\n  ".join(links))
+    assert not bad, "\n".join(bad)
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components of a directed graph."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in edges.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            components.append(component)
+
+    for node in list(edges):
+        if node not in index:
+            visit(node)
+    return components
