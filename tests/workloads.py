@@ -305,3 +305,36 @@ def scripted_only(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if not torch.jit.is_scripting():
         raise AssertionError("the loss ran as Python, not TorchScript")
     return F.cross_entropy(output, target)
+
+
+class SignalsItself(TinyNet):
+    """Sends its own process ``signum`` at its ``at_call``-th training forward, on rank 0 only: a preemption
+    (SIGTERM) or a crash (SIGKILL) at a known step of a job."""
+
+    def __init__(self, signum: signal.Signals, at_call: int) -> None:
+        super().__init__()
+        self.signum, self.at_call, self.calls = signum, at_call, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.at_call and int(os.environ.get("RANK", 0)) == 0:
+                os.kill(os.getpid(), self.signum)
+        return super().forward(x)
+
+
+def job_workload() -> Workload:
+    """``tests.workloads:job_workload``: TinyNet with an LR schedule and an evaluation set. ``AW_TEST_SIGNAL=SIGKILL@13``
+    makes rank 0 send itself that signal at the 13th training forward of its process (same weights: the subclass
+    builds the same layers from the same seed)."""
+    armed = os.environ.get("AW_TEST_SIGNAL")
+
+    def model() -> nn.Module:
+        if not armed:
+            return TinyNet()
+        name, at_call = armed.split("@")
+        return SignalsItself(signal.Signals[name], int(at_call))
+
+    return Workload(model=model, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32, name="job",
+                    scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5),
+                    eval_dataset=tensors(96, seed=1))

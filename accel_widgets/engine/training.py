@@ -19,14 +19,15 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..data.cache import CacheInfo, items_differ
+from ..data.resume import DataPosition, ResumableSampler
 from ..data.streams import StreamReading, stream_random_data
 from ..inputs.workload import Workload, callable_name
 from ..knobs import CodePaths, attention, batch, compiling, data, overhead, parallel, precision, system
@@ -49,32 +50,63 @@ class EpochIterator:
     A stream (``IterableDataset``) has no length: its epoch ends wherever the stream does, and a burst bound
     by steps or seconds starts it again. An epoch without a single batch would restart forever, so it is an
     error (map-style data is checked for a batch per rank when the loader is built; a stream can only be read).
+
+    :meth:`position` says where it is between two steps, for a job's checkpoint; ``resume_at`` starts it there
+    again (:mod:`accel_widgets.data.resume`): the epoch's order drawn as it was and the batches already taken
+    skipped at the sampler, without reading them; a stream, which has no sampler, is read through them
+    (``resumed`` says which was done).
     """
 
-    def __init__(self, loader: DataLoader) -> None:
-        self._loader, self._epoch = loader, 0
+    def __init__(self, loader: DataLoader, resume_at: DataPosition | None = None) -> None:
+        self._loader, self._epoch, self._taken = loader, 0, 0
+        self._sampler = next((s for s in (loader.sampler, loader.batch_sampler) if isinstance(s, ResumableSampler)),
+                             None)
+        self.resumed = ""
+        if resume_at is not None:
+            self._epoch, self._taken = resume_at.epoch, resume_at.batches
+            self._set_epoch()
+            if self._sampler is not None and resume_at.start is not None:
+                self._sampler.resume(resume_at.start, resume_at.batches)
+                self.resumed = (f"epoch {resume_at.epoch}, its first {resume_at.batches} batches skipped at the "
+                                "sampler (not read)")
         self._iterator = iter(loader)
+        if resume_at is not None and not self.resumed:
+            for _ in range(resume_at.batches):
+                next(self._iterator)
+            self.resumed = (f"epoch {resume_at.epoch}: a stream has no sampler to skip in, so its first "
+                            f"{resume_at.batches} batches were read through")
 
     @property
     def loader(self) -> DataLoader:
         return self._loader
 
+    def position(self) -> DataPosition:
+        """Where the next batch comes from: this epoch, the batches taken in it, and how its order was drawn."""
+        start = self._sampler.epoch_start if self._sampler is not None else None
+        return DataPosition(self._epoch, self._taken, start)
+
+    def _set_epoch(self) -> None:
+        set_epoch = getattr(self._loader.sampler, "set_epoch", None)
+        if set_epoch is not None:  # a DistributedSampler draws each epoch's order from its seed and the epoch
+            set_epoch(self._epoch)
+
     def __next__(self) -> Any:
         try:
-            return next(self._iterator)
+            batch = next(self._iterator)
         except StopIteration:
-            self._epoch += 1
-            if isinstance(self._loader.sampler, DistributedSampler):
-                self._loader.sampler.set_epoch(self._epoch)
+            self._epoch, self._taken = self._epoch + 1, 0
+            self._set_epoch()
             self._iterator = iter(self._loader)
-        try:
-            return next(self._iterator)
-        except StopIteration:
-            raise ValueError(
-                "the DataLoader yielded no batch in a whole epoch: this rank's share of the dataset (for a stream, "
-                f"each loader worker's share) holds fewer items than one batch of {self._loader.batch_size}, and "
-                "batches are kept full-sized. Use a smaller batch_size, fewer loader workers or more data"
-            ) from None
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                raise ValueError(
+                    "the DataLoader yielded no batch in a whole epoch: this rank's share of the dataset (for a stream, "
+                    f"each loader worker's share) holds fewer items than one batch of {self._loader.batch_size}, and "
+                    "batches are kept full-sized. Use a smaller batch_size, fewer loader workers or more data"
+                ) from None
+        self._taken += 1
+        return batch
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -162,6 +194,22 @@ def _shape_of(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def eval_metrics(returned: Any, eval_fn: Callable[..., Any] | None) -> dict[str, float]:
+    """An evaluation batch's metrics by name: a loss tensor is ``{"loss": ...}``, a dict keeps its names; every value
+    a number or a one-element tensor. Anything else fails, naming ``eval_fn`` and what to return."""
+    values = returned if isinstance(returned, Mapping) else {"loss": returned}
+    metrics = {}
+    for name, value in values.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number or (isinstance(value, torch.Tensor) and value.numel() == 1):
+            metrics[str(name)] = float(value)
+        else:
+            who = f"Workload.eval_fn={callable_name(eval_fn)}" if eval_fn is not None else "the training loss"
+            raise BatchFormatError(f"{who} gave {name!r} as {_shape_of(value)}: return a loss (a one-element tensor) "
+                                   "or a dict of numbers or one-element tensors, e.g. {'loss': loss, 'accuracy': acc}")
+    return metrics
+
+
 def real_tokens(batch: Any) -> int | None:
     """Tokens that are not padding, from the batch's attention mask while it is still on the host."""
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
@@ -193,6 +241,14 @@ def peak_memory_bytes(devices: list[torch.device]) -> int:
 
 
 # -- the loop -------------------------------------------------------------------------------------
+class StepHooks(Protocol):
+    """What a real job does at each step boundary (:mod:`accel_widgets.job`: count, log, evaluate, checkpoint,
+    notice a stop). A burst has none: its steps run as they are measured."""
+
+    def after_step(self, samples: int, tokens: int | None) -> None:
+        """Called after each optimizer step with the samples it took (and the real tokens, when counted)."""
+
+
 @dataclass(frozen=True)
 class MeasuredWindow:
     """What the steady-state window measured on one rank, read before anything runs after it."""
@@ -229,6 +285,8 @@ class TrainingLoop:
     max_grad_norm: float | None = None
     random_data: bool | None = None  # two reads of the same item differ (random augmentation); None: not known
     cache: CacheInfo | None = None  # what the data cache did, when the config caches the data
+    scheduler: Any = None  # the workload's learning-rate schedule (torch.optim.lr_scheduler.LRScheduler), if any
+    hooks: StepHooks | None = None  # a job's (None in a burst)
     mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
@@ -367,6 +425,8 @@ class TrainingLoop:
             detached = loss.detach()
             step_loss = detached if step_loss is None else step_loss + detached
         self.mixed_precision.optimizer_step(self.optimizer, self.max_grad_norm)
+        if self.scheduler is not None:
+            self.scheduler.step()  # once per optimizer step, never per micro-batch
         overhead.zero_grad(self.optimizer, config)
         self._tokens.append(tokens or None)
         self._pending_losses.append(step_loss if micro_batches == 1 else step_loss / micro_batches)
@@ -374,7 +434,42 @@ class TrainingLoop:
             self._read_losses()
         clock.end_step()
         self._step_samples = samples
+        if self.hooks is not None:
+            self.hooks.after_step(samples, tokens or None)
         return samples
+
+    def losses(self) -> list[float]:
+        """Every step's loss so far, read back to the host now (a host sync on a GPU: a job's log asks at its
+        interval, as a hand-written loop's ``loss.item()`` would)."""
+        self._read_losses()
+        return list(self._losses)
+
+    def evaluate(self, model: nn.Module, loader: DataLoader,
+                 eval_fn: Callable[[nn.Module, Any], Any] | None) -> tuple[dict[str, float], int]:
+        """This rank's share of an evaluation: each metric summed over its batches weighted by their samples, and
+        the samples (a job adds them up over the ranks).
+
+        The batches reach the device as the step's do, under the step's autocast and attention kernel, without
+        gradients and in ``model.eval()`` (dropout off, batch norm's running statistics used), and the model is put
+        back in the mode it was in. ``eval_fn(model, batch)`` returns a loss or a dict of metrics; without one, the
+        training loss is the metric.
+        """
+        config, was_training = self.config, model.training
+        totals: dict[str, float] = {}
+        samples = 0
+        model.eval()
+        try:
+            with torch.no_grad(), self.mixed_precision.autocast(), attention.forward_context(config):
+                for raw_batch in loader:
+                    moved = data.copy_batch(raw_batch, self.device, config, system.inputs_channels_last(config))
+                    count = self._samples_in(moved)
+                    returned = eval_fn(model, moved) if eval_fn is not None else self._loss(model, moved)
+                    for name, value in eval_metrics(returned, eval_fn).items():
+                        totals[name] = totals.get(name, 0.0) + value * count
+                    samples += count
+        finally:
+            model.train(was_training)
+        return totals, samples
 
     def _read_losses(self) -> None:
         """The loop's one deliberate host sync (the sync-debug mode allows this one and no other)."""
@@ -518,7 +613,7 @@ def _sync_debug_mode(mode: str) -> Iterator[None]:
 def build_loop(
     workload: Workload, plan: Plan, device: torch.device, rank: int, *, cache_dir: str, emit: Emit,
     clock_origin: float, should_stop: Callable[[], bool] = lambda: False,
-    set_phase: Callable[[Phase], None] = lambda phase: None,
+    set_phase: Callable[[Phase], None] = lambda phase: None, resume_at: DataPosition | None = None,
 ) -> tuple[TrainingLoop, nn.Module]:
     """Everything one rank trains with, built in the same order by a burst and by an exported script.
 
@@ -526,7 +621,8 @@ def build_loop(
     reads the data in the same order. Reseeded with the data seed once the model is built, so random
     augmentation (main process) draws from the data seed while the weights stay those of ``seed``: a
     workload reseeded in its data alone shows how far data randomness moves the loss (the guard's band).
-    Returns the loop and the unwrapped model (for FLOP counting).
+    ``resume_at``: a job's data position from its checkpoint (the loader starts there). Returns the loop and the
+    unwrapped model (for FLOP counting, a job's evaluation and its saved state).
     """
     config, world_size = plan.config, plan.ranks
     torch.manual_seed(workload.seed)
@@ -537,13 +633,16 @@ def build_loop(
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
     model, raw = prepare_model(workload.build_model(), config, device)
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
+    scheduler = workload.build_scheduler(optimizer)
     torch.manual_seed(data.data_seed(workload))
     timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
     random_data = stream_random_data(loader.dataset) if isinstance(dataset, IterableDataset) else items_differ(dataset)
-    loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader), config,
+    loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader, resume_at),
+                        config,
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
                         should_stop=should_stop, set_phase=set_phase, step_fn=workload.step,
-                        max_grad_norm=workload.max_grad_norm, random_data=random_data, cache=cache)
+                        max_grad_norm=workload.max_grad_norm, random_data=random_data, cache=cache,
+                        scheduler=scheduler)
     return loop, raw
 
 
@@ -572,3 +671,13 @@ def rank_summary(
         stream=stream,
         cache=cache,
     )
+
+
+def build_eval_loader(workload: Workload, plan: Plan, device: torch.device, rank: int) -> DataLoader | None:
+    """This rank's share of the workload's evaluation set (None without one), its loader workers dying with the
+    rank as the training loader's do."""
+    if workload.eval_dataset is None:
+        return None
+    loader = data.build_eval_loader(workload.eval_dataset, workload, plan.config, device, rank, plan.ranks)
+    loader.worker_init_fn = DieWithRank(os.getpid(), None)
+    return loader

@@ -24,6 +24,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 ModelSource = nn.Module | Callable[[], nn.Module]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+#: ``eval_fn(model, batch)``: the loss of an evaluation batch, or a dict of metrics (numbers or one-element tensors).
+EvalFunction = Callable[[nn.Module, Any], Any]
 
 
 def default_optimizer(params: Any) -> torch.optim.Optimizer:
@@ -55,6 +58,12 @@ class Workload:
     under fp16). ``tokens_per_sample`` makes results report tokens/s (language models); batches with an
     ``attention_mask`` count their real tokens instead. ``batch_size`` is this workload's natural batch,
     used when the config leaves ``batch_size`` at its default.
+
+    For the real job (:mod:`accel_widgets.job`): ``scheduler(optimizer)`` builds the learning-rate schedule
+    (``lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)``), stepped once per optimizer
+    step in bursts and jobs alike, so a burst measures what the job runs; ``eval_dataset`` is evaluated every
+    ``--eval-every`` steps of an exported job, with ``eval_fn(model, batch)`` (a loss or a dict of metrics;
+    default: the training loss) under ``torch.no_grad()`` and ``model.eval()``.
     """
 
     model: ModelSource
@@ -73,6 +82,9 @@ class Workload:
     step: Callable[[nn.Module, Any], torch.Tensor] | None = None
     max_grad_norm: float | None = None
     loader: DataLoader | None = None
+    scheduler: SchedulerFactory | None = None
+    eval_dataset: Dataset | Sequence[torch.Tensor] | None = None
+    eval_fn: EvalFunction | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -86,6 +98,7 @@ class Workload:
         if self.max_grad_norm is not None and not (isinstance(self.max_grad_norm, (int, float))
                                                    and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
             raise ValueError(f"Workload.max_grad_norm={self.max_grad_norm!r}: use a finite number > 0, or None")
+        self._check_job_fields()
         if isinstance(self.dataset, DataLoader):
             self._take_loader(self.dataset)
         if not callable(self.optimizer):
@@ -95,6 +108,42 @@ class Workload:
             return
         self.dataset = _as_dataset(self.dataset, "Workload.dataset")
         self._check_items()
+
+    def _check_job_fields(self) -> None:
+        """The schedule and the evaluation are checked here, so a job fails before it starts, naming the field."""
+        if self.scheduler is not None and not callable(self.scheduler):
+            raise TypeError("Workload.scheduler must be a factory: scheduler(optimizer) -> an LR scheduler, e.g. "
+                            "scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000); got "
+                            f"{self.scheduler!r}")
+        if self.eval_fn is not None and not callable(self.eval_fn):
+            raise TypeError(f"Workload.eval_fn must be callable as eval_fn(model, batch) -> loss or a dict of metrics, "
+                            f"got {self.eval_fn!r}")
+        if self.eval_fn is not None and self.eval_dataset is None:
+            raise ValueError(f"Workload.eval_fn={callable_name(self.eval_fn)} is given without an eval_dataset to "
+                             "evaluate: pass eval_dataset=... too")
+        if self.eval_dataset is None:
+            return
+        if isinstance(self.eval_dataset, DataLoader):
+            self.eval_dataset = self.eval_dataset.dataset
+        self.eval_dataset = _as_dataset(self.eval_dataset, "Workload.eval_dataset")
+        if isinstance(self.eval_dataset, IterableDataset):
+            raise TypeError("Workload.eval_dataset is a stream (an IterableDataset): an evaluation reads a fixed set "
+                            "of items, split across ranks by index. Pass a map-style dataset (__getitem__ and "
+                            "__len__) or a tuple of tensors")
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The learning-rate schedule for ``optimizer`` (None without one), checked: it is stepped once per optimizer
+        step and checkpointed, so it must have ``step()``, ``state_dict()`` and ``load_state_dict()``."""
+        if self.scheduler is None:
+            return None
+        scheduler = self.scheduler(optimizer)
+        if not all(callable(getattr(scheduler, method, None)) for method in ("step", "state_dict", "load_state_dict")):
+            raise TypeError(
+                f"Workload.scheduler={callable_name(self.scheduler)} returned {type(scheduler).__name__}, not an LR "
+                "scheduler: the factory must return the scheduler it builds for the optimizer it is given, e.g. "
+                "scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)"
+            )
+        return scheduler
 
     @property
     def dataset_is_factory(self) -> bool:

@@ -2,9 +2,10 @@
 
 A burst tells you which knobs help; a real job then runs for hours, maybe across machines. The
 exported script holds the workload reference and every knob's value (each with its one-line what, to
-edit), and trains through the very code a burst runs (:mod:`accel_widgets.engine.standalone`): the
-same seed, weights, data order and step, so its losses equal the burst's, step for step: there is no second
-copy of the loop to drift from it.
+edit), and trains through the very code a burst runs (:mod:`accel_widgets.job.run`): the same seed, weights,
+data order and step, so its losses equal the burst's, step for step: there is no second copy of the loop to
+drift from it. It is a real job: checkpoints, an exact ``--resume``, a clean stop on SIGTERM, evaluation, the
+LR schedule, JSON and TensorBoard logs and the final model (:class:`~accel_widgets.job.options.JobOptions`).
 
 The workload is ``module:function`` (returning an ``accel_widgets.Workload``); it is checked when the
 script is written, and must be importable on every machine that runs it, as ``accel_widgets`` is.
@@ -20,8 +21,9 @@ from ..knobs import KNOBS, parallel
 from ..knobs.config import Config
 from ..knobs.plan import portable_errors
 from ..knobs.rules import ConfigError
+from .options import argparse_lines
 
-_TEMPLATE = '''"""Training script exported by accel_widgets for workload {workload_ref!r}.
+_TEMPLATE = '''"""Training job exported by accel_widgets for workload {workload_ref!r}.
 
 Configuration: {label}
 
@@ -29,8 +31,11 @@ It trains through the same code a burst runs, so its losses equal the burst's st
 seed, weights and data order). Edit the knob values below to change the job.
 
 One machine, {nproc} process(es):
-    torchrun --standalone --nproc-per-node {nproc} {name} --steps 1000
-{multinode_block}"""
+    torchrun --standalone --nproc-per-node {nproc} {name} --steps 1000 --checkpoint-dir ckpt --checkpoint-every 200
+{multinode_block}After a stop (SIGTERM, preemption) or a crash, the same command with --resume carries on from the
+newest checkpoint, exactly. Each log line is JSON (step, loss, lr, samples_per_s, ...); the last line
+holds every loss this process trained.
+"""
 
 import argparse
 import os
@@ -38,7 +43,7 @@ import os
 os.environ.setdefault("ACCEL_WIDGETS_PRESTART", "0")  # this process trains itself: no burst forkserver needed
 
 from accel_widgets import Config  # noqa: E402
-from accel_widgets.engine.standalone import train  # noqa: E402
+from accel_widgets.job.run import JobOptions, train  # noqa: E402
 
 WORKLOAD = {workload_ref!r}
 CONFIG = Config(
@@ -47,8 +52,8 @@ CONFIG = Config(
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to train")
-    train(WORKLOAD, CONFIG, parser.parse_args().steps)
+{flag_lines}
+    train(WORKLOAD, CONFIG, JobOptions(**vars(parser.parse_args())))
 '''
 
 
@@ -85,7 +90,7 @@ def export_script(workload_ref: str, config: Config, path: str | os.PathLike[str
                      + torchrun_command(target, nproc_per_node=nproc, nnodes=nnodes, endpoint=endpoint) + "\n")
     target.write_text(_TEMPLATE.format(
         workload_ref=workload_ref, label=config.label(), nproc=nproc, name=target.name,
-        multinode_block=multinode, knob_lines=_knob_lines(config),
+        multinode_block=multinode, knob_lines=_knob_lines(config), flag_lines="\n".join(argparse_lines()),
     ))
     return target
 

@@ -25,6 +25,7 @@ from torch.utils.data import (
 )
 
 from ..data.cache import CacheInfo, cache_dataset
+from ..data.resume import ResumableSampler
 from ..data.streams import split_stream
 from . import parallel
 from .base import Climb, Knob, Remedy, Rule, Search, Symptom, powers_of_two
@@ -256,6 +257,28 @@ def build_loader(
     )
 
 
+def build_eval_loader(dataset: Dataset, workload: Workload, config: Config, device: torch.device, rank: int,
+                      world_size: int) -> DataLoader:
+    """The evaluation set as one rank reads it: every ``world_size``-th item from ``rank``, in order, so the ranks
+    share it without a duplicate; batches of the training's size (the last one short), loaded as the knobs say.
+
+    Its own generator seeds the loader (its workers' seeds): evaluating never draws from the streams training
+    draws from, so a job evaluated every N steps trains exactly as one that is not.
+    """
+    workers = config.num_workers
+    return DataLoader(
+        torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
+        batch_size=resolve_batch_size(config, workload),
+        num_workers=workers,
+        collate_fn=workload.collate_fn,
+        pin_memory=config.pin_memory and device.type == "cuda",
+        prefetch_factor=config.prefetch_factor if workers else None,
+        persistent_workers=config.persistent_workers if workers else False,
+        multiprocessing_context="fork" if workers else None,
+        generator=torch.Generator().manual_seed(data_seed(workload)),
+    )
+
+
 def check_shared_memory(dataset: Any, workload: Workload, config: Config, world_size: int) -> None:
     """Before a loader's workers start: refuse a burst whose batches in flight need more shared memory than
     /dev/shm has free, and warn when they need more than ``SHARED_MEMORY_WARN_SHARE`` of it.
@@ -325,15 +348,25 @@ def _batching(dataset: Dataset, workload: Workload, batch_size: int, rank: int, 
     seed = data_seed(workload)
     generator = torch.Generator().manual_seed(seed)  # also seeds the loader workers' augmentation
     user = workload.loader
-    if user is not None and _custom_batch_sampler(user):
-        return {"batch_sampler": user.batch_sampler, "generator": generator}  # DDP refused before launch
+    if user is not None and _custom_batch_sampler(user):  # DDP refused before launch
+        batches = user.batch_sampler
+        return {"batch_sampler": ResumableSampler(batches, _generators(batches, generator), 1), "generator": generator}
     if user is not None and user.sampler is not None:
         sampler: Any = user.sampler if world_size == 1 else RankShard(user.sampler, rank, world_size)
     elif world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     else:
         sampler = RandomSampler(dataset, generator=generator)
-    return {"batch_size": batch_size, "sampler": sampler, "drop_last": True, "generator": generator}
+    # Resumable: a job's checkpoint notes how each epoch's order was drawn (data/resume.py); a burst never resumes.
+    resumable = ResumableSampler(sampler, _generators(sampler, generator), batch_size)
+    return {"batch_size": batch_size, "sampler": resumable, "drop_last": True, "generator": generator}
+
+
+def _generators(sampler: Any, loader_generator: torch.Generator) -> list[torch.Generator]:
+    """The generators an epoch's order is drawn from: the loader's (its workers' seeds, our shuffle) and a user
+    sampler's own (under a RankShard, the sampler it shares out)."""
+    own = getattr(sampler.sampler if isinstance(sampler, RankShard) else sampler, "generator", None)
+    return [loader_generator] + ([own] if isinstance(own, torch.Generator) and own is not loader_generator else [])
 
 
 def _custom_batch_sampler(loader: DataLoader) -> bool:

@@ -129,8 +129,8 @@ def workload_fingerprint(workload: Workload) -> str:
     (say, two learning rates) look the same: give such workloads different names. A dataset that cannot be
     pickled (it holds a lock or an open file) is identified by its class and length only.
 
-    A ``data_seed`` other than ``seed`` is covered too (the data order differs); the usual one, none, leaves
-    the digest as it was before data seeds existed.
+    A ``scheduler`` is covered by its name too. A ``data_seed`` other than ``seed`` is covered too (the data order
+    differs); the usual one, none, leaves the digest as it was before data seeds existed.
     """
     parts = {
         "name": workload.name,
@@ -142,6 +142,8 @@ def workload_fingerprint(workload: Workload) -> str:
         "loss_fn": _qualname(workload.loss_fn),
         "optimizer": _qualname(workload.optimizer),
         "collate_fn": _qualname(workload.collate_fn),
+        # A schedule changes what is trained; a workload without one keeps the digest it had before schedules.
+        **({"scheduler": _qualname(workload.scheduler)} if workload.scheduler is not None else {}),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

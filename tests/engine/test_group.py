@@ -15,7 +15,7 @@ def test_only_the_group_module_initialises_a_process_group():
                    if "init_process_group" in path.read_text())
     assert users == ["engine/group.py"]
     joiners = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if "joined(" in path.read_text())
-    assert joiners == ["engine/group.py", "engine/standalone.py", "engine/worker.py"]
+    assert joiners == ["engine/group.py", "engine/worker.py", "job/run.py"]
 
 
 def test_a_run_without_a_group_joins_nothing():

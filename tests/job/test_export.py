@@ -55,7 +55,7 @@ def test_the_script_names_every_knob_and_the_multi_machine_launch(tmp_path):
     assert text.index("    parallel='ddp',") < text.index("    num_workers=0,")  # what the burst changed first
     assert "num_workers=0,  # DataLoader worker processes that load and augment batches in parallel. (default)" in text
     assert "--rdzv-backend c10d --rdzv-endpoint HOST:29400" in text
-    assert "from accel_widgets.engine.standalone import train" in text
+    assert "from accel_widgets.job.run import JobOptions, train" in text
 
 
 def test_export_refuses_what_it_cannot_write(tmp_path):
