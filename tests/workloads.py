@@ -324,9 +324,9 @@ class SignalsItself(TinyNet):
 
 
 def job_workload() -> Workload:
-    """``tests.workloads:job_workload``: TinyNet with an LR schedule and an evaluation set. ``AW_TEST_SIGNAL=SIGKILL@13``
-    makes rank 0 send itself that signal at the 13th training forward of its process (same weights: the subclass
-    builds the same layers from the same seed)."""
+    """``tests.workloads:job_workload``: TinyNet with an LR schedule and an evaluation set.
+    ``AW_TEST_SIGNAL=SIGKILL@13`` makes rank 0 send itself that signal at the 13th training forward of its process
+    (same weights: the subclass builds the same layers from the same seed)."""
     armed = os.environ.get("AW_TEST_SIGNAL")
 
     def model() -> nn.Module:

@@ -21,6 +21,7 @@ from accel_widgets.engine.training import (
     DieWithRank,
     batch_length,
     build_loop,
+    eval_metrics,
     peak_memory_bytes,
     split_batch,
 )
@@ -493,3 +494,13 @@ def test_a_loader_worker_dies_with_its_rank_and_one_whose_rank_is_gone_exits(tmp
     child.start()
     child.join(10)
     assert child.exitcode == 1  # its rank is not its parent any more: it exits before the user's init runs
+
+
+def test_an_evaluation_batch_gives_a_loss_or_named_metrics_and_anything_else_names_the_eval_fn():
+    def accuracy(model, batch):
+        return {"loss": torch.tensor(0.5), "accuracy": 0.75}
+
+    assert eval_metrics(torch.tensor([2.0]), None) == {"loss": 2.0}
+    assert eval_metrics(accuracy(None, None), accuracy) == {"loss": 0.5, "accuracy": 0.75}
+    with pytest.raises(BatchFormatError, match=r"eval_fn=.*accuracy gave 'per_item' as a Tensor: return a loss"):
+        eval_metrics({"per_item": torch.ones(3)}, accuracy)

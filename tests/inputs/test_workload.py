@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -71,3 +72,26 @@ def test_a_dataset_factory_that_needs_arguments_is_refused_at_once() -> None:
     with pytest.raises(TypeError, match=r"Workload.dataset=.*build is not a dataset, so it is taken as a factory .* "
                                         r"it needs n\. Pass a built dataset"):
         Workload(model=TinyNet, dataset=build, loss_fn=F.cross_entropy)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(tensors(8)[0])
+
+
+def test_the_jobs_fields_are_checked_when_the_workload_is_made() -> None:
+    """A schedule or an evaluation the job cannot use fails here, naming the field and what to pass."""
+    base = {"model": TinyNet, "dataset": tensors(64), "loss_fn": F.cross_entropy}
+    with pytest.raises(TypeError, match=r"Workload\.scheduler must be a factory: scheduler\(optimizer\)"):
+        Workload(**base, scheduler=0.5)
+    with pytest.raises(ValueError, match=r"eval_fn=.* is given without an eval_dataset"):
+        Workload(**base, eval_fn=lambda model, batch: 0.0)
+    with pytest.raises(TypeError, match="eval_dataset is a stream"):
+        Workload(**base, eval_dataset=Stream())
+    with pytest.raises(ValueError, match=r"Workload\.eval_dataset is empty"):
+        Workload(**base, eval_dataset=tensors(0))
+    no_scheduler = Workload(**base, scheduler=lambda optimizer: None)
+    with pytest.raises(TypeError, match="returned NoneType, not an LR scheduler"):
+        no_scheduler.build_scheduler(torch.optim.SGD(TinyNet().parameters(), lr=0.1))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*tensors(8)), batch_size=4)
+    assert isinstance(Workload(**base, eval_dataset=loader).eval_dataset, torch.utils.data.TensorDataset)
