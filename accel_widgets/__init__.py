@@ -36,6 +36,7 @@ from .engine.request import BurstRequestError
 from .inputs.device import DeviceInfo, probe_device
 from .inputs.workload import Workload
 from .job.export import export_script
+from .job.recipe import Recipe, recipe
 from .knobs import GROUPS, KNOBS, CodePaths, Knob, KnobValueError
 from .knobs.config import Config
 from .knobs.rules import ConfigError, check_config
@@ -86,6 +87,7 @@ __all__ = [
     "Knob",
     "KnobValueError",
     "RankSummary",
+    "Recipe",
     "RunHistory",
     "StepRecord",
     "StoredRun",
@@ -111,6 +113,7 @@ __all__ = [
     "find_batch_size",
     "measure_noise",
     "probe_device",
+    "recipe",
     "remeasure",
     "report",
     "run_burst",

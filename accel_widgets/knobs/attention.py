@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .base import Climb, Knob, Remedy, Rule, Symptom
+from .base import Climb, Code, Knob, RecipeContext, RecipeEntry, RecipePart, Remedy, Rule, Style, Symptom
 
 if TYPE_CHECKING:
     from .config import Config
@@ -51,6 +51,33 @@ RULES = [
 LADDER: list[Climb] = []
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {}
+
+
+_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
+
+
+def _pinned(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """Plain PyTorch: the kernel pinned around the forward."""
+    if config.sdpa_backend == "auto":
+        return []
+    return [Code("sdpa_backend", "imports", _IMPORT),
+            Code("sdpa_backend", "forward_context", f"sdpa_kernel(SDPBackend.{_BACKENDS[config.sdpa_backend].name})")]
+
+
+def _around_training(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """A framework: the kernel pinned around the whole training call (the forward runs in that thread)."""
+    if config.sdpa_backend == "auto":
+        return []
+    return [Code("sdpa_backend", "code", _IMPORT),
+            Code("sdpa_backend", "code", f"# wrap the training call: with sdpa_kernel(SDPBackend."
+                                         f"{_BACKENDS[config.sdpa_backend].name}): trainer.train()")]
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "sdpa_backend": {"pytorch": _pinned, "hf": _around_training, "lightning": _around_training,
+                     "accelerate": _around_training},
+}
 
 
 def forward_context(config: Config) -> contextlib.AbstractContextManager[Any]:

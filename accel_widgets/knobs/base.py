@@ -290,3 +290,100 @@ class Facts:
 def powers_of_two(limit: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to ``limit``: the candidate counts of workers or ranks a search tries."""
     return tuple(1 << i for i in range(max(1, limit).bit_length()))
+
+
+# -- recipes: a config's settings in the user's own code ------------------------------------------------------------
+#: The code a recipe is written for (:func:`accel_widgets.job.recipe.recipe`): a plain PyTorch loop, Hugging Face's
+#: ``TrainingArguments``, a Lightning ``Trainer``, an Accelerate ``Accelerator``.
+Style = Literal["pytorch", "hf", "lightning", "accelerate"]
+STYLES: tuple[Style, ...] = ("pytorch", "hf", "lightning", "accelerate")
+
+
+@dataclass(frozen=True)
+class RecipeContext:
+    """What a recipe knows besides the config: the workload it is for (None: the config alone)."""
+
+    workload: Workload | None = None
+
+
+@dataclass(frozen=True)
+class Code:
+    """A line of code ``knob`` puts in a recipe: in the plain-PyTorch loop at ``slot`` (a place in the loop the
+    recipe module lays out), or under a framework's object (``slot`` "code"). ``why`` defaults to the knob's."""
+
+    knob: str
+    slot: str
+    code: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A keyword argument ``knob`` sets: of the style's object (``TrainingArguments``, ``Trainer``, ``Accelerator``:
+    ``call`` ""), or of a call the recipe writes out (``call`` "DataLoader", "to": a tensor's ``.to``). ``code`` is
+    the value as code where ``repr(value)`` is not it."""
+
+    knob: str
+    name: str
+    value: Any
+    call: str = ""
+    code: str = ""
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A global torch switch ``knob`` sets around the loop, put back after: ``read`` is an expression of its current
+    value, ``write`` a statement with ``{}`` where the value goes."""
+
+    knob: str
+    read: str
+    write: str
+    value: str
+
+
+@dataclass(frozen=True)
+class NoEquivalent:
+    """``knob``'s value has no equivalent in the style: ``instead`` says what to do."""
+
+    knob: str
+    instead: str
+
+
+RecipePart = Code | Setting | Flag | NoEquivalent
+#: One knob's part of a recipe in one style, for a config (an empty list: nothing to write).
+RecipeEntry = Callable[["Config", RecipeContext], list[RecipePart]]
+
+
+def changed(knob: Knob, config: Config) -> bool:
+    """Whether ``config`` sets ``knob`` off its default: what a recipe has to say something about."""
+    return getattr(config, knob.name) != knob.default
+
+
+def no_equivalent(knob: Knob, instead: str | Callable[[Config], str]) -> RecipeEntry:
+    """The entry of a style with no equivalent of ``knob``: nothing at its default, else what to do instead."""
+
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if not changed(knob, config):
+            return []
+        return [NoEquivalent(knob.name, instead(config) if callable(instead) else instead)]
+
+    return entry
+
+
+def setting(knob: Knob, name: str, convert: Callable[[Any], Any] = lambda value: value, *, call: str = "",
+            always: bool = False) -> RecipeEntry:
+    """The entry of a style where ``knob`` is the keyword ``name`` (its value converted): written when the config
+    changes it, or ``always`` (where the framework's default differs from plain PyTorch's)."""
+
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if not (always or changed(knob, config)):
+            return []
+        return [Setting(knob.name, name, convert(getattr(config, knob.name)), call=call)]
+
+    return entry
+
+
+def nothing(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """The entry of a style where the knob needs nothing written (the framework does it, or it is said elsewhere)."""
+    return []

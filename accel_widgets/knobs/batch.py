@@ -7,7 +7,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Style,
+    Symptom,
+    setting,
+)
 
 if TYPE_CHECKING:
     from .config import Config
@@ -32,6 +45,29 @@ LADDER: list[Climb] = []
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "memory_full": lambda c: Remedy("grad_accum_steps", "the next step up in batch size will not fit; accumulate "
                                     "gradients instead"),
+}
+
+
+def _accumulation(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """Plain PyTorch: the micro-batches per step, and the loss divided by their count when there are several."""
+    parts: list[RecipePart] = [Code("grad_accum_steps", "constants", f"ACCUMULATE = {config.grad_accum_steps}",
+                                    "micro-batches per optimizer step")]
+    if config.grad_accum_steps > 1:
+        parts += [Code("grad_accum_steps", "loss_scale", "loss / ACCUMULATE",
+                       "the accumulated gradient is then that of one batch of ACCUMULATE x the size"),
+                  Code("grad_accum_steps", "step_loss", "total / ACCUMULATE", "a step's loss: its micro-batches' mean")]
+    return parts
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "grad_accum_steps": {
+        "pytorch": _accumulation,
+        "hf": setting(KNOBS[0], "gradient_accumulation_steps"),
+        "lightning": setting(KNOBS[0], "accumulate_grad_batches"),
+        # Accelerate accumulates inside `with accelerator.accumulate(model):` around each micro-batch's step.
+        "accelerate": setting(KNOBS[0], "gradient_accumulation_steps"),
+    },
 }
 
 

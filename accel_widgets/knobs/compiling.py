@@ -8,7 +8,20 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from . import batch, overhead, system
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Setting,
+    Style,
+    Symptom,
+)
 
 if TYPE_CHECKING:
     from .config import Config
@@ -69,6 +82,37 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "compute_bound": lambda c: Remedy("compile_mode", "try torch.compile to fuse kernels") if not compiled(c) else None,
     "compile_does_not_pay": lambda c: Remedy("compile_mode", "leave it off for this model, or look for graph breaks "
                                              "and recompiles"),
+}
+
+
+def _compile_call(config: Config) -> str:
+    return "torch.compile(model)" if config.compile_mode == "default" else (
+        f"torch.compile(model, mode={config.compile_mode!r})")
+
+
+def _compile_line(slot: str, where: str = "") -> RecipeEntry:
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        return [Code("compile_mode", slot, f"model = {_compile_call(config)}{where}")] if compiled(config) else []
+
+    return entry
+
+
+def _hf_compile(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if not compiled(config):
+        return []
+    mode = [] if config.compile_mode == "default" else [Setting("compile_mode", "torch_compile_mode",
+                                                                config.compile_mode)]
+    return [Setting("compile_mode", "torch_compile", True), *mode]
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "compile_mode": {
+        "pytorch": _compile_line("compile"),
+        "hf": _hf_compile,
+        "lightning": _compile_line("code", "  # your LightningModule, before trainer.fit"),
+        "accelerate": _compile_line("code", "  # before accelerator.prepare"),
+    },
 }
 
 

@@ -28,7 +28,24 @@ from ..data.cache import CacheInfo, cache_dataset
 from ..data.resume import ResumableSampler
 from ..data.streams import split_stream
 from . import parallel
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom, powers_of_two
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Setting,
+    Style,
+    Symptom,
+    changed,
+    no_equivalent,
+    powers_of_two,
+    setting,
+)
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -170,6 +187,61 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "memory_headroom": lambda c: Remedy("batch_size", "room for a larger batch"),
     "out_of_memory": lambda c: Remedy("batch_size", "lower batch_size, or keep the effective batch with "
                                       "grad_accum_steps"),
+}
+
+
+_KNOB = {knob.name: knob for knob in KNOBS}
+_LOADER_STYLES: tuple[Style, ...] = ("pytorch", "lightning", "accelerate")  # the user builds the DataLoader
+
+
+def _batch_size_entry(name: str, call: str) -> RecipeEntry:
+    """The batch size, always written: a recipe without it would take the framework's default (HF: 8)."""
+
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        size = resolve_batch_size(config, context.workload) if context.workload is not None else (
+            config.batch_size or DEFAULT_BATCH_SIZE)
+        return [Setting("batch_size", name, size, call=call, why="samples per micro-batch on each rank")]
+
+    return entry
+
+
+def _with_workers(entry: RecipeEntry) -> RecipeEntry:
+    """An entry that only means something with loader workers (DataLoader refuses it without)."""
+    return lambda config, context: entry(config, context) if config.num_workers else []
+
+
+def _loader(name: str, *, always: bool = False) -> dict[Style, RecipeEntry]:
+    return {style: setting(_KNOB[name], name, call="DataLoader", always=always) for style in _LOADER_STYLES}
+
+
+_CACHE_INSTEAD = ("prepare the items once yourself and train from the result (a TensorDataset of the prepared "
+                  "tensors, numpy.memmap files, or WebDataset shards), so per-item work is not paid every epoch")
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`): the DataLoader's keywords in plain PyTorch,
+#: Lightning and Accelerate (the user builds the loader), TrainingArguments' ``dataloader_*`` for Hugging Face.
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "batch_size": {**{style: _batch_size_entry("batch_size", "DataLoader") for style in _LOADER_STYLES},
+                   "hf": _batch_size_entry("per_device_train_batch_size", "")},
+    "num_workers": {**_loader("num_workers"), "hf": setting(_KNOB["num_workers"], "dataloader_num_workers")},
+    # The Trainer pins by default, plain PyTorch does not: said either way.
+    "pin_memory": {**_loader("pin_memory"), "hf": setting(_KNOB["pin_memory"], "dataloader_pin_memory", always=True)},
+    "prefetch_factor": {**{style: _with_workers(entry) for style, entry in _loader("prefetch_factor").items()},
+                        "hf": _with_workers(setting(_KNOB["prefetch_factor"], "dataloader_prefetch_factor"))},
+    "persistent_workers": {**{style: _with_workers(entry) for style, entry in _loader("persistent_workers").items()},
+                           "hf": _with_workers(setting(_KNOB["persistent_workers"],
+                                                       "dataloader_persistent_workers"))},
+    "non_blocking": {
+        "pytorch": setting(_KNOB["non_blocking"], "non_blocking", call="to"),
+        "hf": setting(_KNOB["non_blocking"], "accelerator_config", lambda value: {"non_blocking": value}),
+        "lightning": lambda config, context: [Code("non_blocking", "code", "# Lightning copies batches to a GPU with "
+                                                   "non_blocking=True itself: nothing to set")]
+        if changed(_KNOB["non_blocking"], config) else [],
+        "accelerate": no_equivalent(_KNOB["non_blocking"], "pass dataloader_config=accelerate.DataLoaderConfiguration("
+                                    "non_blocking=True) to Accelerator(...), with pin_memory=True in the DataLoader"),
+    },
+    "data_cache": {style: no_equivalent(_KNOB["data_cache"], _CACHE_INSTEAD) for style in _LOADER_STYLES}
+    | {"hf": no_equivalent(_KNOB["data_cache"], "prepare the dataset once with datasets' map() (it caches the result "
+                           "on disk) and set_format('torch'), rather than transforming items as they are read")},
 }
 
 

@@ -14,7 +14,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Setting,
+    Style,
+    Symptom,
+    changed,
+    no_equivalent,
+)
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -67,6 +82,82 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
 
 _IMPLEMENTATION_FLAGS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
                          "fused": {"foreach": False, "fused": True}}
+
+
+_KNOB = {knob.name: knob for knob in KNOBS}
+
+#: Plain PyTorch: the optimizer rebuilt with another implementation, as :func:`build_optimizer` does.
+_REBUILT = '''def rebuilt(optimizer, **implementation):
+    """The same optimizer (class, hyperparameters, parameter groups) built with another implementation."""
+    accepted = inspect.signature(type(optimizer)).parameters
+    groups = [{k: v for k, v in group.items() if k == "params" or (k in accepted and k not in implementation)}
+              for group in optimizer.param_groups]
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    return type(optimizer)(groups, **{**defaults, **implementation})'''
+
+
+def _loss_read(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """Plain PyTorch: when the losses of the steps so far are read to the host (the condition of an ``if``)."""
+    every = config.sync_every
+    condition = "True" if every == 1 else "False" if every == 0 else f"(step + 1) % {every} == 0"
+    return [Code("sync_every", "read_loss", condition)]
+
+
+def _implementation(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if config.optimizer_impl == "default":
+        return []
+    flags = ", ".join(f"{name}={value}" for name, value in _IMPLEMENTATION_FLAGS[config.optimizer_impl].items())
+    return [Code("optimizer_impl", "imports", "import inspect"), Code("optimizer_impl", "helpers", _REBUILT),
+            Code("optimizer_impl", "optimizer", f"optimizer = rebuilt(optimizer, {flags})")]
+
+
+def _implementation_in_own_code(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if config.optimizer_impl == "default":
+        return []
+    flags = ", ".join(f"{name}={value}" for name, value in _IMPLEMENTATION_FLAGS[config.optimizer_impl].items())
+    return [Code("optimizer_impl", "code", f"# build your optimizer with {flags}, e.g. "
+                                           f"torch.optim.AdamW(model.parameters(), lr=1e-3, {flags})")]
+
+
+def _hf_optimizer(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """The Trainer builds its own optimizer from ``optim``: AdamW's fused or multi-tensor one."""
+    names = {"fused": "adamw_torch_fused", "foreach": "adamw_torch"}
+    if config.optimizer_impl in names:
+        return [Setting("optimizer_impl", "optim", names[config.optimizer_impl],
+                        why="(for AdamW, the Trainer's own optimizer) " + _KNOB["optimizer_impl"].why)]
+    return no_equivalent(_KNOB["optimizer_impl"], "the Trainer's AdamW has no for-loop option: subclass the Trainer "
+                         "(create_optimizer) to build it with foreach=False")(config, context)
+
+
+def _logged_every(name: str) -> RecipeEntry:
+    """A framework that reads the loss when it logs: logging every N steps is reading it every N."""
+    return lambda config, context: [Setting("sync_every", name, config.sync_every)] if config.sync_every > 1 else []
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "sync_every": {"pytorch": _loss_read, "hf": _logged_every("logging_steps"),
+                   "lightning": _logged_every("log_every_n_steps"),
+                   "accelerate": no_equivalent(_KNOB["sync_every"], lambda config: "in your loop, read loss.item() "
+                                               + ("only at the end" if config.sync_every == 0 else
+                                                  f"every {config.sync_every} steps, not every step"))},
+    "script_loss": {"pytorch": lambda config, context: [Code("script_loss", "loss_fn", "loss_fn = torch.jit.script("
+                                                              "loss_fn)")] if config.script_loss else [],
+                    **{style: no_equivalent(_KNOB["script_loss"], "TorchScript is legacy: torch.compile the model "
+                                            "instead") for style in ("hf", "lightning", "accelerate")}},
+    "optimizer_impl": {"pytorch": _implementation, "hf": _hf_optimizer, "lightning": _implementation_in_own_code,
+                       "accelerate": _implementation_in_own_code},
+    "set_to_none": {
+        "pytorch": lambda config, context: [Code("set_to_none", "zero_grad",
+                                                 f"optimizer.zero_grad(set_to_none={config.set_to_none})")],
+        "hf": no_equivalent(_KNOB["set_to_none"], "the Trainer zeroes gradients with set_to_none=True: subclass it "
+                            "(training_step) to zero them in place"),
+        "lightning": no_equivalent(_KNOB["set_to_none"], "override LightningModule.optimizer_zero_grad to call "
+                                   "optimizer.zero_grad(set_to_none=False)"),
+        "accelerate": lambda config, context: [Code("set_to_none", "code", "optimizer.zero_grad(set_to_none=False)  "
+                                                    "# in your loop")] if changed(_KNOB["set_to_none"], config) else [],
+    },
+}
 
 
 def build_optimizer(workload: Workload, params: list[nn.Parameter], config: Config) -> torch.optim.Optimizer:

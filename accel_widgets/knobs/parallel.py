@@ -13,7 +13,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom, powers_of_two
+from . import batch
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Setting,
+    Style,
+    Symptom,
+    no_equivalent,
+    powers_of_two,
+)
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo, GpuInfo
@@ -77,6 +93,75 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "one_process_many_gpus": lambda c: Remedy("parallel", "one Python process drives every GPU and scatters each "
                                               "batch from GPU 0: DDP (one process per GPU) avoids both bottlenecks")
     if single_process_multi_gpu(c) else None,
+}
+
+
+_KNOB = {knob.name: knob for knob in KNOBS}
+_NO_DATAPARALLEL = "DataParallel is single-process legacy: run DDP, one process per GPU (torchrun)"
+_JOIN = ('if not dist.is_initialized():  # under torchrun: its environment says where the ranks meet\n'
+         '    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")')
+
+
+def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """Plain PyTorch: join torchrun's group, shard the data per rank, wrap the model, all-reduce only on the micro-batch
+    that steps."""
+    if config.parallel == "dataparallel":
+        return [Code("parallel", "wrap", "model = nn.DataParallel(model)", _NO_DATAPARALLEL)]
+    if not distributed(config):
+        return []
+    parts: list[RecipePart] = [
+        Code("parallel", "imports", "import torch.distributed as dist"),
+        Code("parallel", "imports", "from torch.utils.data import DistributedSampler"),
+        Code("parallel", "setup", _JOIN),
+        Code("parallel", "setup", "rank, world_size = dist.get_rank(), dist.get_world_size()"),
+        Code("parallel", "sampler", "sampler = (DistributedSampler(dataset, num_replicas=world_size, rank=rank, "
+                                    "shuffle=True, seed=seed)\n           if world_size > 1 else "
+                                    "RandomSampler(dataset, generator=generator))",
+             "each rank trains on its own shard of every epoch (one rank: the plain shuffle, as in a burst)"),
+        Code("parallel", "new_epoch", "if world_size > 1:\n    sampler.set_epoch(epoch)",
+             "a new shuffle each epoch, the same on every rank"),
+        Code("parallel", "wrap", 'model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if '
+                                 'device.type == "cuda" else None)'),
+    ]
+    if batch.micro_batches(config) > 1:
+        parts.append(Code("parallel", "around_backward", "model.no_sync() if micro < ACCUMULATE - 1 else "
+                                                         "contextlib.nullcontext()",
+                          "DDP all-reduces gradients only on the micro-batch that steps the optimizer"))
+    return parts
+
+
+def _launch(prefix: str, command: str) -> RecipeEntry:
+    """The launch line of a DDP run of ``ranks(config)`` processes per machine."""
+    return lambda config, context: [Code("world_size", prefix, command.format(ranks(config)))] if distributed(
+        config) else []
+
+
+def _framework_ddp(how: str) -> RecipeEntry:
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if config.parallel == "dataparallel":
+            return no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
+        return [Code("parallel", "code", how)] if distributed(config) else []
+
+    return entry
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "parallel": {
+        "pytorch": _ddp,
+        "hf": _framework_ddp("# the Trainer runs DDP itself when launched by torchrun"),
+        "lightning": lambda config, context: no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
+        if single_process_multi_gpu(config) else [Setting("parallel", "strategy", "ddp")] if distributed(config)
+        else [],
+        "accelerate": _framework_ddp("# Accelerator runs DDP itself when launched by accelerate launch or torchrun"),
+    },
+    "world_size": {
+        "pytorch": _launch("doc", "torchrun --nproc-per-node {} your_script.py"),
+        "hf": _launch("code", "# launch: torchrun --nproc-per-node {} your_script.py"),
+        "lightning": lambda config, context: [Setting("world_size", "devices", ranks(config))] if distributed(
+            config) else [],
+        "accelerate": _launch("code", "# launch: accelerate launch --num_processes {} your_script.py"),
+    },
 }
 
 

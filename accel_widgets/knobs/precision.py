@@ -14,7 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .base import Climb, Knob, Remedy, Rule, Symptom
+from .base import (
+    Climb,
+    Code,
+    Flag,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Setting,
+    Style,
+    Symptom,
+)
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
@@ -124,6 +137,55 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
 #: that matter (NaN, a stalled or blown-up loss) sit far outside it. The GPU's bf16 kernels round like the
 #: CPU's (fp32 accumulation), but bigger models drift more: the margin is left for them.
 LOSS_TOLERANCE_AT_START: dict[str, float] = {"fp32": 0.01, "tf32": 0.02, "fp16": 0.03, "bf16": 0.04}
+
+
+_TF32 = "torch.backends.cuda.matmul.allow_tf32"
+_AUTOCAST_CODE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+_SCALER_WHY = "fp16 has a narrow exponent range: scaling the loss keeps small gradients from flushing to 0"
+
+
+def _autocast_recipe(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """Plain PyTorch: autocast around the forward; under fp16 the GradScaler's four places too."""
+    if config.precision == "fp32":
+        return []
+    parts: list[RecipePart] = [Code("precision", "forward_context",
+                                    f"torch.autocast(device.type, dtype={_AUTOCAST_CODE[config.precision]})")]
+    if config.precision == "fp16":
+        parts += [Code("precision", "scaler", "scaler = torch.amp.GradScaler(device.type)", _SCALER_WHY),
+                  Code("precision", "backward", "scaler.scale({}).backward()", "the loss scaled, as GradScaler wants"),
+                  Code("precision", "unscale", "scaler.unscale_(optimizer)", "clip real gradients, not scaled ones"),
+                  Code("precision", "step", "scaler.step(optimizer)", "skipped when fp16 gradients overflowed"),
+                  Code("precision", "step", "scaler.update()", "the scale adapts to what overflowed")]
+    return parts
+
+
+def _framework_precision(name: str, values: dict[str, Any]) -> RecipeEntry:
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        value = values.get(config.precision)
+        return [] if value is None else [Setting("precision", name if name else config.precision, value)]
+
+    return entry
+
+
+def _tf32_code(config: Config, context: RecipeContext) -> list[RecipePart]:
+    return [Code("tf32", "code", f"{_TF32} = True")] if config.tf32 else []
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "precision": {
+        "pytorch": _autocast_recipe,
+        "hf": _framework_precision("", {"bf16": True, "fp16": True}),  # TrainingArguments(bf16=True) / fp16=True
+        "lightning": _framework_precision("precision", {"bf16": "bf16-mixed", "fp16": "16-mixed"}),
+        "accelerate": _framework_precision("mixed_precision", {"bf16": "bf16", "fp16": "fp16"}),
+    },
+    "tf32": {
+        "pytorch": lambda config, context: [Flag("tf32", _TF32, _TF32 + " = {}", "True")] if config.tf32 else [],
+        "hf": lambda config, context: [Setting("tf32", "tf32", True)] if config.tf32 else [],
+        "lightning": _tf32_code,
+        "accelerate": _tf32_code,
+    },
+}
 
 
 def math_precision(config: Config, device_kind: str) -> str:

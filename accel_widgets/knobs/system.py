@@ -10,7 +10,23 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+from .base import (
+    Climb,
+    Code,
+    Flag,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Setting,
+    Style,
+    Symptom,
+    changed,
+    no_equivalent,
+)
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -88,6 +104,92 @@ LADDER = [
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "compute_bound": lambda c: Remedy("channels_last", "for convolutional models try channels_last")
     if not c.channels_last else None,
+}
+
+
+_KNOB = {knob.name: knob for knob in KNOBS}
+_BENCHMARK = "torch.backends.cudnn.benchmark"
+_WORKSPACE = f'os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", "{_CUBLAS_DETERMINISTIC_WORKSPACE}")'
+_CHANNELS_LAST = "model = model.to(memory_format=torch.channels_last)"
+
+
+def _code(name: str, line: str | Callable[[Config], str], slot: str = "code") -> RecipeEntry:
+    """An entry that writes one line when the config changes the knob."""
+    return lambda config, context: [Code(name, slot, line(config) if callable(line) else line)] if changed(
+        _KNOB[name], config) else []
+
+
+def _flag(name: str, read: str, write: str) -> RecipeEntry:
+    return lambda config, context: [Flag(name, read, write, repr(getattr(config, name)))] if changed(
+        _KNOB[name], config) else []
+
+
+def _deterministic(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if not config.deterministic:
+        return []
+    return [Code("deterministic", "imports", "import os"),
+            Code("deterministic", "setup", _WORKSPACE, "cuBLAS is deterministic only with a fixed workspace"),
+            Flag("deterministic", "torch.are_deterministic_algorithms_enabled()",
+                 "torch.use_deterministic_algorithms({})", "True")]
+
+
+def _memory_cap(config: Config) -> str:
+    return f"torch.cuda.set_per_process_memory_fraction({config.memory_fraction})  # on a GPU"
+
+
+def _channels_last(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if not config.channels_last:
+        return []
+    return [Code("channels_last", "layout", _CHANNELS_LAST),
+            Code("channels_last", "to_device", "if batch.dim() == 4 and batch.is_floating_point():\n"
+                                               "    batch = batch.contiguous(memory_format=torch.channels_last)",
+                 "4-D float inputs in channels_last too, matching the weights")]
+
+
+_EMPTY_CACHE = "torch.cuda.empty_cache()  # once, after the first steps"
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "cudnn_benchmark": {
+        "pytorch": _flag("cudnn_benchmark", _BENCHMARK, _BENCHMARK + " = {}"),
+        "hf": no_equivalent(_KNOB["cudnn_benchmark"], f"set {_BENCHMARK} = True before trainer.train()"),
+        "lightning": lambda config, context: [Setting("cudnn_benchmark", "benchmark", True)]
+        if config.cudnn_benchmark else [],
+        "accelerate": _code("cudnn_benchmark", f"{_BENCHMARK} = True"),
+    },
+    "deterministic": {
+        "pytorch": _deterministic,
+        "hf": lambda config, context: [Setting("deterministic", "full_determinism", True)]
+        if config.deterministic else [],
+        "lightning": lambda config, context: [Setting("deterministic", "deterministic", True)]
+        if config.deterministic else [],
+        "accelerate": _code("deterministic", "accelerate.utils.set_seed(seed, deterministic=True)"),
+    },
+    "channels_last": {
+        "pytorch": _channels_last,
+        "hf": no_equivalent(_KNOB["channels_last"], f"{_CHANNELS_LAST} before handing it to the Trainer (inputs "
+                            "follow in each conv)"),
+        "lightning": _code("channels_last", _CHANNELS_LAST + "  # in your LightningModule's __init__"),
+        "accelerate": _code("channels_last", _CHANNELS_LAST + "  # before accelerator.prepare"),
+    },
+    "memory_fraction": {
+        "pytorch": lambda config, context: [Code("memory_fraction", "device", "if device.type == \"cuda\":\n    "
+                                                 f"torch.cuda.set_per_process_memory_fraction({config.memory_fraction}"
+                                                 ", device)")] if changed(_KNOB["memory_fraction"], config) else [],
+        "hf": no_equivalent(_KNOB["memory_fraction"], lambda config: f"call {_memory_cap(config)} before training"),
+        "lightning": _code("memory_fraction", _memory_cap),
+        "accelerate": _code("memory_fraction", _memory_cap),
+    },
+    "empty_cache": {
+        "pytorch": _code("empty_cache", "if step == 1 and device.type == \"cuda\":\n    torch.cuda.empty_cache()",
+                         "after_step"),
+        "hf": no_equivalent(_KNOB["empty_cache"], "the Trainer's torch_empty_cache_steps empties the cache every N "
+                            "steps; the burst did it once, after warm-up: call torch.cuda.empty_cache() in a "
+                            "TrainerCallback's on_step_end at step 2"),
+        "lightning": no_equivalent(_KNOB["empty_cache"], "call torch.cuda.empty_cache() once in on_train_batch_end "
+                                   "after the first steps"),
+        "accelerate": _code("empty_cache", _EMPTY_CACHE),
+    },
 }
 
 

@@ -1,0 +1,145 @@
+"""A config in the user's own code: the plain-PyTorch snippet trains as the burst did, and the frameworks' objects
+built from a recipe's keywords hold every setting."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import accel_widgets as aw
+from accel_widgets import Config, Workload, run_burst
+from accel_widgets.knobs import KNOBS, OWNERS
+from accel_widgets.knobs.base import STYLES
+from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
+from tests.devices import cpu_device
+from tests.workloads import job_workload, tiny_workload
+
+STEPS = 10  # 2 warm-up steps and 8 measured ones in the burst; with 2 micro-batches a step, past an epoch's end
+
+
+def snippet_losses(config: Config, workload: Workload) -> list[float]:
+    """The pytorch recipe executed as pasted code (its own namespace, no accel_widgets in it) and trained."""
+    code = aw.recipe(config, workload).code
+    assert "accel_widgets" not in code.replace("accel_widgets measured", "")
+    namespace: dict = {"__name__": "pasted"}
+    exec(compile(code, "<recipe>", "exec"), namespace)
+    return namespace["train"](workload.model, workload.dataset, workload.loss_fn, workload.optimizer, STEPS,
+                              seed=workload.seed, make_scheduler=workload.scheduler)
+
+
+def burst_losses(config: Config, workload: Workload) -> list[float]:
+    burst = run_burst(workload, config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    assert burst.ok, burst.error
+    return burst.losses(rank=0)
+
+
+@contextlib.contextmanager
+def one_rank_group(tmp_path: Path):
+    """A process group of this process alone (gloo), as torchrun would have joined before the snippet runs."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_pytorch_snippet_trains_loss_for_loss_as_the_burst_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loader workers (persistent, prefetching deeper), accumulation, a loss read every 3 steps, a multi-tensor
+    optimizer zeroed in place, deterministic kernels and an LR schedule: equal, not close."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # the snippet sets it, as a script would
+    config = Config(num_workers=2, persistent_workers=True, prefetch_factor=4, grad_accum_steps=2, sync_every=3,
+                    optimizer_impl="foreach", set_to_none=False, deterministic=True)
+    workload = job_workload()
+    assert snippet_losses(config, workload) == burst_losses(config, workload)
+    assert not torch.are_deterministic_algorithms_enabled()  # the snippet put the flag back
+
+
+def test_the_snippet_under_ddp_with_fp16_scaling_and_no_sync_trains_as_the_burst(tmp_path: Path) -> None:
+    """DDP (one rank: the wrapper, DistributedSampler and no_sync are all there) with GradScaler and accumulation."""
+    config = Config(parallel="ddp", world_size=1, precision="fp16", grad_accum_steps=2)
+    workload = tiny_workload()
+    with one_rank_group(tmp_path):
+        snippet = snippet_losses(config, workload)
+    assert snippet == burst_losses(config, workload)
+
+
+def test_the_snippet_in_bf16_stays_within_the_guards_tolerance_of_the_burst() -> None:
+    config = Config(precision="bf16", sync_every=0)
+    workload = tiny_workload()
+    snippet, burst = snippet_losses(config, workload), burst_losses(config, workload)
+    assert len(snippet) == len(burst) == STEPS
+    assert max(abs(a - b) / abs(b) for a, b in zip(snippet, burst, strict=True)) <= LOSS_TOLERANCE_AT_START["bf16"]
+
+
+def test_every_knob_has_an_entry_in_every_style() -> None:
+    """One knob, one place: each owner says, for each of its knobs and each style, what to write (possibly nothing,
+    or that there is no equivalent); the recipe module names no knob."""
+    for owner in OWNERS:
+        assert set(owner.RECIPE) == {knob.name for knob in owner.KNOBS}, owner.__name__
+        for name, entries in owner.RECIPE.items():
+            assert set(entries) == set(STYLES), (name, sorted(entries))
+    assert sum(len(owner.RECIPE) for owner in OWNERS) == len(KNOBS)
+
+
+def test_hf_training_arguments_built_from_the_recipe_hold_every_setting(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    config = Config(batch_size=16, num_workers=2, prefetch_factor=4, persistent_workers=True, non_blocking=True,
+                    precision="bf16", grad_accum_steps=4, compile_mode="max-autotune", sync_every=5,
+                    optimizer_impl="fused", deterministic=True, channels_last=True, data_cache="memory")
+    made = aw.recipe(config, style="hf")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **made.kwargs)
+    loading = (args.per_device_train_batch_size, args.dataloader_num_workers, args.dataloader_prefetch_factor)
+    assert loading == (16, 2, 4) and args.dataloader_persistent_workers and not args.dataloader_pin_memory
+    assert args.accelerator_config.non_blocking
+    assert args.bf16 and not args.fp16 and args.gradient_accumulation_steps == 4 and args.logging_steps == 5
+    assert args.torch_compile and args.torch_compile_mode == "max-autotune" and args.full_determinism
+    assert args.optim == "adamw_torch_fused"
+    assert set(made.missing) == {"channels_last", "data_cache"}
+    assert "TrainingArguments(" in made.code and "torch.channels_last" in made.code
+
+
+def test_a_lightning_trainer_built_from_the_recipe_holds_every_setting() -> None:
+    import lightning
+
+    config = Config(precision="bf16", grad_accum_steps=3, cudnn_benchmark=True, num_workers=1,
+                    compile_mode="default", parallel="dataparallel", script_loss=True)
+    made = aw.recipe(config, style="lightning")
+    trainer = lightning.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, **made.kwargs)
+    assert trainer.precision == "bf16-mixed" and trainer.accumulate_grad_batches == 3
+    assert made.kwargs["benchmark"] is True and torch.backends.cudnn.benchmark  # set for the process, by Lightning
+    torch.backends.cudnn.benchmark = False
+    assert aw.recipe(Config(deterministic=True), style="lightning").kwargs == {"deterministic": True}
+    assert set(made.missing) == {"parallel", "script_loss"}
+    assert "num_workers=1," in made.code and "model = torch.compile(model)" in made.code
+
+
+def test_a_lightning_ddp_recipe_names_the_strategy_and_the_devices() -> None:
+    made = aw.recipe(Config(parallel="ddp", world_size=2), style="lightning")
+    assert made.kwargs == {"strategy": "ddp", "devices": 2} and not made.missing
+
+
+def test_an_accelerator_built_from_the_recipe_holds_every_setting() -> None:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    config = Config(precision="bf16", grad_accum_steps=2, non_blocking=True, sync_every=0, compile_mode="default",
+                    parallel="ddp", world_size=2)
+    made = aw.recipe(config, style="accelerate")
+    try:
+        accelerator = Accelerator(cpu=True, **made.kwargs)
+        assert accelerator.mixed_precision == "bf16" and accelerator.gradient_accumulation_steps == 2
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert set(made.missing) == {"non_blocking", "sync_every"}
+    assert "accelerate launch --num_processes 2" in made.code and "model = torch.compile(model)" in made.code
+
+
+def test_an_unknown_style_is_refused_naming_the_styles() -> None:
+    with pytest.raises(ValueError, match="style='keras': use one of 'pytorch', 'hf', 'lightning', 'accelerate'"):
+        aw.recipe(Config(), style="keras")
