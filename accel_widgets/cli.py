@@ -3,6 +3,7 @@
     accel-widgets demo                      # the classic ladder on the built-in workloads + HTML report
     accel-widgets run --workload pkg.mod:make_workload --set precision=bf16 --num-workers 4
     accel-widgets export --workload pkg.mod:make_workload --parallel ddp --world-size 8 -o train.py
+    accel-widgets export --workload pkg.mod:make_workload --precision bf16 --as hf   # TrainingArguments(...)
     accel-widgets knobs [--markdown]        # what every knob does (generated from the registry)
 
 Per-knob flags (``--num-workers``, ``--precision`` ...) are generated from the knob registry; ``--set
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .demos import DEMO_NAMES, demo_workload
@@ -22,6 +24,7 @@ from .engine.request import check_burst_request
 from .inputs.device import probe_device
 from .inputs.workload import Workload, load_workload
 from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError, parallel
+from .knobs.base import STYLES
 from .knobs.config import Config
 from .knobs.rules import ConfigError
 from .results.burst import BurstResult
@@ -29,6 +32,7 @@ from .search.ladder import Rung, classic_ladder, run_ladder
 from .views.progress import ProgressSeries, result_line
 
 DEFAULT_REPORT = "accel_widgets_report.html"
+DEFAULT_SCRIPT = "train_ddp.py"
 
 
 def _flag(name: str) -> str:
@@ -161,9 +165,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .job.export import export_script, torchrun_command
+    from .job.recipe import recipe
 
     config = config_from_args(args)
-    path = export_script(args.workload, config, args.output, nnodes=args.nnodes, endpoint=args.endpoint)
+    if args.style is not None:
+        made = recipe(config, load_workload(args.workload), args.style)
+        if args.output is None:
+            print(made.code, end="")
+            return 0
+        target = Path(args.output)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(made.code)
+        print(f"wrote {target}: the settings as {args.style} code")
+        return 0
+    path = export_script(args.workload, config, args.output or DEFAULT_SCRIPT, nnodes=args.nnodes,
+                         endpoint=args.endpoint)
     ranks = parallel.ranks(config)
     print(f"wrote {path}\n  one machine:  torchrun --standalone --nproc-per-node {ranks} {path.name}")
     print("  several:      " + torchrun_command(path, nproc_per_node=ranks, nnodes=args.nnodes, endpoint=args.endpoint))
@@ -230,9 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_knob_flags(run)
     run.set_defaults(handler=cmd_run)
 
-    export = commands.add_parser("export", help="write a standalone torchrun DDP script with the chosen knobs")
+    export = commands.add_parser("export", help="write a torchrun job (checkpoints, --resume, logs) with the chosen "
+                                 "knobs, or --as the settings in your own code")
     export.add_argument("--workload", required=True, help="MODULE:FUNCTION returning an accel_widgets.Workload")
-    export.add_argument("-o", "--output", default="train_ddp.py", help="script path (default train_ddp.py)")
+    export.add_argument("-o", "--output", default=None, help=f"script path (default {DEFAULT_SCRIPT}; with --as, "
+                        "the code is printed unless -o is given)")
+    export.add_argument("--as", dest="style", choices=STYLES, default=None,
+                        help="the settings as code for your own training instead of a job: pytorch (a plain loop, no "
+                             "accel_widgets import), hf (TrainingArguments), lightning (Trainer), accelerate "
+                             "(Accelerator); knobs with no equivalent are listed with what to do instead")
     export.add_argument("--nnodes", type=int, default=2, help="machines in the multi-node command (default 2)")
     export.add_argument("--endpoint", default="HOST:29400", help="rendezvous HOST:PORT reachable from all nodes")
     _add_knob_flags(export)

@@ -135,3 +135,14 @@ def test_export_to_a_path_it_cannot_write_is_one_line(workdir: Path, capsys: pyt
     err = capsys.readouterr().err
     assert err.startswith("accel-widgets: error: ") and "a_file" in err and "Traceback" not in err
     assert len(err.splitlines()) == 1
+
+
+def test_export_as_a_style_prints_the_settings_as_code(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "--workload", "mywl:make", "--precision", "bf16", "--grad-accum-steps", "2", "--as",
+                 "hf"]) == 0
+    out = capsys.readouterr().out
+    assert "args = TrainingArguments(" in out and "    bf16=True," in out and "gradient_accumulation_steps=2," in out
+    assert main(["export", "--workload", "mywl:make", "--as", "pytorch", "-o", "mine/snippet.py"]) == 0
+    assert "def train(model, dataset, loss_fn, make_optimizer, steps, seed=0" in (
+        workdir / "mine" / "snippet.py").read_text()
+    assert not (workdir / "train_ddp.py").exists()

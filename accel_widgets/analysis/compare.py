@@ -156,3 +156,13 @@ def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow |
         return before.verdict
     noise = noise_of(baseline) if noise_of is not None and baseline is not None else None
     return check_training(result, baseline, noise)
+
+
+def best_run(rows: Sequence[RunRow]) -> RunRow | None:
+    """The run to take into the user's own code: the fastest against its baseline of those that finished, measured
+    reliably and train as their baseline does (the guard's verdict); None when no run qualifies."""
+    candidates = [row for row in rows if row.result.ok and not row.values["unreliable"] and not row.changes_training
+                  and row.values["samples_per_s"] is not None]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda row: (row.values["speedup"] or 0.0, row.values["samples_per_s"]))

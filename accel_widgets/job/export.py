@@ -23,7 +23,7 @@ from ..knobs.plan import portable_errors
 from ..knobs.rules import ConfigError
 from .options import argparse_lines
 
-_TEMPLATE = '''"""Training job exported by accel_widgets for workload {workload_ref!r}.
+_TEMPLATE = '''"""Training script exported by accel_widgets for workload {workload_ref!r}.
 
 Configuration: {label}
 

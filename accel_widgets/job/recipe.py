@@ -22,6 +22,7 @@ from ..inputs.workload import Workload
 from ..knobs import KNOBS, OWNERS
 from ..knobs.base import STYLES, Code, Flag, NoEquivalent, RecipeContext, RecipePart, Setting, Style
 from ..knobs.config import Config
+from ..results.burst import BurstResult
 
 LINE_WIDTH = 120
 _OBJECTS: dict[str, tuple[str, str, str]] = {  # style -> (import, the object's call, its name in the code)
@@ -47,21 +48,29 @@ class Recipe:
 def recipe(config: Config, workload: Workload | None = None, style: Style = "pytorch") -> Recipe:
     """``config`` as code of ``style`` ("pytorch", "hf", "lightning" or "accelerate"); ``workload`` gives the batch
     size when the config leaves it to the workload (and names the workload in the code)."""
+    return _written(config, RecipeContext(workload), style, workload.name if workload is not None else None)
+
+
+def recipe_of(result: BurstResult, style: Style = "pytorch") -> Recipe:
+    """A finished run's settings as code: its config, with the batch size it trained (a result holds no workload)."""
+    return _written(result.config, RecipeContext(batch_size=result.batch_size), style, result.workload)
+
+
+def _written(config: Config, context: RecipeContext, style: Style, workload_name: str | None) -> Recipe:
     if style not in STYLES:
         raise ValueError(f"style={style!r}: use one of {', '.join(map(repr, STYLES))}")
-    context = RecipeContext(workload)
     parts = [part for owner in OWNERS for knob in owner.KNOBS for part in owner.RECIPE[knob.name][style](config,
                                                                                                          context)]
     missing = {part.knob: part.instead for part in parts if isinstance(part, NoEquivalent)}
-    title = _title(config, workload, style)
+    title = _title(config, workload_name, style)
     if style == "pytorch":
         return Recipe(style, _pytorch(title, parts, missing), {}, missing)
     kwargs = {part.name: part.value for part in parts if isinstance(part, Setting) and not part.call}
     return Recipe(style, _framework(style, title, parts, missing), kwargs, missing)
 
 
-def _title(config: Config, workload: Workload | None, style: Style) -> str:
-    where = f" for workload {workload.name!r}" if workload is not None else ""
+def _title(config: Config, workload_name: str | None, style: Style) -> str:
+    where = f" for workload {workload_name!r}" if workload_name is not None else ""
     return f"{_TITLES[style]} with the settings accel_widgets measured{where}: {config.label()}."
 
 

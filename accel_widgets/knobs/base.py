@@ -301,9 +301,11 @@ STYLES: tuple[Style, ...] = ("pytorch", "hf", "lightning", "accelerate")
 
 @dataclass(frozen=True)
 class RecipeContext:
-    """What a recipe knows besides the config: the workload it is for (None: the config alone)."""
+    """What a recipe knows besides the config: the workload it is for (None: the config alone), and the batch size a
+    burst trained with, when a finished run is what the recipe is written from (a result holds no workload)."""
 
     workload: Workload | None = None
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)

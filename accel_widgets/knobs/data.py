@@ -198,8 +198,8 @@ def _batch_size_entry(name: str, call: str) -> RecipeEntry:
     """The batch size, always written: a recipe without it would take the framework's default (HF: 8)."""
 
     def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
-        size = resolve_batch_size(config, context.workload) if context.workload is not None else (
-            config.batch_size or DEFAULT_BATCH_SIZE)
+        size = context.batch_size or (resolve_batch_size(config, context.workload) if context.workload is not None
+                                      else config.batch_size or DEFAULT_BATCH_SIZE)
         return [Setting("batch_size", name, size, call=call, why="samples per micro-batch on each rank")]
 
     return entry

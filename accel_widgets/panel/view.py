@@ -17,6 +17,7 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
+from ..analysis.compare import best_run
 from ..engine.launcher import run_burst, warm_up
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
@@ -31,6 +32,7 @@ from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
 from .controls import COLUMN_PX, KnobControls
 from .plots import MIN_WIDTH, WIDTH, Timeline, fit_timeline, sync_state
+from .recipe import RecipeView
 from .state import PanelState, Part, ProfileShown
 from .table import RunsTable
 
@@ -94,6 +96,7 @@ class TuningPanel:
         self.plots = Timeline(self.device)
         self._width = WIDTH  # until the browser says how wide the panel is
         self.table = RunsTable(self.state.set_shown)
+        self.recipe = RecipeView(workload)
         self._build_actions(steps)
         self.diagnosis = w.HTML(layout=w.Layout(margin="10px 0 0 0"))
         self.profile_view = w.HTML(layout=w.Layout(margin="6px 0 0 0", display="none"))
@@ -244,6 +247,7 @@ class TuningPanel:
             self.plots.stream(state.runs)
             self.plots.settle(state.runs)
             self.table.render(state.rows, state.hidden)
+            self.recipe.render(best_run(state.rows))
             if state.action is None:
                 self._render_compare()
         elif part == "shown":
@@ -470,8 +474,8 @@ class TuningPanel:
         runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>",
                             layout=w.Layout(margin="8px 0 0 0"))
         root = w.VBox([header, top, self.plots.probe, self.plots.chart, runs_title,
-                       self.table.widget, self.table.empty, self.diagnosis, self.compare, self.profile_view,
-                       self.batch_view],
+                       self.table.widget, self.table.empty, self.recipe.widget, self.diagnosis, self.compare,
+                       self.profile_view, self.batch_view],
                       layout=w.Layout(width="100%", max_width="1400px"))
         # Stable CSS hooks for browser tests and user styling; ipywidgets' own classes are generic.
         for widget, name in ((root, "panel"), (self.run_button, "run-burst"), (self.ladder_button, "run-ladder"),
@@ -482,7 +486,7 @@ class TuningPanel:
                              (self.live_button, "live"), (self.pin_button, "pin"),
                              (self.remeasure_button, "remeasure"),
                              (self.batch_button, "find-batch-size"), (self.batch_view, "batch-view"),
-                             (self.compare, "compare"),
+                             (self.compare, "compare"), (self.recipe.button, "use-in-my-code"),
                              (self.profile_view, "profile-view"), (actions, "actions")):
             widget.add_class(f"aw-{name}")
         return root

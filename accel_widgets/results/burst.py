@@ -226,6 +226,15 @@ class BurstResult:
         return [s for s in self.steps if not s.warmup and (rank is None or s.rank == rank)]
 
     @property
+    def batch_size(self) -> int | None:
+        """Samples per micro-batch on one rank, as the burst trained them: a step's samples over its micro-batches
+        (None before a step, or without the owners' facts)."""
+        first = next((s for s in self.steps if s.rank == 0), None)
+        if first is None or self.facts is None:
+            return None
+        return first.samples // self.facts.micro_batches
+
+    @property
     def samples_per_s(self) -> float | None:
         """Steady-state throughput summed over ranks (each rank: its samples over its own window)."""
         rates = [r.measured_samples / r.measured_s for r in self.ranks if r.measured_s > 0]

@@ -18,9 +18,10 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..analysis.compare import Row, RunRow, run_rows
+from ..analysis.compare import Row, RunRow, best_run, run_rows
 from ..analysis.compare import comparison_rows as comparison_rows  # re-exported: the rows the table functions take
 from ..analysis.diagnosis import diagnose
+from ..job.recipe import recipe_of
 from ..results.burst import BurstResult
 from .style import COLOURS, UNRELIABLE, findings_html, run_colour, run_name, shorten
 from .table import COLUMNS, REPORT_COLUMNS, STATUS, TEXT_COLUMNS, TITLE, row_cells, row_title, status_colour
@@ -138,6 +139,7 @@ def write_report(results: Sequence[BurstResult], path: str | os.PathLike[str], *
         "<h2>Comparison</h2>",
         _table_html(rows),
         _diagnosis_html(rows),
+        _recipe_html(rows),
         _warnings_html(rows),
         _errors_html(rows),
         "<h2>Figures</h2>",
@@ -199,6 +201,18 @@ def _diagnosis_html(rows: Sequence[RunRow]) -> str:
         if findings:
             sections.append(f"<h3>#{row.run} {html.escape(str(row.values['label']))}</h3>{findings_html(findings)}")
     return "<h2>Diagnosis</h2>\n" + "\n".join(sections) if sections else ""
+
+
+def _recipe_html(rows: Sequence[RunRow]) -> str:
+    """The best run's settings as plain PyTorch to paste: what to do with the report's answer."""
+    best = best_run(rows)
+    if best is None:
+        return ""
+    label = html.escape(str(best.values["label"]))
+    return (f"<h2>Use in your code</h2>\n<p>#{best.run} {label}, the fastest run that trains as its baseline does, as "
+            "plain PyTorch with no accel_widgets import (for Hugging Face, Lightning or Accelerate: "
+            "<code>accel-widgets export --as hf|lightning|accelerate</code>, or <code>aw.recipe(config, workload, "
+            f"style)</code>):</p>\n<pre>{html.escape(recipe_of(best.result).code)}</pre>")
 
 
 def _warnings_html(rows: Sequence[RunRow]) -> str:

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import accel_widgets as aw
 from accel_widgets import Config, Workload, run_burst
+from accel_widgets.job.recipe import recipe_of
 from accel_widgets.knobs import KNOBS, OWNERS
 from accel_widgets.knobs.base import STYLES
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
@@ -143,3 +144,13 @@ def test_an_accelerator_built_from_the_recipe_holds_every_setting() -> None:
 def test_an_unknown_style_is_refused_naming_the_styles() -> None:
     with pytest.raises(ValueError, match="style='keras': use one of 'pytorch', 'hf', 'lightning', 'accelerate'"):
         aw.recipe(Config(), style="keras")
+
+
+def test_a_finished_runs_recipe_has_the_batch_it_trained() -> None:
+    """A result holds no workload: the batch per micro-batch is its step's samples over the micro-batches."""
+    from tests.panel.fakes import synthetic_result
+
+    result = synthetic_result(Config(grad_accum_steps=2))  # 32 samples a step
+    assert result.batch_size == 16
+    assert "batch_size=16,  # samples per micro-batch" in recipe_of(result).code
+    assert recipe_of(result, "hf").kwargs["per_device_train_batch_size"] == 16

@@ -388,3 +388,12 @@ def test_report_shows_a_diverged_run_in_table_diagnosis_and_errors(tmp_path: Pat
     assert '<tr class="diverged changes-training">' in text  # styled like every row that is not ok
     assert "<b>Training diverged</b>: loss is NaN from step 4 (6 of 8 steps not finite)" in text
     assert "#1 bf16: diverged</summary>" in text
+
+
+def test_report_ends_with_the_best_runs_settings_as_plain_pytorch(report: tuple[Path, str]) -> None:
+    """The fastest run that trains as its baseline (#0 here, 2.00x) as code to paste, with the batch it trained."""
+    _, text = report
+    section = text[text.index("<h2>Use in your code</h2>"):]
+    assert section.startswith("<h2>Use in your code</h2>\n<p>#0 num_workers=2, the fastest run")
+    assert "def train(model, dataset, loss_fn, make_optimizer, steps, seed=0" in section
+    assert "num_workers=2,  # With 0 workers" in section and "batch_size=64,  # samples per micro-batch" in section
