@@ -33,8 +33,9 @@ seed, weights and data order). Edit the knob values below to change the job.
 One machine, {nproc} process(es):
     torchrun --standalone --nproc-per-node {nproc} {name} --steps 1000 --checkpoint-dir ckpt --checkpoint-every 200
 {multinode_block}After a stop (SIGTERM, preemption) or a crash, the same command with --resume carries on from the
-newest checkpoint, exactly. Each log line is JSON (step, loss, lr, samples_per_s, ...); the last line
-holds every loss this process trained.
+newest checkpoint, exactly; with no checkpoint yet --resume starts at step 0, so pass it from the start and
+torchrun's restarts (--max-restarts) carry on by themselves. Each log line is JSON (step, loss, lr,
+samples_per_s, ...); the last line holds every loss this process trained.
 """
 
 import argparse

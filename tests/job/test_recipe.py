@@ -13,8 +13,6 @@ import torch.distributed as dist
 import accel_widgets as aw
 from accel_widgets import Config, Workload, run_burst
 from accel_widgets.job.recipe import recipe_of
-from accel_widgets.knobs import KNOBS, OWNERS
-from accel_widgets.knobs.base import STYLES
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.devices import cpu_device
 from tests.workloads import job_workload, tiny_workload
@@ -74,16 +72,6 @@ def test_the_snippet_in_bf16_stays_within_the_guards_tolerance_of_the_burst() ->
     snippet, burst = snippet_losses(config, workload), burst_losses(config, workload)
     assert len(snippet) == len(burst) == STEPS
     assert max(abs(a - b) / abs(b) for a, b in zip(snippet, burst, strict=True)) <= LOSS_TOLERANCE_AT_START["bf16"]
-
-
-def test_every_knob_has_an_entry_in_every_style() -> None:
-    """One knob, one place: each owner says, for each of its knobs and each style, what to write (possibly nothing,
-    or that there is no equivalent); the recipe module names no knob."""
-    for owner in OWNERS:
-        assert set(owner.RECIPE) == {knob.name for knob in owner.KNOBS}, owner.__name__
-        for name, entries in owner.RECIPE.items():
-            assert set(entries) == set(STYLES), (name, sorted(entries))
-    assert sum(len(owner.RECIPE) for owner in OWNERS) == len(KNOBS)
 
 
 def test_hf_training_arguments_built_from_the_recipe_hold_every_setting(tmp_path: Path) -> None:

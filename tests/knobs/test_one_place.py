@@ -13,7 +13,8 @@ import ast
 import typing
 from pathlib import Path
 
-from accel_widgets.knobs import KNOBS, owner_of
+from accel_widgets.knobs import KNOBS, OWNERS, owner_of
+from accel_widgets.knobs.base import STYLES, RecipeContext
 from accel_widgets.knobs.config import Config
 
 PACKAGE = Path(__file__).resolve().parents[2] / "accel_widgets"
@@ -115,3 +116,34 @@ def test_config_types_agree_with_the_registry() -> None:
             continue
         assert literal, f"Config.{name} should be a Literal of {knob.choices}"
         assert typing.get_args(literal[0]) == knob.choices, (name, typing.get_args(literal[0]), knob.choices)
+
+
+def test_every_knob_has_an_entry_in_every_style() -> None:
+    """One knob, one place: each owner says, for each of its knobs and each style, what to write (possibly nothing,
+    or that there is no equivalent); the recipe module names no knob."""
+    for owner in OWNERS:
+        assert set(owner.RECIPE) == {knob.name for knob in owner.KNOBS}, owner.__name__
+        for name, entries in owner.RECIPE.items():
+            assert set(entries) == set(STYLES), (name, sorted(entries))
+    assert sum(len(owner.RECIPE) for owner in OWNERS) == len(KNOBS)
+
+
+#: A value off each knob's default (and what else it needs to mean something), for the test below.
+CHANGED = {"batch_size": 16, "num_workers": 2, "pin_memory": True, "prefetch_factor": 4, "persistent_workers": True,
+           "non_blocking": True, "data_cache": "memmap", "precision": "bf16", "tf32": True, "sdpa_backend": "math",
+           "grad_accum_steps": 2, "compile_mode": "default", "sync_every": 3, "script_loss": True,
+           "optimizer_impl": "fused", "set_to_none": False, "cudnn_benchmark": True, "deterministic": True,
+           "channels_last": True, "memory_fraction": 0.5, "empty_cache": True, "parallel": "ddp", "world_size": 2}
+NEEDS = {"prefetch_factor": {"num_workers": 2}, "persistent_workers": {"num_workers": 2},
+         "world_size": {"parallel": "ddp"}}
+
+
+def test_a_knob_set_off_its_default_is_said_in_every_style_or_said_to_have_no_equivalent() -> None:
+    """No style passes over a knob the config changed in silence: each writes a line, a keyword or a flag for it, or
+    says there is no equivalent and what to do instead."""
+    assert set(CHANGED) == set(KNOBS), "give a new knob a changed value here"
+    for name, value in CHANGED.items():
+        config = Config(**NEEDS.get(name, {}), **{name: value})
+        for style in STYLES:
+            parts = owner_of(name).RECIPE[name][style](config, RecipeContext())
+            assert parts and {part.knob for part in parts} == {name}, (name, style, parts)
