@@ -212,8 +212,9 @@ class Job:
         record: dict[str, Any] = {"step": self.step, "loss": losses[-1] if losses else None,
                                   "lr": _learning_rate(self.loop.optimizer),
                                   "samples_per_s": round(self._samples * self.ranks / seconds, 3)}
-        if self._tokens:
-            record["tokens_per_s"] = round(self._tokens * self.ranks / seconds, 3)
+        tokens = self._tokens or self._samples * (self.workload.tokens_per_sample or 0)  # real tokens, when counted
+        if tokens:
+            record["tokens_per_s"] = round(tokens * self.ranks / seconds, 3)
         record["elapsed_s"] = round(now - self._started, 3)
         if evaluation is not None:
             record["eval"] = evaluation

@@ -12,14 +12,23 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from accel_widgets import Config, run_burst
+from accel_widgets.engine.training import build_loop
+from accel_widgets.job import run
+from accel_widgets.job.checkpoint import Checkpoints
 from accel_widgets.job.export import export_script
+from accel_widgets.job.log import JobLog
+from accel_widgets.job.options import JobOptions
+from accel_widgets.job.signals import StopRequest
+from accel_widgets.knobs.plan import resolve
 from tests.devices import cpu_device
-from tests.workloads import TinyNet, job_workload
+from tests.workloads import TinyNet, job_workload, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "tests.workloads:job_workload"
@@ -103,7 +112,8 @@ def test_ddp_ranks_killed_resume_exactly_and_stop_together_on_one_ranks_sigterm(
     """DDP x 2 (gloo), bf16, 2 micro-batches a step (no_sync): rank 0 is SIGKILLed in step 13, after the checkpoint
     at 12. Resumed (logging every 2 steps), a SIGTERM that only rank 0 gets in step 17 stops both ranks at the next
     log step, 18, where they agree, with a checkpoint and exit 0 (a rank that went on would fail in step 19's
-    all-reduce); steps 13-18 are the uninterrupted burst's. (The one-process test resumes after a SIGTERM.)"""
+    all-reduce); steps 13-18 are the uninterrupted burst's, evaluating every 4 steps on both ranks' shares changing
+    none of them. (The one-process test resumes after a SIGTERM.)"""
     config = Config(parallel="ddp", world_size=2, precision="bf16", grad_accum_steps=2)
     script = export_script(REFERENCE, config, short_tmp / "train.py")
     reference = burst_losses(config)
@@ -111,8 +121,43 @@ def test_ddp_ranks_killed_resume_exactly_and_stop_together_on_one_ranks_sigterm(
     killed = launch(script, 2, short_tmp, signal_at="SIGKILL@25")
     assert killed.returncode != 0 and steps_saved(short_tmp) == [4, 8, 12]
 
-    resumed = launch(script, 2, short_tmp, "--resume", "--log-every", "2", signal_at="SIGTERM@9")
+    resumed = launch(script, 2, short_tmp, "--resume", "--log-every", "2", "--eval-every", "4",
+                     signal_at="SIGTERM@9")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "stopped by SIGTERM after step 18" in resumed.stdout
-    assert final_line(resumed) == (reference[12:18], 12)  # equal, not close
+    assert final_line(resumed) == (reference[12:18], 12)  # equal, not close: evaluating changed nothing either
     assert steps_saved(short_tmp) == [12, 16, 18]
+    log = [json.loads(line) for line in (short_tmp / "ckpt" / "log.jsonl").read_text().splitlines()]
+    assert [(record["step"], "eval" in record) for record in log[-3:]] == [(14, False), (16, True), (18, False)]
+    assert 0.5 < log[-2]["eval"]["loss"] < 3  # both ranks' halves of the 96 items, averaged
+
+
+def test_a_checkpoint_is_due_by_the_clock_and_a_signal_stops_the_loop_after_its_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's hooks on a burst's own loop, in this process: no checkpoint before the minute is up, one at the first
+    step after it; a SIGTERM noted mid-step ends the loop after that step, with its checkpoint."""
+    workload = tiny_workload(tokens_per_sample=8)
+    plan = resolve(Config(), cpu_device(), workload)
+    loop, raw = build_loop(workload, plan, torch.device("cpu"), 0, cache_dir=str(tmp_path), emit=lambda event: None,
+                           clock_origin=time.perf_counter())
+    now = [0.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: now[0])
+    options = JobOptions(steps=10, log_every=2, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_minutes=1)
+    log = JobLog(0, options.log_path, None)
+    job = run.Job(loop, raw, workload, plan, options, Checkpoints(tmp_path / "ckpt", keep=3, rank=0), log,
+                  StopRequest(), 0, None)
+    loop.hooks, loop.should_stop = job, job.stopping
+    first_step_s, _ = loop.warm_up(1)
+    now[0] = 59.0
+    loop.measure(1, None, first_step_s)
+    assert steps_saved(tmp_path) == []
+    now[0] = 60.0
+    loop.measure(1, None, first_step_s)
+    assert steps_saved(tmp_path) == [3]
+    job.stop.received = "SIGTERM"
+    loop.measure(5, None, first_step_s)
+    log.close()
+    assert job.step == 4 and job.stopped_by == "SIGTERM" and steps_saved(tmp_path) == [3, 4]
+    lines = [json.loads(text) for text in (tmp_path / "ckpt" / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [2, 4]
+    assert lines[0]["tokens_per_s"] == pytest.approx(8 * lines[0]["samples_per_s"], rel=1e-3)  # tokens_per_sample
