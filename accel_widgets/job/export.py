@@ -54,7 +54,11 @@ CONFIG = Config(
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 {flag_lines}
-    train(WORKLOAD, CONFIG, JobOptions(**vars(parser.parse_args())))
+    try:
+        options = JobOptions(**vars(parser.parse_args()))
+    except ValueError as exc:  # a flag that makes no sense: said before anything starts
+        parser.error(str(exc))
+    train(WORKLOAD, CONFIG, options)
 '''
 
 

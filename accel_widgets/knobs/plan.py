@@ -1,7 +1,7 @@
 """A config resolved once: the rules checked and every decision a run needs taken, for one device and workload.
 
 A burst (:func:`accel_widgets.engine.launcher.run_burst`), the batch-size search and an exported script
-(:mod:`accel_widgets.engine.standalone`) all start from :func:`resolve`, as Lightning Fabric's connector resolves
+(:mod:`accel_widgets.job.run`) all start from :func:`resolve`, as Lightning Fabric's connector resolves
 its flags once: so a config the rules refuse is refused by each of them alike, and what a burst measured is
 what the script runs. The knob owners take the decisions (:mod:`accel_widgets.knobs`); this module only asks them
 in order.
