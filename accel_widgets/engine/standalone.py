@@ -16,7 +16,7 @@ import torch
 from ..data.cache import cache_root
 from ..inputs.device import probe_device
 from ..inputs.workload import Workload, load_workload
-from ..knobs import global_flags, parallel
+from ..knobs import global_flags, memory, parallel
 from ..knobs.config import Config
 from ..knobs.plan import Plan, resolve
 from ..knobs.rules import ConfigError
@@ -46,18 +46,19 @@ def train(workload_ref: str, config: Config, steps: int) -> list[float]:
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if plan.device.has_cuda else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     log = _Log(rank, steps)
-    with (
-        torch_threads(plan.threads_per_rank),
-        global_flags(plan.config),
-        joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
-    ):
-        loop, _ = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
-                             clock_origin=time.perf_counter())
-        first_step_s, _ = loop.warm_up(1)
-        loop.measure(steps - 1, None, first_step_s)
+    with memory.allocator(plan.config, plan.device.kind):  # before set_device initialises CUDA
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        with (
+            torch_threads(plan.threads_per_rank),
+            global_flags(plan.config),
+            joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
+        ):
+            loop, _ = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
+                                 clock_origin=time.perf_counter())
+            first_step_s, _ = loop.warm_up(1)
+            loop.measure(steps - 1, None, first_step_s)
     return log.losses
 
 
