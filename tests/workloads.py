@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -338,3 +339,38 @@ def job_workload() -> Workload:
     return Workload(model=model, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32, name="job",
                     scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5),
                     eval_dataset=tensors(96, seed=1))
+
+
+def gpt_workload(*, n_layer: int = 8, d_model: int = 16, seq_len: int = 64, batch_size: int = 128) -> Workload:
+    """A small causal transformer (the LM demo's TinyGPT: blocks of attention and MLP in an nn.ModuleList) whose
+    activations outweigh its weights many times over: thin (``d_model``), many tokens per step."""
+    from accel_widgets.demos.lm import TinyGPT, TokenWindows, lm_loss, markov_tokens
+
+    model = functools.partial(TinyGPT, vocab_size=256, seq_len=seq_len, n_layer=n_layer, d_model=d_model, n_head=2)
+    tokens = markov_tokens(4 * batch_size * seq_len + 1, 256, seed=0)
+    return Workload(model=model, dataset=TokenWindows(tokens, seq_len), loss_fn=lm_loss, batch_size=batch_size,
+                    name="tiny-gpt")
+
+
+class WideBlocks(nn.Module):
+    """Blocks of wide MLPs (``width`` -> 4 x ``width`` -> ``width``) in an nn.ModuleList: weights and their AdamW
+    state outweigh the activations of a few rows, as in the models FSDP is for."""
+
+    def __init__(self, width: int = 512, blocks: int = 6) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+                                    for _ in range(blocks))
+        self.head = nn.Linear(width, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
+
+
+def wide_workload(width: int = 512) -> Workload:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(256, width, generator=generator)
+    return Workload(model=functools.partial(WideBlocks, width), dataset=(x, x[:, :CLASSES].argmax(dim=1)),
+                    loss_fn=F.cross_entropy, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),
+                    batch_size=8, name="wide")

@@ -28,12 +28,14 @@ _ORDER: dict[Severity, int] = {"warn": 0, "info": 1, "good": 2}
 
 @dataclass(frozen=True)
 class Finding:
-    """One reading: a short title, the numbers behind it, and the knob worth trying next (if any)."""
+    """One reading: a short title, the numbers behind it, the knob worth trying next (if any), and the symptom it
+    read (if it is one a knob owner remedies: what a ladder's rung or a search can be asked to address)."""
 
     severity: Severity
     title: str
     detail: str
     knob: str | None = None
+    symptom: Symptom | None = None
 
     def __post_init__(self) -> None:
         if self.knob is not None:
@@ -77,8 +79,8 @@ def _advised(severity: Severity, title: str, head: str, symptom: Symptom, config
     """A finding whose advice comes from the knob owner that remedies ``symptom`` (none: the numbers alone)."""
     advice = remedy(symptom, config)
     if advice is None:
-        return Finding(severity, title, f"{head}.")
-    return Finding(severity, title, f"{head}: {advice.text}.", advice.knob)
+        return Finding(severity, title, f"{head}.", symptom=symptom)
+    return Finding(severity, title, f"{head}: {advice.text}.", advice.knob, symptom)
 
 
 # -- outcome --------------------------------------------------------------------------------------
@@ -236,8 +238,19 @@ def _memory(result: BurstResult) -> list[Finding]:
     share = peak / total
     numbers = f"peak {peak / 2**20:,.0f} MiB of {total / 2**20:,.0f} MiB ({share:.0%})"
     if share >= THRESHOLDS.memory_full_share:
-        return [_advised("warn", "Memory nearly full", numbers, "memory_full", result.config)]
-    return [_advised("good", "Memory headroom", numbers, "memory_headroom", result.config)]
+        return [_advised("warn", "Memory nearly full", numbers, "memory_full", result.config), *_slack(result)]
+    return [_advised("good", "Memory headroom", numbers, "memory_headroom", result.config), *_slack(result)]
+
+
+def _slack(result: BurstResult) -> list[Finding]:
+    """The CUDA caching allocator reserved much more than it ever had allocated at once: memory held in blocks the
+    next tensors did not fit (fragmentation), which a real run can run out of memory on."""
+    slack, reserved = result.allocator_slack_share, result.peak_reserved_bytes
+    if slack is None or reserved is None or slack < THRESHOLDS.allocator_slack_notice_share:
+        return []
+    return [_advised("info", "Allocator holds unused memory", f"the allocator reserved {reserved / 2**20:,.0f} MiB and "
+                     f"never had more than {(result.peak_memory_bytes or 0) / 2**20:,.0f} MiB of it allocated at once "
+                     f"({slack:.0%} held unused)", "allocator_slack", result.config)]
 
 
 # -- the host --------------------------------------------------------------------------------------

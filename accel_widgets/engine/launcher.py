@@ -626,7 +626,7 @@ def _run_in_process(
 ) -> BurstResult:
     """The explicit fallback for workloads that cannot be pickled: same loop, no isolation."""
     if spec.plan.group is not None:
-        raise ConfigError("isolation='inprocess' runs in the caller: DDP needs isolation='process'")
+        raise ConfigError("isolation='inprocess' runs in the caller: DDP and FSDP ranks need isolation='process'")
     warnings.warn(
         "run_burst(isolation='inprocess') trains in this process: a crash or out-of-memory takes this kernel down, "
         "a hang cannot be timed out, and on a GPU this process initialises CUDA (DDP can then no longer be "

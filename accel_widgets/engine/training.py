@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -30,7 +31,7 @@ from ..data.cache import CacheInfo, items_differ
 from ..data.resume import DataPosition, ResumableSampler
 from ..data.streams import StreamReading, stream_random_data
 from ..inputs.workload import Workload, callable_name
-from ..knobs import CodePaths, attention, batch, compiling, data, overhead, parallel, precision, system
+from ..knobs import CodePaths, attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
 from ..knobs.config import Config
 from ..knobs.plan import Plan
 from ..metrics.flops import count_training_flops
@@ -134,8 +135,14 @@ class DieWithRank:
 
 
 def prepare_model(model: nn.Module, config: Config, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """Move, reformat, wrap and compile the model; returns ``(model to call, unwrapped model)``."""
-    raw = system.prepare_model(model.to(device), config)
+    """Move, reformat, convert, checkpoint, wrap and compile the model; returns ``(model to call, unwrapped model)``.
+
+    In torchtitan's order: float8 swaps the linear layers before anything holds them, checkpointing replaces the
+    blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), and
+    compile comes last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped"
+    model is the sharded one (its parameters are what the optimizer steps).
+    """
+    raw = memory.checkpoint_blocks(float8.convert(system.prepare_model(model.to(device), config), config), config)
     return compiling.compile_model(parallel.wrap_model(raw, config, device), config), raw
 
 
@@ -240,6 +247,41 @@ def peak_memory_bytes(devices: list[torch.device]) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def peak_reserved_bytes(devices: list[torch.device]) -> int | None:
+    """The CUDA caching allocator's peak of reserved memory (what it held from the driver, allocated or not) on the
+    busiest of the rank's GPUs; None on a CPU, which has no such allocator."""
+    if devices[0].type != "cuda":
+        return None
+    return max(int(torch.cuda.max_memory_reserved(device)) for device in devices)
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of training state this rank holds: its parameters, a gradient for each trainable one (they all exist
+    from backward to the optimizer step), and the optimizer's state (AdamW: two moments per parameter).
+
+    Counted from the tensors themselves, each storage once; under FSDP a parameter is a DTensor and only this rank's
+    shard counts, so the number is what sharding divides by the ranks. Unlike a process's RSS it holds no allocator
+    caching and no heap fragmentation: on a CPU, where glibc keeps freed blocks, it is how FSDP's saving shows.
+    """
+    seen: dict[int, int] = {}
+
+    def add(tensor: torch.Tensor) -> None:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        seen[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
+
+    gradients = 0
+    for parameter in model.parameters():
+        add(parameter)
+        if parameter.requires_grad:
+            local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+            gradients += local.numel() * local.element_size()
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:  # a step count is a scalar
+                add(value)
+    return sum(seen.values()) + gradients
+
+
 # -- the loop -------------------------------------------------------------------------------------
 class StepHooks(Protocol):
     """What a real job does at each step boundary (:mod:`accel_widgets.job`: count, log, evaluate, checkpoint,
@@ -259,6 +301,8 @@ class MeasuredWindow:
     first_step_s: float
     peak_memory_bytes: int
     tokens: int | None = None  # real (unpadded) tokens, when batches carry an attention mask
+    peak_reserved_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
+    model_state_bytes: int | None = None  # parameters, gradients and optimizer state this rank holds
 
 
 @dataclass
@@ -569,12 +613,14 @@ class TrainingLoop:
         # The window ends where the last measured step did, not after the loss read-back and the flush.
         last_end = self.step_clock.last_end
         window_s = last_end - window_start if measured_steps and last_end is not None else 0.0
-        peak = peak_memory_bytes(parallel.devices_used(self.config, self.device))
+        devices = parallel.devices_used(self.config, self.device)
+        peak, reserved = peak_memory_bytes(devices), peak_reserved_bytes(devices)
         self._emit_completed(timings, False, samples)
         self.emit(RankLosses(self.rank, list(self._losses)))
         window_tokens = self._tokens[len(self._tokens) - measured_steps:] if measured_steps else []
         tokens = sum(t for t in window_tokens if t) if any(window_tokens) else None
-        return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens)
+        return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens, reserved,
+                              model_state_bytes(self.model, self.optimizer))
 
 
 _CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
@@ -658,6 +704,8 @@ def rank_summary(
         measured_tokens=window.tokens,
         measured_s=window.seconds,
         peak_memory_bytes=window.peak_memory_bytes,
+        peak_reserved_bytes=window.peak_reserved_bytes,
+        model_state_bytes=window.model_state_bytes,
         memory_kind="cuda_allocator" if device.type == "cuda" else "rss",
         setup_s=setup_s,
         first_step_s=window.first_step_s,

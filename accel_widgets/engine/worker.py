@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ..data.streams import stream_reading
 from ..inputs.device import probe_device
 from ..inputs.workload import Workload
-from ..knobs import global_flags
+from ..knobs import global_flags, memory
 from ..knobs.plan import Plan
 from ..results.burst import StepRecord
 from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
@@ -203,9 +203,15 @@ def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
              set_phase: Callable[[Phase], None] = lambda phase: None) -> None:
     """Build everything for one rank inside the config's global flags, train, and report."""
     setup_start = time.perf_counter()
-    plan, request = spec.plan, spec.request
-    device = _device_for(plan.device.kind, rank)
     set_phase(Phase.SETUP)
+    with memory.allocator(spec.plan.config, spec.plan.device.kind):  # before choosing the device initialises CUDA
+        device = _device_for(spec.plan.device.kind, rank)
+        _train_rank(rank, workload, spec, device, emit, setup_start, should_stop, set_phase)
+
+
+def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.device, emit: Emit,
+                setup_start: float, should_stop: Callable[[], bool], set_phase: Callable[[Phase], None]) -> None:
+    plan, request = spec.plan, spec.request
     with (
         torch_threads(plan.threads_per_rank),
         global_flags(plan.config),

@@ -216,6 +216,20 @@ class Workload:
             )
         return model
 
+    def model_outline(self) -> nn.Module | None:
+        """The model's structure, to read before any process starts (which layers, which repeated blocks), never
+        trained: the instance as given, or the factory's model built on the meta device, where its weights take no
+        memory. None when the factory cannot build there (it loads weights from a file, it moves itself to a
+        device); the ranks then read the real model."""
+        if isinstance(self.model, nn.Module):
+            return self.model
+        try:
+            with torch.device("meta"):
+                model = self.model()
+        except Exception:  # whatever the user's factory raises on the meta device, the real build will tell
+            return None
+        return model if isinstance(model, nn.Module) else None
+
     def build_optimizer(self, params: Any) -> torch.optim.Optimizer:
         """The optimizer the factory builds for ``params``, checked: a factory that returns nothing (a missing
         ``return``) would otherwise fail inside GradScaler at the first step, naming none of the user's code."""

@@ -29,7 +29,7 @@ from ..engine.process import keep_freed_memory, torch_threads
 from ..engine.training import TrainingLoop, build_eval_loader, build_loop
 from ..inputs.device import probe_device
 from ..inputs.workload import Workload, load_workload
-from ..knobs import global_flags, parallel
+from ..knobs import global_flags, memory, parallel
 from ..knobs.config import Config
 from ..knobs.plan import Plan, resolve
 from ..knobs.rules import ConfigError
@@ -57,38 +57,40 @@ def train(workload_ref: str, config: Config, options: JobOptions | int) -> list[
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if plan.device.has_cuda else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    checkpoints = (Checkpoints(options.checkpoint_dir, keep=options.keep_checkpoints, rank=rank)
-                   if options.checkpoint_dir is not None else None)
-    with (
-        stop_requested_by(signal.SIGTERM) as stop,
-        torch_threads(plan.threads_per_rank),
-        global_flags(plan.config),
-        joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
-    ):
-        newest = checkpoints.newest() if options.resume and checkpoints is not None else None
-        saved = checkpoints.read_states(newest, plan.ranks) if checkpoints is not None and newest is not None else None
-        log = JobLog(rank, options.log_path, options.tensorboard, first_step=saved[0].step if saved else 0)
-        try:
-            loop, raw = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
-                                   clock_origin=time.perf_counter(), resume_at=saved[1].data if saved else None)
-            if checkpoints is not None and newest is not None and saved is not None:
-                _resume(loop, raw, checkpoints, newest, *saved)
-                log.note(f"resumed from {newest} at step {saved[0].step}; data: {loop.batches.resumed}")
-            elif options.resume:
-                log.note(f"--resume: no checkpoint in {options.checkpoint_dir} yet, starting at step 0")
-            job = Job(loop, raw, workload, plan, options, checkpoints, log, stop, log.first_step,
-                      build_eval_loader(workload, plan, device, rank))
-            loop.hooks, loop.should_stop = job, job.stopping
-            remaining = options.steps - job.step
-            if remaining > 0:
-                first_step_s, _ = loop.warm_up(1)
-                loop.measure(remaining - 1, None, first_step_s)
-            job.finish()
-        finally:
-            log.close()
-    return log.losses
+    with memory.allocator(plan.config, plan.device.kind):  # set before set_device initialises CUDA
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        checkpoints = (Checkpoints(options.checkpoint_dir, keep=options.keep_checkpoints, rank=rank)
+                       if options.checkpoint_dir is not None else None)
+        with (
+            stop_requested_by(signal.SIGTERM) as stop,
+            torch_threads(plan.threads_per_rank),
+            global_flags(plan.config),
+            joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
+        ):
+            newest = checkpoints.newest() if options.resume and checkpoints is not None else None
+            saved = (checkpoints.read_states(newest, plan.ranks)
+                     if checkpoints is not None and newest is not None else None)
+            log = JobLog(rank, options.log_path, options.tensorboard, first_step=saved[0].step if saved else 0)
+            try:
+                loop, raw = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
+                                       clock_origin=time.perf_counter(), resume_at=saved[1].data if saved else None)
+                if checkpoints is not None and newest is not None and saved is not None:
+                    _resume(loop, raw, checkpoints, newest, *saved)
+                    log.note(f"resumed from {newest} at step {saved[0].step}; data: {loop.batches.resumed}")
+                elif options.resume:
+                    log.note(f"--resume: no checkpoint in {options.checkpoint_dir} yet, starting at step 0")
+                job = Job(loop, raw, workload, plan, options, checkpoints, log, stop, log.first_step,
+                          build_eval_loader(workload, plan, device, rank))
+                loop.hooks, loop.should_stop = job, job.stopping
+                remaining = options.steps - job.step
+                if remaining > 0:
+                    first_step_s, _ = loop.warm_up(1)
+                    loop.measure(remaining - 1, None, first_step_s)
+                job.finish()
+            finally:
+                log.close()
+        return log.losses
 
 
 def _plan(config: Config, workload: Workload) -> Plan:

@@ -1,12 +1,12 @@
 """The knobs: every optimisation the tool can switch, each declared once, in the module that owns it.
 
 One module per optimisation group -- :mod:`.data`, :mod:`.precision`, :mod:`.attention`, :mod:`.batch`,
-:mod:`.compiling`, :mod:`.overhead`, :mod:`.system`, :mod:`.parallel` -- declares its knobs (values, devices, the
-what/why/when a user reads, how a search tries them), its rules (conflicts, "no effect here"), its part of the
-classic ladder (``LADDER``), its advice for what the diagnosis reads (``REMEDIES``), and everything the knobs do:
-to the loader, the model, the step, torch's global flags, and the facts analysis needs. The training step
-(:mod:`accel_widgets.engine.training`) calls the owners at fixed points and reads top to bottom; the ladder, the
-tuner and the diagnosis compose what the owners declare and name no knob themselves.
+:mod:`.compiling`, :mod:`.float8`, :mod:`.overhead`, :mod:`.system`, :mod:`.memory`, :mod:`.parallel` -- declares its
+knobs (values, devices, the what/why/when a user reads, how a search tries them), its rules (conflicts, "no effect
+here"), its part of the classic ladder (``LADDER``), its advice for what the diagnosis reads (``REMEDIES``), and
+everything the knobs do: to the loader, the model, the step, torch's global flags, and the facts analysis needs. The
+training step (:mod:`accel_widgets.engine.training`) calls the owners at fixed points and reads top to bottom; the
+ladder, the tuner and the diagnosis compose what the owners declare and name no knob themselves.
 
 :data:`KNOBS` is the union of the modules' declarations; the panel's controls, the CLI's flags,
 ``Config``'s fields and checks, the validation rules and the docs are generated from it. A config is resolved
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from . import attention, batch, compiling, data, overhead, parallel, precision, system
+from . import attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
 from .base import (
     RUNGS,
     Climb,
@@ -42,8 +42,10 @@ from .base import (
 if TYPE_CHECKING:
     from .config import Config
 
-#: The owning modules, one group each, in the classic order a tuning session walks them (the ladder's too).
-OWNERS: tuple[ModuleType, ...] = (data, precision, attention, batch, compiling, overhead, system, parallel)
+#: The owning modules, one group each, in the classic order a tuning session walks them (the ladder's too). float8
+#: follows compile, which it needs to gain; memory comes late: its knobs trade speed or nothing for room.
+OWNERS: tuple[ModuleType, ...] = (data, precision, attention, batch, compiling, float8, overhead, system, memory,
+                                  parallel)
 GROUPS: tuple[Group, ...] = tuple(owner.GROUP for owner in OWNERS)
 GROUP_TITLES: dict[Group, str] = {owner.GROUP: owner.TITLE for owner in OWNERS}
 KNOBS = KnobRegistry([knob for owner in OWNERS for knob in owner.KNOBS])
@@ -83,6 +85,7 @@ def facts(config: Config, device_kind: str, visible_gpus: int) -> Facts:
         compiled=compiling.compiled(config),
         gpus=parallel.gpus_used(config, device_kind, visible_gpus),
         micro_batches=batch.micro_batches(config),
+        sharded=parallel.sharded(config),
     )
 
 

@@ -93,6 +93,7 @@ Symptom = Literal[
     "compute_bound",  # compute dominates the step
     "fp32_on_tensor_cores",  # fp32 math on a GPU with bf16/fp16 tensor cores
     "memory_full",  # the peak is close to the device's memory
+    "allocator_slack",  # the CUDA caching allocator reserved far more than it ever handed out (fragmentation)
     "memory_headroom",  # the peak leaves room
     "out_of_memory",  # the burst ran out of memory, or its process was killed for it
     "diverged",  # a loss went NaN/inf
@@ -116,19 +117,24 @@ class Climb:
 
     ``rung`` names the rung (the ladder's order is ``RUNGS``), ``why`` says what it buys, ``changes`` gives the
     knob values it sets on a machine for a workload (empty: this part is left out there), and ``title`` the
-    rung's name from what it set, where that says more ("+bf16" rather than "+precision").
+    rung's name from what it set, where that says more ("+bf16" rather than "+precision"). ``only_when``: the
+    symptoms that call for this part (a rung that costs speed to save memory is climbed only where memory is the
+    limit); empty: climbed wherever it sets something.
     """
 
     rung: str
     why: str
     changes: Callable[[DeviceInfo, Workload], dict[str, Any]]
     title: Callable[[dict[str, Any]], str] | None = None
+    only_when: tuple[Symptom, ...] = ()
 
 
 #: The classic ladder's rungs, in the order a tuning session climbs them: the data pipeline first, then the
 #: arithmetic, then compile, then the small things (measured on one H200: a better loader gave 1.4x while fp32
-#: compute dominated, 2.5x once bf16 had made compute cheap).
-RUNGS = ("+loader", "+precision", "+compile", "+rest")
+#: compute dominated, 2.5x once bf16 had made compute cheap). "+memory" (where memory is the limit) comes after
+#: half precision, which halves activations and may lift the limit by itself, and before compile, so the
+#: compiled graph is the one with the recomputed blocks and the batch size that then fits.
+RUNGS = ("+loader", "+precision", "+memory", "+compile", "+rest")
 
 
 @dataclass(frozen=True)
@@ -278,13 +284,15 @@ class Facts:
 
     ``math``: the arithmetic matmuls ran in ("fp32", "tf32", "bf16", "fp16"), which picks the guard's
     tolerance and the MFU's peak; ``compiled``: the first step paid a compile; ``gpus``: GPUs the burst
-    kept busy (MFU's denominator); ``micro_batches``: micro-batches per optimizer step.
+    kept busy (MFU's denominator); ``micro_batches``: micro-batches per optimizer step; ``sharded``: each rank
+    held a shard of the parameters, gradients and optimizer state (FSDP), so its memory is compared per rank.
     """
 
     math: str
     compiled: bool
     gpus: int
     micro_batches: int
+    sharded: bool = False
 
 
 def powers_of_two(limit: int) -> tuple[int, ...]:

@@ -76,6 +76,11 @@ def micro_batches(config: Config) -> int:
     return config.grad_accum_steps
 
 
+def with_accumulation(config: Config, micro_batches: int) -> Config:
+    """``config`` stepping the optimizer every ``micro_batches`` micro-batches."""
+    return config.replace(grad_accum_steps=micro_batches)
+
+
 def scale_for_accumulation(loss: torch.Tensor, config: Config) -> torch.Tensor:
     """Why /k: the accumulated gradient then equals that of one batch of k x the size.
 

@@ -18,7 +18,9 @@ SdpaBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 DataCache = Literal["none", "memory", "memmap", "shards"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
-Parallel = Literal["none", "dataparallel", "ddp"]
+Parallel = Literal["none", "dataparallel", "ddp", "fsdp"]
+Float8 = Literal["off", "tensorwise", "rowwise"]
+ActivationCheckpointing = Literal["off", "blocks", "selective"]
 
 
 def _default(name: str) -> Any:
@@ -41,6 +43,7 @@ class Config:
     sdpa_backend: SdpaBackend = _default("sdpa_backend")
     grad_accum_steps: int = _default("grad_accum_steps")
     compile_mode: CompileMode = _default("compile_mode")
+    float8: Float8 = _default("float8")
     sync_every: int = _default("sync_every")
     script_loss: bool = _default("script_loss")
     optimizer_impl: OptimizerImpl = _default("optimizer_impl")
@@ -50,8 +53,11 @@ class Config:
     channels_last: bool = _default("channels_last")
     memory_fraction: float | None = _default("memory_fraction")
     empty_cache: bool = _default("empty_cache")
+    activation_checkpointing: ActivationCheckpointing = _default("activation_checkpointing")
+    expandable_segments: bool = _default("expandable_segments")
     parallel: Parallel = _default("parallel")
     world_size: int = _default("world_size")
+    reshard_after_forward: bool = _default("reshard_after_forward")
 
     def __new__(cls, *args: Any, **knobs: Any) -> Config:
         """Refuse an unknown keyword before the generated ``__init__`` does: its bare TypeError names neither
@@ -96,5 +102,5 @@ class Config:
 
     @property
     def ranks(self) -> int:
-        """Processes a burst of this config runs (DDP ranks, else one)."""
+        """Processes a burst of this config runs (DDP or FSDP ranks, else one)."""
         return parallel.ranks(self)

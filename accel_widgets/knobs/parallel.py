@@ -1,7 +1,9 @@
-"""Data parallelism: DDP ranks (one process per rank) or legacy DataParallel (one process, several GPUs).
+"""Data parallelism: DDP ranks (one process per rank, each with the whole model), FSDP ranks (one process per rank,
+each holding a shard of the parameters, gradients and optimizer state: ``torch.distributed.fsdp.fully_shard``), or
+legacy DataParallel (one process, several GPUs).
 
-Owns how many processes a burst runs, how the model is wrapped and when gradients are all-reduced.
-The process group itself (its rendezvous and sockets) is the engine's: :mod:`accel_widgets.engine.worker`.
+Owns how many processes a burst runs, how the model is wrapped and when gradients are reduced.
+The process group itself (its rendezvous and sockets) is the engine's: :mod:`accel_widgets.engine.group`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import batch
+from . import batch, memory, precision
 from .base import (
     Climb,
     Code,
@@ -33,6 +35,7 @@ from .base import (
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo, GpuInfo
+    from ..inputs.workload import Workload
     from .config import Config
 
 _MORE_DEVICES = "it changes how many processes and devices train (compare with scaling_efficiency)"
@@ -42,22 +45,37 @@ TITLE = "Parallel"
 
 KNOBS = [
     Knob(
-        "parallel", "parallel", str, "none", choices=("none", "dataparallel", "ddp"),
-        what="Data parallelism: one process over several GPUs (DataParallel) or one process per rank (DDP).",
+        "parallel", "parallel", str, "none", choices=("none", "dataparallel", "ddp", "fsdp"),
+        what="Data parallelism: one process over several GPUs (DataParallel), one process per rank with the whole "
+        "model (DDP), or one process per rank holding a shard of it (FSDP2's fully_shard, per repeated block "
+        "and on the root).",
         why="More devices process more samples per second; DDP avoids DataParallel's single-process GIL "
-        "and scatter/gather bottleneck.",
-        when="Several local GPUs (or CPU ranks with gloo for learning DDP); prefer DDP.",
+        "and scatter/gather bottleneck; FSDP divides the parameters, gradients and optimizer state by the ranks, "
+        "gathering each block's parameters only while it computes.",
+        when="Several local GPUs (or CPU ranks with gloo for learning DDP); prefer DDP while the model and its "
+        "optimizer state fit on one device, FSDP when they do not (or leave too little room for activations).",
         search=Search(left_out=_MORE_DEVICES),
     ),
     Knob(
         "world_size", "parallel", int, 1, minimum=1, maximum=1024,
-        what="Number of DDP ranks (processes).",
+        what="Number of DDP or FSDP ranks (processes).",
         why="Each rank trains on its own shard of every global batch.",
-        when="With parallel='ddp': one rank per GPU, or a few CPU ranks.",
+        when="With parallel='ddp' or 'fsdp': one rank per GPU, or a few CPU ranks.",
         search=Search(left_out=_MORE_DEVICES,
                       values=lambda ctx: powers_of_two(len(ctx.device.gpus) or ctx.device.cpu_count)),
     ),
+    Knob(
+        "reshard_after_forward", "parallel", bool, True,
+        what="FSDP: free each block's gathered parameters after its forward, and gather them again for backward.",
+        why="On (ZeRO-3): a rank holds one block's full parameters at a time. Off (ZeRO-2 style): they stay "
+        "gathered from forward to backward, saving one all-gather per block and step at the memory of the "
+        "whole unsharded model.",
+        when="With parallel='fsdp': turn it off where the unsharded parameters fit and the all-gathers show in "
+        "the step time.",
+    ),
 ]
+
+_GROUPS = ("ddp", "fsdp")  # one process per rank, in a process group
 
 RULES = [
     Rule(
@@ -68,21 +86,33 @@ RULES = [
     ),
     Rule(
         ("parallel", "world_size"), "error",
-        lambda c, d: c.parallel == "ddp" and d.has_cuda and c.world_size > len(d.gpus),
+        lambda c, d: c.parallel in _GROUPS and d.has_cuda and c.world_size > len(d.gpus),
         lambda c, d: f"world_size={c.world_size} needs one GPU per rank for NCCL; this machine has "
         f"{len(d.gpus)}. Use world_size <= {len(d.gpus)}.",
     ),
     Rule(
         ("parallel", "world_size"), "error",
-        lambda c, d: c.parallel != "ddp" and c.world_size != 1,
-        lambda c, d: f"world_size={c.world_size} only applies with parallel='ddp'; set parallel='ddp' "
+        lambda c, d: c.parallel not in _GROUPS and c.world_size != 1,
+        lambda c, d: f"world_size={c.world_size} only applies with parallel='ddp' or 'fsdp'; set one of them "
         "or world_size=1.",
     ),
     Rule(
         ("parallel", "world_size"), "warning",
-        lambda c, d: c.parallel == "ddp" and not d.has_cuda and c.world_size > d.cpu_count,
+        lambda c, d: c.parallel in _GROUPS and not d.has_cuda and c.world_size > d.cpu_count,
         lambda c, d: f"{c.world_size} CPU ranks on {d.cpu_count} cores: ranks will fight for cores and "
         "throughput will drop.",
+    ),
+    Rule(
+        ("parallel", "precision"), "error",
+        lambda c, d: c.parallel == "fsdp" and precision.needs_loss_scaling(c),
+        lambda c, d: "parallel='fsdp' with precision='fp16': torch.amp.GradScaler checks each rank's own shard of "
+        "the gradients for inf/NaN and the ranks do not agree, so one rank could skip a step another takes. Use "
+        "precision='bf16' (no loss scaling), or parallel='ddp'.",
+    ),
+    Rule(
+        ("reshard_after_forward", "parallel"), "warning",
+        lambda c, d: not c.reshard_after_forward and c.parallel != "fsdp",
+        lambda c, d: "reshard_after_forward=False only acts with parallel='fsdp'; here it changes nothing.",
     ),
 ]
 
@@ -171,13 +201,37 @@ def single_process_multi_gpu(config: Config) -> bool:
 
 
 def ranks(config: Config) -> int:
-    """Processes a burst of this config runs: DDP ranks, else one."""
-    return config.world_size if config.parallel == "ddp" else 1
+    """Processes a burst of this config runs: DDP or FSDP ranks, else one."""
+    return config.world_size if config.parallel in _GROUPS else 1
 
 
 def distributed(config: Config) -> bool:
-    """Whether the ranks form a process group (DDP, one rank included: that measures what DDP itself costs)."""
-    return config.parallel == "ddp"
+    """Whether the ranks form a process group (DDP or FSDP, one rank included: that measures what the wrapper itself
+    costs)."""
+    return config.parallel in _GROUPS
+
+
+def sharded(config: Config) -> bool:
+    """Whether each rank holds a shard of the parameters, gradients and optimizer state (FSDP)."""
+    return config.parallel == "fsdp"
+
+
+def group_name(config: Config) -> str:
+    """How the ranks of ``config`` are called in a sentence: "DDP" or "FSDP"."""
+    return config.parallel.upper()
+
+
+def model_notes(workload: Workload, config: Config) -> list[str]:
+    """What FSDP will do with ``workload``'s model, said before any process starts: a model without repeated blocks
+    is sharded as one unit (every parameter gathered at once, nothing to overlap)."""
+    if not sharded(config):
+        return []
+    outline = workload.model_outline()
+    if outline is None or memory.repeated_blocks(outline):
+        return []
+    return [f"parallel='fsdp' shards Workload.model ({type(outline).__name__}) as one unit: it has no repeated "
+            "blocks (an nn.ModuleList or nn.Sequential of two or more modules of one class), so every parameter "
+            "is gathered at once and no block's all-gather overlaps another's compute"]
 
 
 def gpus_for(config: Config, device: DeviceInfo) -> tuple[GpuInfo, ...]:
@@ -204,17 +258,44 @@ def devices_used(config: Config, device: torch.device) -> list[torch.device]:
 
 
 def wrap_model(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
-    """DDP with one rank too (that measures what DDP itself costs); DataParallel for comparison only."""
+    """DDP with one rank too (that measures what DDP itself costs); FSDP in place; DataParallel for comparison
+    only."""
     if config.parallel == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if config.parallel == "fsdp":
+        return _fully_shard(model, config, device)
     if config.parallel == "dataparallel":
         # Legacy single-process data parallelism: one Python thread drives every GPU (DDP avoids that).
         return nn.DataParallel(model)
     return model
 
 
+def _fully_shard(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
+    """FSDP2: ``fully_shard`` on each repeated block, then on the root (what is left: embeddings, head, norms).
+
+    Each block is a unit: its parameters are all-gathered just before its forward (the next block's gather
+    overlapping this one's compute) and, with ``reshard_after_forward``, freed after it. The mixed-precision policy
+    comes from the precision owner (:func:`~.precision.sharded_param_dtype`): bf16 gathers and computes with bf16
+    copies of the fp32 shards, and gradients are reduced in fp32. The module is changed in place (its class becomes
+    an FSDP subclass, its parameters sharded DTensors), so the optimizer is built on it afterwards.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=precision.sharded_param_dtype(config), reduce_dtype=torch.float32)
+    for block in memory.repeated_blocks(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=policy)
+    return model
+
+
 def gradient_sync(model: nn.Module, last_micro_batch: bool) -> contextlib.AbstractContextManager[Any]:
-    """Why no_sync: DDP all-reduces gradients only on the micro-batch that steps the optimizer."""
+    """Gradients are reduced only on the micro-batch that steps the optimizer: DDP's ``no_sync`` before it, FSDP's
+    ``set_requires_gradient_sync(False)`` (its unsharded gradients accumulate locally, then one reduce-scatter)."""
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last_micro_batch)
+        return contextlib.nullcontext()
     if last_micro_batch or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()

@@ -139,6 +139,23 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
 LOSS_TOLERANCE_AT_START: dict[str, float] = {"fp32": 0.01, "tf32": 0.02, "fp16": 0.03, "bf16": 0.04}
 
 
+def needs_loss_scaling(config: Config) -> bool:
+    """fp16 scales the loss (GradScaler); bf16 has fp32's exponent range and needs none."""
+    return config.precision == "fp16"
+
+
+def sharded_param_dtype(config: Config) -> torch.dtype | None:
+    """The dtype FSDP gathers and computes with (its ``MixedPrecisionPolicy.param_dtype``): bf16 under bf16, else
+    the fp32 of the shards (None). fp16 never reaches FSDP (GradScaler does not agree across shards: the parallel
+    owner refuses it).
+
+    Autocast stays on around the forward as in every other burst, and nothing is cast twice: it decides each op's
+    dtype exactly as under DDP (matmuls in bf16; softmax, norms and losses in fp32), and a bf16 weight autocast
+    would cast to bf16 is one already. What FSDP's param_dtype adds is what is all-gathered and held unsharded:
+    bf16 copies, half the bytes of fp32. Gradients are reduced in fp32 (the parallel owner's ``reduce_dtype``)."""
+    return torch.bfloat16 if config.precision == "bf16" else None
+
+
 _TF32 = "torch.backends.cuda.matmul.allow_tf32"
 _AUTOCAST_CODE = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 _SCALER_WHY = "fp16 has a narrow exponent range: scaling the loss keeps small gradients from flushing to 0"

@@ -24,6 +24,9 @@ class Thresholds:
 
     util_ok_pct: float = 80.0  # device busy at least this share of the time
     memory_full_share: float = 0.90  # peak memory above this share of the device leaves no room
+    # The share of the CUDA allocator's reserved peak never allocated at once, worth a note (expandable segments):
+    # a rule of thumb, not yet calibrated on a GPU (a quarter of what the device gave idle in cached blocks).
+    allocator_slack_notice_share: float = 0.25
     h2d_max_share: float = 0.10  # host-to-device copies should stay below this share of the step
     compute_ok_share: float = 0.70  # a healthy step spends at least this share computing
     data_wait_notice_share: float = 0.05  # data wait worth mentioning

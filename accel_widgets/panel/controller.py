@@ -28,7 +28,7 @@ from ..knobs.rules import ConfigError
 from ..metrics.thresholds import THRESHOLDS
 from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
-from ..search.batchsize import BatchTry, find_batch_size
+from ..search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
 from ..search.ladder import classic_ladder
 from ..search.remeasure import remeasure
 from ..search.tuner import TuneResult, TuneStep
@@ -75,10 +75,13 @@ class PlanItem:
     config: Config
 
 
-def ladder_plan(workload: Workload, device: DeviceInfo, leave_out: Collection[str] = ()) -> list[PlanItem]:
+def ladder_plan(workload: Workload, device: DeviceInfo, leave_out: Collection[str] = (),
+                batch_search: BatchSizeSearch | None = None) -> list[PlanItem]:
     """The classic cumulative ladder (:func:`~accel_widgets.search.ladder.classic_ladder`) for this workload and
-    device, but the rungs in ``leave_out``, as bursts to run in order, each recorded under its rung's name."""
-    return [PlanItem(rung.name, rung.config) for rung in classic_ladder(workload, device, leave_out=leave_out)]
+    device, but the rungs in ``leave_out``, as bursts to run in order, each recorded under its rung's name. The
+    panel's last batch-size search says where memory is the limit (its +memory rung)."""
+    rungs = classic_ladder(workload, device, leave_out=leave_out, batch_search=batch_search)
+    return [PlanItem(rung.name, rung.config) for rung in rungs]
 
 
 def length_kwargs(unit: str, value: float) -> dict[str, int | float | None]:
@@ -195,7 +198,7 @@ class PanelController:
         self._start("Burst", lambda: self._run_plan("Burst", plan, length))
 
     def run_ladder(self, length: dict[str, Any], leave_out: Collection[str] = ()) -> None:
-        plan = ladder_plan(self.workload, self.state.device, leave_out)
+        plan = ladder_plan(self.workload, self.state.device, leave_out, self.state.batch_search)
         self._start("Ladder", lambda: self._run_plan("Ladder", plan, length))
 
     def profile(self, length: dict[str, Any]) -> None:

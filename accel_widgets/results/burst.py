@@ -165,6 +165,10 @@ class RankSummary:
     random_data: bool | None = None
     stream: StreamReading | None = None
     cache: CacheInfo | None = None
+    # CUDA only: the caching allocator's peak of reserved memory over the window (allocated or held for reuse)
+    peak_reserved_bytes: int | None = None
+    # parameters, a gradient per trainable one and the optimizer's state this rank held (its shards under FSDP)
+    model_state_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -288,6 +292,29 @@ class BurstResult:
     @property
     def memory_kind(self) -> str | None:
         return self.ranks[0].memory_kind if self.ranks else None
+
+    @property
+    def peak_reserved_bytes(self) -> int | None:
+        """The CUDA caching allocator's reserved peak on the busiest rank (the memory the device really held for the
+        burst); None on a CPU or for a result recorded before it was."""
+        reserved = [r.peak_reserved_bytes for r in self.ranks if r.peak_reserved_bytes is not None]
+        return max(reserved) if reserved and len(reserved) == len(self.ranks) else None
+
+    @property
+    def model_state_bytes(self) -> int | None:
+        """Parameters, gradients and optimizer state the busiest rank held: what FSDP divides by the ranks (DDP keeps
+        all of it on every rank). Counted from the tensors, so on a CPU it shows what RSS hides under the heap's
+        caching. None for a result recorded before it was."""
+        counted = [r.model_state_bytes for r in self.ranks if r.model_state_bytes is not None]
+        return max(counted) if counted and len(counted) == len(self.ranks) else None
+
+    @property
+    def allocator_slack_share(self) -> float | None:
+        """The share of the reserved peak the allocator never handed out at once: ``1 - allocated / reserved`` (peaks
+        of the same rank). Reserved memory that was never allocated at the same time is held in blocks too small or
+        too scattered for what came next (fragmentation); expandable segments shrink it. None off CUDA."""
+        shares = [1 - r.peak_memory_bytes / r.peak_reserved_bytes for r in self.ranks if r.peak_reserved_bytes]
+        return max(shares) if shares and len(shares) == len(self.ranks) else None
 
     @property
     def first_step_s(self) -> float | None:
@@ -632,6 +659,14 @@ class BurstResult:
         mine, theirs = self.samples_per_s, baseline.samples_per_s
         return mine / theirs if mine and theirs else None
 
+    def memory_ratio_over(self, baseline: BurstResult) -> float | None:
+        """Peak memory per rank (the busiest rank's) over ``baseline``'s, when both measured it the same way: what
+        FSDP saves against DDP, activation checkpointing against none. None when either lacks it."""
+        mine, theirs = self.peak_memory_bytes, baseline.peak_memory_bytes
+        if not mine or not theirs or self.memory_kind != baseline.memory_kind:
+            return None
+        return mine / theirs
+
     # -- text ---------------------------------------------------------------------------------
     def summary(self) -> str:
         """A few lines a person reads: throughput, step time with spread, where the time went."""
@@ -658,7 +693,7 @@ class BurstResult:
             mfu = f", MFU {self.mfu:.1%} ({self.mfu_basis}, each at its peak)" if self.mfu is not None else ""
             lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
         if self.peak_memory_bytes is not None:
-            lines.append(f"  peak mem    {self.peak_memory_bytes / 2**20:,.0f} MiB ({self.memory_kind})")
+            lines.append(f"  peak mem    {self._memory_text()}")
         if self.cache is not None:
             frozen = f"; {self.cache.frozen_text()}" if self.cache.frozen_item is not None else ""
             lines.append(f"  data cache  {self.cache.summary()}{frozen}")
@@ -672,6 +707,19 @@ class BurstResult:
                          "(aw.remeasure) or on a quiet machine")
         lines.extend(f"  warning     {w}" for w in self.warnings)
         return "\n".join(lines)
+
+    def _memory_text(self) -> str:
+        """"812 MiB (rss), per rank: the busiest of 2", with the CUDA allocator's reserved peak where it is known."""
+        text = f"{(self.peak_memory_bytes or 0) / 2**20:,.0f} MiB ({self.memory_kind})"
+        if len(self.ranks) > 1:
+            sharded = ", parameters sharded" if self.facts is not None and self.facts.sharded else ""
+            text += f" per rank: the busiest of {len(self.ranks)}{sharded}"
+        reserved, slack = self.peak_reserved_bytes, self.allocator_slack_share
+        if reserved is not None and slack is not None:
+            text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
+        if self.model_state_bytes is not None:
+            text += f"; model state {self.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
+        return text
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

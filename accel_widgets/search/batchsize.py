@@ -15,6 +15,13 @@ The search doubles from the start size until a size does not fit (or a limit: ``
 dataset's items per rank), halving instead when the start does not fit, then bisects between the last
 size that fit and the first that did not, for a bounded number of tries. A larger batch is not always
 faster, so the result reports the fastest size apart from the largest.
+
+"Fits" keeps a margin: a size whose peak leaves less than ``margin`` of the memory (the cap, or the GPU's) free
+counts as not fitting, because a real run meets what a short burst does not (a longer sequence, a fragmented
+allocator, an evaluation pass). Where the model has repeated blocks, the first size that does not fit is tried
+again with activation checkpointing, and grown from there: the tries say which setting each ran under. With a
+``target_batch`` the finder measures the ways of reaching that global batch (micro-batch x accumulation x ranks)
+with micro-batches that fit, and reports the fastest.
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ from torch.utils.data import IterableDataset
 from ..engine.launcher import run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
-from ..knobs import KNOBS, KnobValueError, batch, parallel, system
+from ..knobs import KNOBS, KnobValueError, batch, memory, parallel, system
 from ..knobs.config import Config
 from ..knobs.plan import resolve
+from ..knobs.rules import ConfigError, check_config
 from ..metrics.units import MISSING, significant
 from ..results.burst import BurstResult, TelemetrySample
 from ..views.style import COLOURS, PALETTE
@@ -53,6 +61,11 @@ DEFAULT_CPU_SHARE = 0.5
 DEFAULT_STEPS = 8
 #: Bisection tries after the doubling: each halves the gap, so 4 end within 1/16 of the last doubling.
 DEFAULT_REFINE_TRIES = 4
+#: The share of the memory a size must leave free to count as fitting: a real run's longer sequences, evaluation
+#: passes and allocator fragmentation need room a short burst does not show.
+DEFAULT_MARGIN = 0.1
+#: Ways of reaching a target batch measured (the largest micro-batches that fit, each with its accumulation).
+TARGET_CANDIDATES = 3
 #: torch's CPU allocator raises a plain RuntimeError (not OutOfMemoryError) when malloc fails.
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
 
@@ -75,8 +88,11 @@ class BatchTry:
     another reason) and "stopped" (the caller's stop) end the search without a verdict on memory.
     ``peak_memory_bytes`` is the most the try was seen to use: on a CPU the ranks' RSS summed (the larger of
     the live telemetry's peak and the ranks' own peak after the burst; for a burst stopped at the cap, what it
-    had reached then, a lower bound); on a GPU the allocator's peak of the busiest rank. Throughput and step
-    times are None for a try that did not finish.
+    had reached then, a lower bound); on a GPU the allocator's peak of the busiest rank, and ``reserved_bytes``
+    what its caching allocator held (what the device really gave the burst). Throughput and step times are None
+    for a try that did not finish. ``within_margin``: it fit and left the search's margin of the memory free.
+    ``setting`` is what the try ran under beyond the search's config ("activation_checkpointing='blocks'", made
+    to make room), "" for the config itself.
     """
 
     batch_size: int
@@ -88,6 +104,54 @@ class BatchTry:
     peak_memory_bytes: int | None = None
     step_median_s: float | None = None
     step_iqr_s: float | None = None
+    reserved_bytes: int | None = None
+    within_margin: bool = False
+    setting: str = ""
+
+
+@dataclass(frozen=True)
+class TargetTry:
+    """One way of reaching a target global batch: ``micro_batch`` samples per rank and micro-batch, accumulated over
+    ``accumulation`` micro-batches, under ``setting`` (as in :class:`BatchTry`); its measured samples/s, or why
+    it has none."""
+
+    micro_batch: int
+    accumulation: int
+    setting: str = ""
+    samples_per_s: float | None = None
+    why_not: str = ""
+
+    def text(self) -> str:
+        under = f" with {self.setting}" if self.setting else ""
+        rate = (f"{significant(self.samples_per_s)} samples/s" if self.samples_per_s is not None
+                else f"not measured: {self.why_not}")
+        return f"{self.micro_batch:,} x {self.accumulation}{under}: {rate}"
+
+
+@dataclass(frozen=True)
+class TargetBatch:
+    """How to train a global batch of ``target`` samples over ``ranks`` ranks: ``tries`` are the ways measured
+    (micro-batch x accumulation, largest micro-batches first), ``note`` why there are none."""
+
+    target: int
+    ranks: int
+    tries: tuple[TargetTry, ...] = ()
+    note: str = ""
+
+    @property
+    def best(self) -> TargetTry | None:
+        """The fastest way measured."""
+        measured = [t for t in self.tries if t.samples_per_s is not None]
+        return max(measured, key=lambda t: t.samples_per_s or 0.0) if measured else None
+
+    def summary(self) -> str:
+        ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
+        head = f"target global batch {self.target:,} = micro-batch x grad_accum_steps{ranks}: "
+        best = self.best
+        if best is None:
+            return head + (self.note or "no way of reaching it fit")
+        tried = "; ".join(t.text() for t in self.tries)
+        return head + f"fastest {best.micro_batch:,} x {best.accumulation} ({tried})"
 
 
 @dataclass(frozen=True)
@@ -97,7 +161,10 @@ class BatchSizeSearch:
     ``batch_scope`` says what a batch size means for ``config`` (per DDP rank, per micro-batch...).
     ``cap_bytes`` is the memory cap the tries were held to (None: none, a GPU's own memory is the limit) and
     ``cap_note`` where it came from; ``memory_kind`` what ``peak_memory_bytes`` measures ("rss" or
-    "cuda_allocator"). ``stopped_reason`` says why the search ended.
+    "cuda_allocator"). ``margin`` is the share of ``limit_bytes`` (the cap, else the GPU's memory as CUDA reports
+    it) a size must leave free to count. ``room_config`` is the config sizes that did not fit were tried again
+    under (activation checkpointing), None when none was. ``stopped_reason`` says why the search ended; ``target``
+    how a target global batch is reached fastest, when one was asked for.
     """
 
     workload: str
@@ -110,38 +177,91 @@ class BatchSizeSearch:
     tries: tuple[BatchTry, ...] = ()
     stopped_reason: str = ""
     wall_s: float = 0.0
+    margin: float = 0.0
+    limit_bytes: int | None = None
+    target: TargetBatch | None = None
+    room_config: Config | None = None
 
     @property
     def largest_fitting(self) -> int | None:
-        """The largest batch size that fit, None when none did."""
-        return max((t.batch_size for t in self.tries if t.fits), default=None)
+        """The largest batch size of the config itself that ran without running out of memory (the margin aside),
+        None when none did."""
+        return max((t.batch_size for t in self.tries if t.fits and not t.setting), default=None)
+
+    @property
+    def largest_within_margin(self) -> int | None:
+        """The answer: the largest batch size of the config itself that fit and left the margin free."""
+        return max((t.batch_size for t in self.tries if t.within_margin and not t.setting), default=None)
+
+    @property
+    def room_setting(self) -> str:
+        """What the search tried to make room for larger sizes ("activation_checkpointing=blocks"), "" if nothing."""
+        return self.room_config.label(self.config) if self.room_config is not None else ""
+
+    @property
+    def largest_with_room(self) -> int | None:
+        """The largest batch size that fit within the margin under :attr:`room_setting`, None without one."""
+        return max((t.batch_size for t in self.tries if t.within_margin and t.setting), default=None)
+
+    @property
+    def memory_limited(self) -> bool:
+        """Whether memory is what limits this config's speed: the search ended on a size that did not fit, and the
+        fastest size that fits is the largest (samples/s still rose when the memory ran out)."""
+        largest = self.largest_within_margin
+        return largest is not None and self.fastest == largest and any(
+            not t.within_margin and not t.setting and t.failure != "stopped" for t in self.tries)
+
+    def room_changes(self) -> dict[str, Any]:
+        """The knob values that make room where memory is the limit: the setting's config and the largest batch size
+        that then fit; empty when the search found no larger one."""
+        size = self.largest_with_room
+        if self.room_config is None or size is None or not self.memory_limited or (
+                size <= (self.largest_within_margin or 0)):
+            return {}
+        return {**self.room_config.diff(self.config), "batch_size": size}
 
     @property
     def fastest(self) -> int | None:
-        """The fitting batch size with the highest samples/s (short bursts: sizes within a few % are a tie)."""
+        """The batch size of the config itself with the highest samples/s among those within the margin (short
+        bursts: sizes within a few % are a tie)."""
         best = self.fastest_try()
         return best.batch_size if best is not None else None
 
     def fastest_try(self) -> BatchTry | None:
-        measured = [t for t in self.tries if t.fits and t.samples_per_s is not None]
+        measured = [t for t in self.tries if t.within_margin and not t.setting and t.samples_per_s is not None]
         return max(measured, key=lambda t: t.samples_per_s or 0.0) if measured else None
 
-    def curve(self) -> list[BatchTry]:
-        """The tries that fit, by batch size: samples/s against batch size."""
-        return sorted((t for t in self.tries if t.fits), key=lambda t: t.batch_size)
+    def curve(self, setting: str = "") -> list[BatchTry]:
+        """The tries under ``setting`` that fit, by batch size: samples/s against batch size."""
+        return sorted((t for t in self.tries if t.fits and t.setting == setting), key=lambda t: t.batch_size)
 
     def summary(self) -> str:
-        """What a person reads: the answer, the cap, then one line per try in batch-size order."""
+        """What a person reads: the answer, the cap and the margin, then one line per try in batch-size order."""
         best = self.fastest_try()
         fastest = MISSING if best is None else f"{best.batch_size:,} ({significant(best.samples_per_s or 0)} samples/s)"
         largest = MISSING if self.largest_fitting is None else f"{self.largest_fitting:,}"
+        answer = f"largest that fits {largest}"
+        if self.margin:
+            within = MISSING if self.largest_within_margin is None else f"{self.largest_within_margin:,}"
+            answer = f"largest that fits with {self.margin:.0%} of the memory left {within} (at all: {largest})"
         cap = ("no memory cap" if self.cap_bytes is None
                else f"memory cap {_bytes_text(self.cap_bytes)} ({self.cap_note})")
-        lines = [f"batch size {self.batch_scope}: largest that fits {largest}, fastest {fastest}",
-                 f"{self.device}, {cap}; {len(self.tries)} tries in {self.wall_s:.1f} s; {self.stopped_reason}",
-                 f"{'batch':>9}  {'fits':<4}  {'samples/s':>10}  {'step ms ± IQR':>15}  {'peak mem':>9}"]
-        lines += [_try_line(t) for t in sorted(self.tries, key=lambda t: t.batch_size)]
+        lines = [f"batch size {self.batch_scope}: {answer}, fastest {fastest}",
+                 f"{self.device}, {cap}; {len(self.tries)} tries in {self.wall_s:.1f} s; {self.stopped_reason}"]
+        if self.margin and self.limit_bytes is not None:
+            lines.append(f"margin: a size fits when its peak leaves {self.margin:.0%} of "
+                         f"{_bytes_text(self.limit_bytes)} free (peak <= {_bytes_text(self._margin_line())})")
+        if self.room_setting:
+            room = MISSING if self.largest_with_room is None else f"{self.largest_with_room:,}"
+            lines.append(f"with {self.room_setting}: largest that fits {room}")
+        if self.target is not None:
+            lines.append(self.target.summary())
+        lines.append(f"{'batch':>9}  {'fits':<4}  {'samples/s':>10}  {'step ms ± IQR':>15}  {'peak mem':>9}")
+        lines += [_try_line(t, self) for t in sorted(self.tries, key=lambda t: (t.setting, t.batch_size))]
         return "\n".join(lines)
+
+    def _margin_line(self) -> int:
+        return int((self.limit_bytes or 0) * (1 - self.margin))
 
     def figure(self) -> Figure:
         """samples/s against batch size (log2 axis), the sizes that did not fit marked at the bottom, peak
@@ -168,6 +288,12 @@ class BatchSizeSearch:
             figure.add_annotation(text=f"cap {_bytes_text(self.cap_bytes)}", xref="paper", x=0, yref="y2",
                                   y=self.cap_bytes / 2**20, xanchor="left", yanchor="bottom", showarrow=False,
                                   font={"color": COLOURS["error"]})
+        if self.margin and self.limit_bytes is not None:
+            figure.add_hline(y=self._margin_line() / 2**20, line={"dash": "dot", "color": COLOURS["warning"]},
+                             secondary_y=True)
+            figure.add_annotation(text=f"{self.margin:.0%} margin", xref="paper", x=1, yref="y2",
+                                  y=self._margin_line() / 2**20, xanchor="right", yanchor="top", showarrow=False,
+                                  font={"color": COLOURS["warning"]})
         if self.largest_fitting is not None:
             figure.add_vline(x=self.largest_fitting, line={"dash": "dot", "color": COLOURS["ok"]})
             figure.add_annotation(text=f"largest fit {self.largest_fitting:,}", x=math.log10(self.largest_fitting),
@@ -183,7 +309,12 @@ class BatchSizeSearch:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BatchSizeSearch:
         tries = tuple(BatchTry(**t) for t in data.get("tries", ()))
-        return cls(**{**data, "config": Config.from_dict(data["config"]), "tries": tries})
+        target = data.get("target")
+        if target is not None:
+            target = TargetBatch(**{**target, "tries": tuple(TargetTry(**t) for t in target.get("tries", ()))})
+        room = data.get("room_config")
+        return cls(**{**data, "config": Config.from_dict(data["config"]), "tries": tries, "target": target,
+                      "room_config": Config.from_dict(room) if room is not None else None})
 
     @classmethod
     def from_json(cls, text: str) -> BatchSizeSearch:
@@ -197,6 +328,9 @@ def find_batch_size(
     start: int | None = None,
     max_batch_size: int | None = None,
     memory_cap: int | float | str | None = None,
+    margin: float = DEFAULT_MARGIN,
+    target_batch: int | None = None,
+    make_room: bool = True,
     steps: int = DEFAULT_STEPS,
     refine_tries: int = DEFAULT_REFINE_TRIES,
     device: DeviceInfo | None = None,
@@ -218,30 +352,55 @@ def find_batch_size(
     try (default: none, or the config's own ``memory_fraction``), and running out of device memory is the limit;
     the result's ``cap_bytes`` is then that fraction of CUDA's total, as the ranks read it.
 
+    ``margin``: the share of that memory (the cap; on a GPU without one, its memory as CUDA reports it) a size must
+    leave free to count as fitting (on a GPU judged on the allocator's reserved peak, what the device gave). The
+    search brackets the largest such size (:attr:`BatchSizeSearch.largest_within_margin`); 0 brackets the largest
+    that runs at all. ``make_room``: where the model has repeated blocks, the first size that did not fit is tried
+    again with activation checkpointing, and grown from there (the tries under it say so). ``target_batch``: a
+    global batch (samples per optimizer step over every rank) to reach as micro-batch x ``grad_accum_steps`` x
+    ranks: the ``TARGET_CANDIDATES`` largest micro-batches that fit and divide it are measured with their
+    accumulation, and the result's ``target`` names the fastest.
+
     Every try is a burst of ``steps`` measured steps through ``engine`` (called like ``run_burst`` with
     ``steps``, ``label``, ``on_event`` and ``stop``); ``refine_tries`` bisection tries follow the doubling
     (0: powers of two only). ``on_try`` gets each try as it finishes. Setting ``stop`` ends the running try
     and the search. A try that fails never raises: a size that does not fit is a result, and any other
     failure ends the search with the reason. A config that cannot run here raises before any burst, as does a
-    workload whose own DataLoader has a batch sampler (its batches do not take the batch size).
+    workload whose own DataLoader has a batch sampler (its batches do not take the batch size), a margin outside
+    [0, 1) and a target batch the ranks cannot share.
     """
     if start is not None and start < 1:
         raise ValueError(f"start={start}: use a whole number >= 1, or None for the config's or workload's batch size")
+    _check_margin(margin)
     device = device or probe_device()
     config = resolve(config or Config(), device, workload).config  # refused here as a burst would refuse it
+    _check_target(target_batch, config)
     _check_batchable(workload)
     config, cap, cap_note = _memory_cap(memory_cap, config, device)
     limit, limit_note = _limit(workload, config, max_batch_size)
     first = min(start or config.batch_size or workload.batch_size or 1, limit)
-    search = _Search(workload, config, Bursts(engine, steps=steps, stop=stop), None if device.has_cuda else cap,
-                     on_try)
+    limits = _Limits(margin, None if device.has_cuda else cap, *_gpu_limit(config, device))
+    bursts = Bursts(engine, steps=steps, stop=stop)
+    search = _Search(workload, config, bursts, limits, on_try)
     search.grow(first, limit, limit_note)
     search.refine(refine_tries)
+    tries, stopped = list(search.tries), search.stopped
+    room = memory.room_maker(config, workload) if make_room and search.failed is not None else None
+    if room is not None and not bursts.stopped():
+        roomy = _Search(workload, room, bursts, limits, on_try, setting=room.label(config))
+        roomy.grow(search.failed or first, limit, limit_note, shrink=False)
+        roomy.refine(refine_tries)
+        tries += roomy.tries
+        stopped += f"; with {roomy.setting}: {roomy.stopped}"
+    target = None
+    if target_batch is not None:
+        target = _reach(target_batch, tries, _Reach(workload, config, room, bursts, limits, device))
     if device.has_cuda:
-        cap, cap_note = _enforced_cap(cap, cap_note, config, search.cuda_total)
+        cap, cap_note = _enforced_cap(cap, cap_note, config, limits.cuda_total)
     return BatchSizeSearch(workload.name, config, device.name if device.has_cuda else f"CPU ({device.name})",
                            "cuda_allocator" if device.has_cuda else "rss", cap, cap_note, batch_scope(config),
-                           tuple(search.tries), search.stopped, time.perf_counter() - search.started)
+                           tuple(tries), stopped, time.perf_counter() - search.started, margin, limits.memory(),
+                           target, room if any(t.setting for t in tries) else None)
 
 
 def batch_scope(config: Config) -> str:
@@ -266,6 +425,23 @@ def parse_memory_size(text: str) -> int:
 
 
 # -- limits and the cap -----------------------------------------------------------------------------------
+def _check_margin(margin: float) -> None:
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin < 1:
+        raise ValueError(f"margin={margin!r}: use a share of the memory in [0, 1), e.g. 0.1 to leave 10% free")
+
+
+def _check_target(target_batch: int | None, config: Config) -> None:
+    """A target global batch is a whole number of samples the ranks share equally."""
+    if target_batch is None:
+        return
+    ranks = parallel.ranks(config)
+    if isinstance(target_batch, bool) or not isinstance(target_batch, int) or target_batch < 1:
+        raise ValueError(f"target_batch={target_batch!r}: use a whole number of samples per optimizer step >= 1")
+    if target_batch % ranks:
+        raise ValueError(f"target_batch={target_batch:,} is no multiple of the {ranks} ranks: each rank trains on "
+                         "an equal share of the global batch")
+
+
 def _check_batchable(workload: Workload) -> None:
     """A user's DataLoader without a batch size batches through its batch sampler, which the knob cannot change."""
     loader = workload.loader
@@ -329,6 +505,14 @@ def _gpu_cap(memory_cap: int | float | str | None, config: Config,
     return capped, cap, f"{note}, as memory_fraction={fraction:.3g}"
 
 
+def _gpu_limit(config: Config, device: DeviceInfo) -> tuple[float | None, int | None]:
+    """(the share of a GPU the tries may use, NVML's memory of the smallest GPU they train on); (None, None) on a
+    CPU."""
+    if not device.has_cuda:
+        return None, None
+    return system.memory_cap(config), min(g.memory_bytes for g in parallel.gpus_for(config, device) or device.gpus)
+
+
 def _enforced_cap(cap: int | None, note: str, config: Config, cuda_total: int | None) -> tuple[int | None, str]:
     """The cap as the allocator enforced it: ``torch.cuda.set_per_process_memory_fraction`` takes its share of
     CUDA's total (``cudaMemGetInfo``, read by the ranks), which is a little less than NVML's."""
@@ -377,36 +561,67 @@ class _Watch:
             self.stop.set()
 
 
-class _Search:
-    """The tries so far, the bracket (largest fit, smallest failure) and why the search ended."""
+@dataclass
+class _Limits:
+    """What a try is held to: on a CPU the RSS cap (a try past it is stopped live), on a GPU the share of its memory
+    (``memory_fraction``), and everywhere the margin a size must leave free of that memory. ``cuda_total`` is CUDA's
+    total memory as a finished try's rank read it (a little less than NVML's)."""
 
-    def __init__(self, workload: Workload, config: Config, bursts: Bursts, cpu_cap: int | None,
-                 on_try: Callable[[BatchTry], None] | None) -> None:
-        self.workload, self.config, self.bursts = workload, config, bursts
-        self.cpu_cap, self.on_try, self.stop = cpu_cap, on_try, bursts.stop
+    margin: float
+    cpu_cap: int | None
+    gpu_share: float | None
+    gpu_memory: int | None
+    cuda_total: int | None = None
+
+    def memory(self) -> int | None:
+        """The memory the margin is a share of: the CPU cap, or the GPU's (CUDA's total once a rank read it) times
+        its share; None where neither is known."""
+        if self.cpu_cap is not None:
+            return self.cpu_cap
+        if self.gpu_memory is None:
+            return None
+        return int((self.gpu_share or 1.0) * (self.cuda_total or self.gpu_memory))
+
+    def within_margin(self, peak: int | None) -> bool:
+        """Whether a try that peaked at ``peak`` left the margin free (a peak not measured cannot say it did not)."""
+        memory = self.memory()
+        return memory is None or peak is None or peak <= memory * (1 - self.margin)
+
+    def margin_text(self) -> str:
+        return f" with {self.margin:.0%} of the memory left" if self.margin else ""
+
+
+class _Search:
+    """The tries so far, the bracket (largest size within the margin, smallest beyond it or failing) and why the
+    search ended. ``setting`` names what ``config`` adds to the search's own config ("" for the config itself)."""
+
+    def __init__(self, workload: Workload, config: Config, bursts: Bursts, limits: _Limits,
+                 on_try: Callable[[BatchTry], None] | None, setting: str = "") -> None:
+        self.workload, self.config, self.bursts, self.limits = workload, config, bursts, limits
+        self.on_try, self.stop, self.setting = on_try, bursts.stop, setting
         self.tries: list[BatchTry] = []
         self.fit: int | None = None
         self.failed: int | None = None
-        self.cuda_total: int | None = None  # CUDA's total device memory, as a finished try's rank read it
         self.stopped = ""
         self.started = time.perf_counter()
 
-    def grow(self, size: int, limit: int, limit_note: str) -> None:
-        """Double from ``size`` while it fits (halve while it does not) until a fit and a failure bracket the
-        answer, or the limit or a batch of 1 ends it."""
+    def grow(self, size: int, limit: int, limit_note: str, *, shrink: bool = True) -> None:
+        """Double from ``size`` while it fits (halve while it does not, unless ``shrink`` is off) until a fit and a
+        failure bracket the answer, or the limit or a batch of 1 ends it."""
         while self.fit is None or self.failed is None:
             stage: Stage = "shrink" if self.failed is not None else "grow"
             outcome = self.attempt(size, stage)
             if outcome is None:
                 return
-            if outcome.fits and self.failed is None and size >= limit:
+            if outcome.within_margin and self.failed is None and size >= limit:
                 self.stopped = f"every size up to the limit fit: {limit_note}"
                 return
-            if not outcome.fits and size == 1:
-                self.stopped = "even a batch of 1 does not fit"
+            if not outcome.within_margin and (size == 1 or not shrink):
+                self.stopped = (f"even a batch of 1 does not fit{self.limits.margin_text()}" if size == 1 else
+                                f"{size:,} does not fit{self.limits.margin_text()} either")
                 return
-            size = min(size * 2, limit) if outcome.fits else size // 2
-        self.stopped = f"{self.failed:,} does not fit"
+            size = min(size * 2, limit) if outcome.within_margin else size // 2
+        self.stopped = f"{self.failed:,} does not fit{self.limits.margin_text()}"
 
     def refine(self, tries: int) -> None:
         """Bisect between the largest fit and the smallest failure, at most ``tries`` times."""
@@ -416,18 +631,16 @@ class _Search:
             outcome = self.attempt((self.fit + self.failed) // 2, "refine")
             if outcome is None:
                 return
-            self.stopped = f"{self.failed:,} does not fit; {self.fit:,} does"
+            self.stopped = f"{self.failed:,} does not fit{self.limits.margin_text()}; {self.fit:,} does"
 
     def attempt(self, size: int, stage: Stage) -> BatchTry | None:
         """Try ``size`` and record it; None when the search has to end (stop, or a failure not about memory)."""
         if self.stop is not None and self.stop.is_set():
             self.stopped = "stopped: the stop event was set"
             return None
-        watch = _Watch(self.cpu_cap, self.stop)
-        result = self.bursts.run(self.workload, self.config.replace(batch_size=size), label=f"batch size {size}",
-                                 on_event=watch, stop=watch.stop)
-        self.cuda_total = result.environment.get("cuda_memory_bytes", self.cuda_total)
-        outcome = _judge(size, stage, result, watch)
+        outcome = _measure(self.workload, self.config.replace(batch_size=size), self.bursts, self.limits,
+                           f"batch size {size}", stage)
+        outcome = dataclasses.replace(outcome, setting=self.setting)
         self.record(outcome)
         if outcome.failure in ("error", "stopped"):
             self.stopped = ("stopped: the stop event was set" if outcome.failure == "stopped"
@@ -437,17 +650,80 @@ class _Search:
 
     def record(self, outcome: BatchTry) -> None:
         self.tries.append(outcome)
-        if outcome.fits:
+        if outcome.within_margin:
             self.fit = max(self.fit or 0, outcome.batch_size)
-        elif outcome.failure in MEMORY_FAILURES:
+        elif outcome.fits or outcome.failure in MEMORY_FAILURES:
             self.failed = min(self.failed or outcome.batch_size, outcome.batch_size)
         if self.on_try is not None:
             self.on_try(outcome)
 
 
-def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch) -> BatchTry:
+def _measure(workload: Workload, config: Config, bursts: Bursts, limits: _Limits, label: str,
+             stage: Stage) -> BatchTry:
+    """One try of ``config``: its burst watched against the CPU cap, judged, and CUDA's total noted."""
+    watch = _Watch(limits.cpu_cap, bursts.stop)
+    result = bursts.run(workload, config, label=label, on_event=watch, stop=watch.stop)
+    limits.cuda_total = result.environment.get("cuda_memory_bytes", limits.cuda_total)
+    return _judge(config.batch_size or 0, stage, result, watch, limits)
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """What measuring the ways to a target batch needs: the search's config, the config that makes room (None:
+    none), how bursts run, the limits and the machine (whose rules refuse some accumulations)."""
+
+    workload: Workload
+    config: Config
+    room: Config | None
+    bursts: Bursts
+    limits: _Limits
+    device: DeviceInfo
+
+
+def _reach(target: int, tries: list[BatchTry], reach: _Reach) -> TargetBatch:
+    """Measure the largest micro-batches that fit and divide the target's share per rank, each accumulated to the
+    target; the config itself where the micro-batch fits without making room, the room config where it needs it."""
+    ranks = parallel.ranks(reach.config)
+    per_rank = target // ranks
+    plain = max((t.batch_size for t in tries if t.within_margin and not t.setting), default=0)
+    roomy = max((t.batch_size for t in tries if t.within_margin and t.setting), default=0)
+    sizes = [m for m in _divisors(per_rank) if m <= max(plain, roomy)][:TARGET_CANDIDATES]
+    if not sizes:
+        return TargetBatch(target, ranks, note="no batch size fit")
+    measured = []
+    for size in sizes:
+        base = reach.config if size <= plain or reach.room is None else reach.room
+        measured.append(_target_try(size, per_rank // size, base, reach))
+        if reach.bursts.stopped():
+            break
+    return TargetBatch(target, ranks, tuple(measured))
+
+
+def _target_try(size: int, accumulation: int, base: Config, reach: _Reach) -> TargetTry:
+    setting = base.label(reach.config) if base != reach.config else ""
+    try:
+        candidate = batch.with_accumulation(base.replace(batch_size=size), accumulation)
+        check_config(candidate, reach.device)
+    except (KnobValueError, ConfigError) as exc:
+        return TargetTry(size, accumulation, setting, why_not=str(exc))
+    outcome = _measure(reach.workload, candidate, reach.bursts, reach.limits,
+                       f"target batch: {size} x {accumulation}", "refine")
+    if not outcome.within_margin:
+        why = outcome.why_not or f"over the margin: peak {_bytes_text(outcome.peak_memory_bytes or 0)}"
+        return TargetTry(size, accumulation, setting, why_not=why)
+    return TargetTry(size, accumulation, setting, outcome.samples_per_s)
+
+
+def _divisors(number: int) -> list[int]:
+    """The divisors of ``number``, largest first."""
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return sorted({*small, *(number // d for d in small)}, reverse=True)
+
+
+def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch, limits: _Limits) -> BatchTry:
     """It fit unless it was over the cap (live, or by its ranks' peak), stopped, or failed: out of memory (or killed,
-    as the OOM killer does) does not fit; any other failure is the workload's error."""
+    as the OOM killer does) does not fit; any other failure is the workload's error. A fit is within the margin
+    when its peak (on a GPU the reserved one, what the device gave) left the margin free."""
     peak = _peak(result, watch)
     if watch.over_cap or (watch.cap is not None and peak is not None and peak > watch.cap):
         when = ", seen live: the burst was stopped" if result.status == "stopped" else ""
@@ -463,8 +739,10 @@ def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch) -> Batch
         kind: Failure = "crash" if result.error.kind == "crash" else "error"
         return BatchTry(size, False, stage, kind, message, peak_memory_bytes=peak)
     step = result.step_time
+    reserved = result.peak_reserved_bytes
     return BatchTry(size, True, stage, samples_per_s=result.samples_per_s, peak_memory_bytes=peak,
-                    step_median_s=step.median if step else None, step_iqr_s=step.iqr if step else None)
+                    step_median_s=step.median if step else None, step_iqr_s=step.iqr if step else None,
+                    reserved_bytes=reserved, within_margin=limits.within_margin(reserved or peak))
 
 
 def _peak(result: BurstResult, watch: _Watch) -> int | None:
@@ -481,24 +759,35 @@ def _bytes_text(value: int) -> str:
     return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.0f} MiB"
 
 
-def _try_line(t: BatchTry) -> str:
+def _try_line(t: BatchTry, search: BatchSizeSearch) -> str:
+    under = f"  (with {t.setting})" if t.setting else ""
     if not t.fits:
-        return f"{t.batch_size:>9,}  {'no':<4}  {t.why_not}"
+        return f"{t.batch_size:>9,}  {'no':<4}  {t.why_not}{under}"
     rate = MISSING if t.samples_per_s is None else significant(t.samples_per_s)
+    if not t.within_margin:
+        peak = t.reserved_bytes or t.peak_memory_bytes or 0
+        return (f"{t.batch_size:>9,}  {'no':<4}  ran ({rate} samples/s), but its peak {_bytes_text(peak)} leaves less "
+                f"than {search.margin:.0%} of {_bytes_text(search.limit_bytes or 0)} free{under}")
     step = (MISSING if t.step_median_s is None
             else f"{t.step_median_s * 1e3:.3g} ± {(t.step_iqr_s or 0) * 1e3:.2g}")
     memory = MISSING if t.peak_memory_bytes is None else _bytes_text(t.peak_memory_bytes)
-    return f"{t.batch_size:>9,}  {'yes':<4}  {rate:>10}  {step:>15}  {memory:>9}"
+    return f"{t.batch_size:>9,}  {'yes':<4}  {rate:>10}  {step:>15}  {memory:>9}{under}"
 
 
 def _traces(search: BatchSizeSearch) -> list[tuple[Any, bool]]:
-    """(trace, on the memory axis) of the figure: the throughput curve, the sizes that did not fit, peak memory."""
+    """(trace, on the memory axis) of the figure: the throughput curve (and the one under the setting that made
+    room), the sizes that did not fit, peak memory."""
     import plotly.graph_objects as go
 
     curve = search.curve()
     failed = sorted((t for t in search.tries if t.failure in MEMORY_FAILURES), key=lambda t: t.batch_size)
     measured = sorted((t for t in search.tries if t.peak_memory_bytes is not None), key=lambda t: t.batch_size)
-    return [
+    roomy = search.curve(search.room_setting) if search.room_setting else []
+    room = [(go.Scatter(x=[t.batch_size for t in roomy], y=[t.samples_per_s for t in roomy], mode="lines+markers",
+                        name=f"with {search.room_setting}", line={"color": PALETTE[2], "dash": "dash"},
+                        meta={"kind": "samples_per_s_with_room"},
+                        hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False)] if roomy else []
+    return [*room,
         (go.Scatter(x=[t.batch_size for t in curve], y=[t.samples_per_s for t in curve], mode="lines+markers",
                     name="samples/s", line={"color": PALETTE[0]}, meta={"kind": "samples_per_s"},
                     hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False),

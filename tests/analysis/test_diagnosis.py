@@ -282,3 +282,19 @@ def test_no_energy_finding_where_either_run_was_not_measured() -> None:
     assert unmeasured.energy_j is None
     assert "Energy per sample" not in titles(diagnose(unmeasured, measured, verdict=GuardVerdict("ok")))
     assert "Energy per sample" not in titles(diagnose(measured, unmeasured, verdict=GuardVerdict("ok")))
+
+
+def test_an_allocator_holding_a_quarter_of_its_memory_unused_points_at_expandable_segments() -> None:
+    """H200 sizes: 100,000 MiB reserved for a peak of 70,000 MiB allocated is 30% held unused."""
+    result = synthetic_result(peak_mib=70_000, total_mib=143_771)
+    rank = dataclasses.replace(result.ranks[0], peak_reserved_bytes=100_000 * 2**20)
+    finding = by_title(diagnose(dataclasses.replace(result, ranks=[rank])), "Allocator holds unused memory")
+    assert finding.knob == "expandable_segments" and finding.symptom == "allocator_slack"
+    assert "reserved 100,000 MiB and never had more than 70,000 MiB of it allocated at once (30% held" in finding.detail
+    tight = dataclasses.replace(rank, peak_reserved_bytes=80_000 * 2**20)  # 12.5%: no note
+    assert "Allocator holds unused memory" not in titles(diagnose(dataclasses.replace(result, ranks=[tight])))
+
+
+def test_findings_carry_the_symptom_a_ladder_can_be_asked_to_address() -> None:
+    finding = by_title(diagnose(synthetic_result(peak_mib=950, total_mib=1000)), "Memory nearly full")
+    assert finding.symptom == "memory_full"

@@ -330,6 +330,8 @@ def test_find_batch_size_reports_each_try_and_shows_the_curve() -> None:
     assert "the largest that fits is 64" in panel.state.status
     assert any(s.startswith("Batch size: 128 does not fit") for s in statuses), statuses
     assert panel.batch_view.layout.display is None and len(panel.batch_view.children) == 2
+    table = panel.batch_view.children[1].value  # the tries, and the margin they were held to
+    assert "margin: a size fits when its peak leaves 10% of" in table and "     128  no " in table
     assert panel.state.results == []  # tries are not runs of the table
 
 

@@ -212,3 +212,39 @@ def test_mfu_divides_by_every_gpu_the_burst_used():
     single = _on_gpus(Config(precision="bf16"), world_size=1, gpus=4)
     assert single.gpus_used == 1 and single.mfu == pytest.approx(96 / 0.3 * 1e12 / peak)
     assert make_result().gpus_used == 0 and make_result().mfu is None  # a CPU burst
+
+
+H200_MIB = 143_771  # NVML's total for one H200
+
+
+def _cuda_rank(rank: int, allocated_mib: int, reserved_mib: int | None, state_mib: int | None = None) -> RankSummary:
+    return RankSummary(rank, 96, 0.3, allocated_mib << 20, "cuda_allocator", 0.5, 2.0, "NVIDIA H200",
+                       peak_reserved_bytes=None if reserved_mib is None else reserved_mib << 20,
+                       model_state_bytes=None if state_mib is None else state_mib << 20)
+
+
+def test_reserved_against_allocated_reads_the_allocators_slack_per_rank():
+    """At an H200's sizes: a rank whose allocator held 131,000 MiB for a peak of 98,250 MiB allocated kept 25% of what
+    the device gave it unused at its busiest (fragmentation: what expandable segments shrink)."""
+    result = make_result(ranks=[_cuda_rank(0, 98_250, 131_000), _cuda_rank(1, 120_000, 124_000)])
+    assert result.peak_memory_bytes == 120_000 << 20 and result.peak_reserved_bytes == 131_000 << 20
+    assert result.peak_reserved_bytes < H200_MIB << 20
+    assert result.allocator_slack_share == pytest.approx(1 - 98_250 / 131_000)  # the worse of the two ranks
+    line = next(line for line in result.summary().splitlines() if line.lstrip().startswith("peak mem"))
+    assert line.endswith("120,000 MiB (cuda_allocator) per rank: the busiest of 2; reserved 131,000 MiB (25% of it "
+                         "never allocated at once)")
+    again = BurstResult.from_json(result.to_json())
+    assert again.peak_reserved_bytes == result.peak_reserved_bytes and again.allocator_slack_share == \
+        result.allocator_slack_share
+    assert make_result(ranks=[_cuda_rank(0, 10, 12), _cuda_rank(1, 10, None)]).peak_reserved_bytes is None
+    assert make_result().allocator_slack_share is None  # RSS on a CPU: no allocator to read
+
+
+def test_memory_per_rank_and_training_state_compare_against_another_run():
+    ddp = make_result(ranks=[_cuda_rank(0, 80_000, 90_000, 64_000), _cuda_rank(1, 80_000, 90_000, 64_000)])
+    fsdp = make_result(ranks=[_cuda_rank(0, 48_000, 52_000, 32_000), _cuda_rank(1, 50_000, 52_000, 32_000)],
+                       config=Config(parallel="fsdp", world_size=2))
+    assert fsdp.memory_ratio_over(ddp) == pytest.approx(50_000 / 80_000)
+    assert fsdp.model_state_bytes == 32_000 << 20 and ddp.model_state_bytes == 64_000 << 20
+    assert "parameters sharded" in fsdp.summary() and "model state 32,000 MiB" in fsdp.summary()
+    assert fsdp.memory_ratio_over(make_result()) is None  # RSS against the allocator's peak: not comparable

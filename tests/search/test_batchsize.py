@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -35,7 +36,7 @@ from accel_widgets import (
 from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.knobs.rules import ConfigError
 from accel_widgets.search.batchsize import DEFAULT_CPU_SHARE, batch_scope, parse_memory_size
-from tests.workloads import TinyNet, tensors
+from tests.workloads import TinyNet, WideBlocks, tensors
 
 CPU = DeviceInfo(cpu_count=8, cpu_name="Fake CPU")
 GPU_MEMORY = 80 * 2**30
@@ -116,6 +117,7 @@ def search(engine: FakeEngine, *, device: DeviceInfo = CPU, wl: Workload | None 
            ) -> tuple[BatchSizeSearch, list[BatchTry]]:
     seen: list[BatchTry] = []
     kwargs.setdefault("memory_cap", BASE + 700 * PER_SAMPLE if device is CPU else None)
+    kwargs.setdefault("margin", 0.0)  # the bracket on running out of memory itself; the margin has tests of its own
     result = find_batch_size(wl or workload(), device=device, engine=engine, steps=STEPS, on_try=seen.append,
                              **kwargs)
     return result, seen
@@ -480,3 +482,155 @@ def test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit():
     assert {t.failure for t in result.tries if not t.fits} == {"oom"}
     assert min(t.batch_size for t in result.tries if not t.fits) * per_sample > result.cap_bytes * 0.8
     assert all(t.peak_memory_bytes <= result.cap_bytes for t in result.tries if t.fits)
+
+
+# -- the margin, making room, a target batch ---------------------------------------------------------------------
+def test_the_margin_brackets_the_largest_size_that_leaves_it_free():
+    """Cap 1,000 MiB, margin 10%: a size fits when its peak stays under 900 MiB (600 samples of the fake's line);
+    640 ran, but left less."""
+    engine = FakeEngine()
+    result, _ = search(engine, margin=0.1)
+    assert engine.sizes() == [64, 128, 256, 512, 1024, 768, 640, 576, 608]
+    assert result.largest_within_margin == 576 and result.largest_fitting == 640
+    assert result.stopped_reason == "608 does not fit with 10% of the memory left; 576 does"
+    assert result.limit_bytes == BASE + 700 * PER_SAMPLE and result.margin == 0.1
+    over = next(t for t in result.tries if t.batch_size == 640)
+    assert over.fits and not over.within_margin and over.samples_per_s is not None
+    assert result.fastest == 576  # the sizes that leave the margin free are the ones to use
+    text = result.summary().splitlines()
+    assert text[0].startswith("batch size per step: largest that fits with 10% of the memory left 576 (at all: 640)")
+    assert text[2] == "margin: a size fits when its peak leaves 10% of 1,000 MiB free (peak <= 900 MiB)"
+    assert any(line.startswith("      640  no    ran (") and "leaves less than 10% of 1,000 MiB free" in line
+               for line in text)
+
+
+H200_CUDA_TOTAL = (H200_MIB - 560) * MiB  # what a rank's cudaMemGetInfo reads: a little under NVML's 143,771 MiB
+
+
+@dataclass
+class H200Engine(FakeEngine):
+    """An H200's allocator: 300 MiB + 100 MiB per sample allocated, 5% more reserved, out of memory past CUDA's
+    total, which the ranks report."""
+
+    kind: str = "cuda_allocator"
+    capacity: int | None = H200_CUDA_TOTAL
+
+    @staticmethod
+    def memory(size: int) -> int:
+        return BASE + 100 * MiB * size
+
+    def __call__(self, workload: Workload, config: Config, **kwargs: Any) -> BurstResult:
+        result = super().__call__(workload, config, **kwargs)
+        rank = result.ranks[0]
+        reserved = int(rank.peak_memory_bytes * 1.05)
+        result.ranks = [dataclasses.replace(rank, peak_reserved_bytes=reserved)]
+        result.environment["cuda_memory_bytes"] = H200_CUDA_TOTAL
+        return result
+
+
+def test_on_an_h200_the_margin_is_judged_on_the_reserved_peak_against_cudas_total():
+    gpu = DeviceInfo(cpu_count=16, cpu_name="Host", gpus=(GpuInfo(0, 0, "NVIDIA H200", H200_MIB * MiB),))
+    engine = H200Engine()
+    result, _ = search(engine, device=gpu, margin=0.1, wl=workload(items=1 << 14))
+    # 90% of 143,211 MiB is 128,890 MiB reserved: 122,752 MiB allocated, 1,224 samples; past 1,429 it is OOM
+    assert engine.sizes() == [64, 128, 256, 512, 1024, 2048, 1536, 1280, 1152, 1216]
+    assert result.largest_within_margin == 1216 and result.largest_fitting == 1280
+    assert result.limit_bytes == H200_CUDA_TOTAL and result.cap_bytes is None
+    edge = next(t for t in result.tries if t.batch_size == 1280)
+    assert edge.reserved_bytes == int(H200Engine.memory(1280) * 1.05) > 0.9 * H200_CUDA_TOTAL
+    assert "peak <= 125.87 GiB" in result.summary()
+
+
+def blocks_workload() -> Workload:
+    """A model with repeated blocks (read on the meta device; the fake engine never runs it) and plenty of items."""
+    return Workload(model=functools.partial(WideBlocks, 16, 2), dataset=tensors(8192), loss_fn=F.cross_entropy,
+                    batch_size=64, name="blocks")
+
+
+@dataclass
+class Checkpointable(FakeEngine):
+    """Activations of a quarter of a MiB per sample under activation checkpointing (1 MiB without), at three quarters
+    of the samples/s (the recompute); any label (a target's tries name their accumulation), and accumulation
+    costing 1% per extra micro-batch."""
+
+    def __call__(self, workload: Workload, config: Config, *, steps: int, seconds: float | None = None,
+                 label: str = "", on_event: Any = None, stop: threading.Event | None = None) -> BurstResult:
+        self.calls.append(config)
+        size, recompute = config.batch_size, config.activation_checkpointing != "off"
+        memory = BASE + (PER_SAMPLE // 4 if recompute else PER_SAMPLE) * size
+        if on_event is not None:
+            on_event(TelemetrySample(t=0.5, source="psutil", util_pct=50.0, mem_used_bytes=memory))
+        if stop is not None and stop.is_set():
+            return BurstResult(workload=workload.name, config=config, status="stopped", label=label,
+                               error=ErrorInfo("stopped", "stopped before the end of the burst"))
+        rate = self.rate(size) * (0.75 if recompute else 1.0) * (1 - 0.01 * (config.grad_accum_steps - 1))
+        step_s = size * config.grad_accum_steps / rate
+        records = [StepRecord(0, i, i * step_s, 0.0, 0.0, step_s, step_s, size * config.grad_accum_steps,
+                              warmup=i < WARMUP) for i in range(WARMUP + steps)]
+        rank = RankSummary(0, size * config.grad_accum_steps * steps, step_s * steps, memory, "rss", 0.1, step_s, "cpu")
+        return BurstResult(workload=workload.name, config=config, status="ok", warmup_steps=WARMUP, steps=records,
+                           ranks=[rank], label=label)
+
+
+def test_where_the_next_size_does_not_fit_activation_checkpointing_is_tried_and_reported():
+    engine = Checkpointable()
+    result, seen = search(engine, wl=blocks_workload())
+    plain = [t for t in result.tries if not t.setting]
+    roomy = [t for t in result.tries if t.setting]
+    assert [t.batch_size for t in plain] == [64, 128, 256, 512, 1024, 768, 640, 704, 672]
+    # from the first size that did not fit, under checkpointing: 704 and 1,408 fit, 2,816 is over the cap
+    assert [t.batch_size for t in roomy] == [704, 1408, 2816, 2112, 2464, 2640, 2728]
+    assert {t.setting for t in roomy} == {"activation_checkpointing=blocks"} and seen == list(result.tries)
+    assert result.largest_within_margin == 672 and result.largest_with_room == 2728
+    assert result.room_setting == "activation_checkpointing=blocks"
+    assert result.stopped_reason == "704 does not fit; 672 does; with activation_checkpointing=blocks: 2,816 does " \
+                                    "not fit; 2,728 does"
+    assert result.memory_limited  # samples/s still rose when the memory ran out
+    assert result.room_changes() == {"activation_checkpointing": "blocks", "batch_size": 2728}
+    assert "with activation_checkpointing=blocks: largest that fits 2,728" in result.summary()
+    again = BatchSizeSearch.from_json(result.to_json())
+    assert again == result and again.room_config == Config(activation_checkpointing="blocks")
+    if _plotly():
+        traces = {t.meta["kind"]: t for t in result.figure().data}
+        assert list(traces["samples_per_s_with_room"].x) == [704, 1408, 2112, 2464, 2640, 2728]
+
+    nothing, _ = search(Checkpointable(), wl=blocks_workload(), make_room=False)
+    assert not any(t.setting for t in nothing.tries) and nothing.room_config is None
+
+
+def _plotly() -> bool:
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_a_target_batch_is_reached_by_the_fastest_micro_batch_and_accumulation_measured():
+    """Target 1,024 per step on one rank: 1,024 itself fits only with checkpointing (slower by its recompute);
+    512 x 2 fits as it is and is the fastest of the three largest ways measured."""
+    engine = Checkpointable()
+    result, _ = search(engine, wl=blocks_workload(), target_batch=1024, refine_tries=0)
+    target = result.target
+    assert [(t.micro_batch, t.accumulation, t.setting) for t in target.tries] == [
+        (1024, 1, "activation_checkpointing=blocks"), (512, 2, ""), (256, 4, "")]
+    assert (target.best.micro_batch, target.best.accumulation) == (512, 2)
+    assert target.best.samples_per_s == pytest.approx(Checkpointable.rate(512) * 0.99)
+    measured = engine.calls[-3:]
+    assert [(c.batch_size, c.grad_accum_steps, c.activation_checkpointing) for c in measured] == [
+        (1024, 1, "blocks"), (512, 2, "off"), (256, 4, "off")]
+    assert result.summary().splitlines()[3].startswith("target global batch 1,024 = micro-batch x grad_accum_steps: "
+                                                       "fastest 512 x 2 (1,024 x 1 with activation_checkpointing")
+    assert BatchSizeSearch.from_json(result.to_json()).target == target
+
+
+def test_a_target_batch_and_a_margin_are_checked_before_any_burst():
+    engine = FakeEngine()
+    with pytest.raises(ValueError, match="no multiple of the 2 ranks"):
+        search(engine, config=Config(parallel="ddp", world_size=2), target_batch=1001)
+    for margin in (1.0, -0.1, True):
+        with pytest.raises(ValueError, match="margin="):
+            search(engine, margin=margin)
+    with pytest.raises(ValueError, match="target_batch=0"):
+        search(engine, target_batch=0)
+    assert engine.calls == []

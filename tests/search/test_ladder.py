@@ -1,8 +1,9 @@
+import dataclasses
 import itertools
 
-from accel_widgets import Config, classic_ladder
+from accel_widgets import BatchSizeSearch, BatchTry, Config, classic_ladder
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
-from tests.workloads import conv_workload, tiny_workload
+from tests.workloads import conv_workload, gpt_workload, tiny_workload
 
 CPU = DeviceInfo(cpu_count=2, cpu_name="cpu", cpu_flags=frozenset({"avx512_bf16"}))
 GPU = DeviceInfo(cpu_count=16, cpu_name="host", gpus=(GpuInfo(0, 0, "NVIDIA H200", 1),))
@@ -34,3 +35,37 @@ def test_a_gpu_without_bf16_units_gets_fp16_with_gradscaler():
     rungs = classic_ladder(tiny_workload(), t4)
     assert [r.name for r in rungs] == ["baseline", "+loader", "+fp16", "+compile", "+rest"]
     assert rungs[-1].config.precision == "fp16"  # the engine adds GradScaler for fp16
+
+
+def test_the_memory_rung_is_climbed_only_where_memory_is_the_limit():
+    """Activation checkpointing costs a recompute: the ladder takes it after half precision (which may lift the limit
+    by itself) and before compile, and only where the diagnosis read memory as full or out."""
+    workload = gpt_workload(batch_size=4)
+    assert "+memory" not in [r.name for r in classic_ladder(workload, CPU)]
+    rungs = classic_ladder(workload, CPU, limits={"memory_full"})
+    assert [r.name for r in rungs] == ["baseline", "+loader", "+bf16", "+memory", "+compile", "+rest"]
+    memory = rungs[3].config
+    assert memory.activation_checkpointing == "blocks" and rungs[2].config.activation_checkpointing == "off"
+    assert rungs[-1].config.activation_checkpointing == "blocks"  # cumulative
+    no_blocks = classic_ladder(tiny_workload(), CPU, limits={"out_of_memory"})
+    assert "+memory" not in [r.name for r in no_blocks]
+
+
+def test_a_batch_size_search_that_ran_out_of_memory_gives_the_memory_rung_its_batch_size():
+    room = "activation_checkpointing=blocks"
+    tries = (BatchTry(256, True, "grow", samples_per_s=900.0, within_margin=True),
+             BatchTry(512, True, "grow", samples_per_s=1000.0, within_margin=True),
+             BatchTry(1024, False, "grow", "oom"),
+             BatchTry(1024, True, "grow", samples_per_s=800.0, within_margin=True, setting=room),
+             BatchTry(2048, False, "grow", "oom", setting=room))
+    search = BatchSizeSearch("gpt", Config(), "GPU", "cuda_allocator", None, "", "per step", tries,
+                             room_config=Config(activation_checkpointing="blocks"))
+    assert search.memory_limited
+    rungs = classic_ladder(gpt_workload(batch_size=4), CPU, batch_search=search)
+    memory = next(r for r in rungs if r.name == "+memory")
+    assert (memory.config.activation_checkpointing, memory.config.batch_size) == ("blocks", 1024)
+    assert "the batch size that then fits (activation_checkpointing=blocks, find_batch_size)" in memory.why
+    flat = dataclasses.replace(search, tries=(*tries[:1], dataclasses.replace(tries[1], samples_per_s=800.0),
+                                              *tries[2:]))
+    assert not flat.memory_limited  # the fastest size was not the largest: a larger batch would not pay
+    assert "+memory" not in [r.name for r in classic_ladder(gpt_workload(batch_size=4), CPU, batch_search=flat)]

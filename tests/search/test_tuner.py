@@ -403,7 +403,7 @@ def test_a_full_search_walks_the_groups_in_order_and_leaves_non_speed_knobs_out(
     assert set(knobs) == set(KNOBS)
     left_out = [name for name, knob in KNOBS.items() if knob.search.left_out]
     assert set(left_out) == {"batch_size", "grad_accum_steps", "deterministic", "memory_fraction", "empty_cache",
-                             "parallel", "world_size"}
+                             "parallel", "world_size", "activation_checkpointing"}
     for name in left_out:
         (step,) = steps_for(result, name)
         assert not step.results and tried(engine, name) == {KNOBS[name].default}
@@ -413,6 +413,25 @@ def test_a_full_search_walks_the_groups_in_order_and_leaves_non_speed_knobs_out(
     assert compile_steps == [("default", True, True), ("reduce-overhead", False, False), ("max-autotune", False, True)]
     assert "same as 'default'" in steps_for(result, "compile_mode")[1].reason
     assert result.best == OPTIMUM.replace(compile_mode="default")
+
+
+def test_the_knobs_of_2026_reach_the_tuner_through_their_owners_declarations():
+    """No name in the tuner: float8 comes after compile (its owner's group follows it), activation checkpointing is
+    left out with its owner's reason, and what cannot act on a CPU is skipped with the rule's."""
+    result, _ = run(knobs=None)
+    order = list(dict.fromkeys(s.knob for s in result.decisions))
+    assert order.index("compile_mode") < order.index("float8") < order.index("expandable_segments")
+    (checkpointing,) = steps_for(result, "activation_checkpointing")
+    assert checkpointing.reason.startswith("left out: at the same batch size it only adds recompute")
+    for name in ("float8", "expandable_segments"):
+        (step,) = steps_for(result, name)
+        assert not step.results and "only acts on CUDA" in step.reason
+    (reshard,) = steps_for(result, "reshard_after_forward")
+    assert not reshard.results and "only acts with parallel='fsdp'" in reshard.reason
+    result, _ = run(knobs=["float8"], device=GPU)  # a GPU that can: its owner's values, judged by its owner's rules
+    steps = steps_for(result, "float8")
+    assert [s.value for s in steps] == ["tensorwise", "rowwise"]
+    assert all(not s.results and "without torch.compile" in s.reason for s in steps)
 
 
 def test_bad_knob_names_and_values_raise_before_any_burst():

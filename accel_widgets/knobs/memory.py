@@ -1,0 +1,216 @@
+"""Memory: activation checkpointing (recompute a block's activations in backward instead of keeping them) and the
+CUDA caching allocator's expandable segments.
+
+Both trade something for room. Checkpointing trades compute: each repeated block keeps only its input through the
+forward and runs its forward again in backward ("blocks"), or keeps its matmul outputs and recomputes only the cheap
+ops around them ("selective", PyTorch's selective activation checkpointing). Expandable segments trade nothing
+measurable: the allocator maps memory into segments that grow instead of carving fixed blocks, so memory freed by
+one shape can hold the next (fewer "reserved but unallocated" bytes, fewer fragmentation OOMs).
+
+The repeated blocks are found in the model itself (:func:`repeated_blocks`); the parallel owner shards the same
+blocks under FSDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+
+if TYPE_CHECKING:
+    from ..inputs.workload import Workload
+    from .config import Config
+
+GROUP = "memory"
+TITLE = "Memory"
+
+KNOBS = [
+    Knob(
+        "activation_checkpointing", GROUP, str, "off", choices=("off", "blocks", "selective"),
+        what="Recompute the activations of the model's repeated blocks (an nn.ModuleList or nn.Sequential of two "
+        "or more modules of one class: a transformer's layers) in backward instead of keeping them: 'blocks' keeps "
+        "each block's input only; 'selective' also keeps its matmul and attention outputs and recomputes the rest.",
+        why="Activations, not weights, fill memory at large batch sizes; a block's forward run again costs about a "
+        "third more compute for it ('blocks'), much less for 'selective', which recomputes only the cheap "
+        "elementwise ops and norms.",
+        when="Memory is the limit: the batch size you want does not fit, or a larger one would be faster. At the "
+        "same batch size it only slows a step (the batch-size finder and the ladder's +memory rung use it where "
+        "memory is the limit).",
+        search=Search(left_out="at the same batch size it only adds recompute: it pays through the larger batch "
+                      "it makes room for (find_batch_size tries it)"),
+    ),
+    Knob(
+        "expandable_segments", GROUP, bool, False, applies_to=("cuda",),
+        what="CUDA caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
+        "set in each rank before it initialises CUDA.",
+        why="The default allocator carves fixed-size segments: memory freed by one tensor shape often cannot hold "
+        "the next, so it reserves more than it allocates and can run out with free memory left in pieces. "
+        "Expandable segments map more memory into the same segment as it grows.",
+        when="Out-of-memory errors with memory reserved but unallocated, batch or sequence shapes that change, or "
+        "peak reserved well above peak allocated (the result shows both). No effect on CPU.",
+    ),
+]
+
+
+def _no_blocks(config: Config, model: nn.Module) -> str:
+    """Why checkpointing cannot act on ``model``, naming the user's class and what would do."""
+    return (f"activation_checkpointing={config.activation_checkpointing!r} recomputes the model's repeated blocks, "
+            f"and Workload.model ({type(model).__name__}) has none: no nn.ModuleList or nn.Sequential holds two or "
+            "more modules of one class with parameters. Hold the layers in an nn.ModuleList (as transformers do), "
+            "or leave activation_checkpointing='off'")
+
+
+RULES: list[Rule] = []
+
+LADDER = [
+    Climb("+memory", "activation checkpointing makes room for a larger batch where memory is the limit",
+          lambda device, workload: {"activation_checkpointing": "blocks"} if _has_blocks(workload) else {},
+          only_when=("memory_full", "out_of_memory")),
+]
+
+REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
+    "allocator_slack": lambda c: Remedy("expandable_segments", "expandable segments let freed memory hold the next "
+                                        "shapes") if not c.expandable_segments else None,
+}
+
+
+def _has_blocks(workload: Workload) -> bool:
+    outline = workload.model_outline()
+    return outline is not None and bool(repeated_blocks(outline))
+
+
+# -- activation checkpointing -------------------------------------------------------------------------------------
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks, outermost first: the children of every nn.ModuleList or nn.Sequential that holds
+    two or more modules of one class, each with parameters (a transformer's layers, a ResNet stage's blocks). A
+    block found is not searched for blocks of its own, so nothing is wrapped twice.
+
+    Why this shape: it is how models hold a stack of identical layers (GPT-2's ``h``, Llama's ``layers``, BERT's
+    ``encoder.layer``), and identical blocks are what both checkpointing and FSDP want as their unit: each holds a
+    similar share of the activations and of the parameters.
+    """
+    if _is_stack(model):
+        return list(model.children())
+    found: list[nn.Module] = []
+    for child in model.children():
+        found += repeated_blocks(child)
+    return found
+
+
+def _is_stack(module: nn.Module) -> bool:
+    children = list(module.children())
+    return (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(children) >= 2
+            and len({type(child) for child in children}) == 1
+            and all(any(True for _ in child.parameters()) for child in children))
+
+
+#: What selective checkpointing keeps: the outputs of matmuls and fused attention, the ops whose recompute costs
+#: most per byte kept (torchtitan's "op" policy keeps the same kinds). Everything else in a block (norms, activations,
+#: dropout, residual adds) is recomputed in backward.
+_SAVED_OPS = tuple(getattr(torch.ops.aten, name).default for name in (
+    "mm", "addmm", "bmm", "baddbmm", "_scaled_mm",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+))
+
+
+def checkpointing(config: Config) -> bool:
+    return config.activation_checkpointing != "off"
+
+
+def with_checkpointing(config: Config) -> Config:
+    """``config`` with each repeated block's activations recomputed: what makes room when the batch does not fit."""
+    return config.replace(activation_checkpointing="blocks")
+
+
+def room_maker(config: Config, workload: Workload) -> Config | None:
+    """The config that saves memory for ``workload`` where ``config`` has not yet: activation checkpointing of its
+    repeated blocks; None when it is on already or the model has no repeated blocks."""
+    if checkpointing(config) or not _has_blocks(workload):
+        return None
+    return with_checkpointing(config)
+
+
+def model_notes(workload: Workload, config: Config) -> list[str]:
+    """Refuse, before any process starts, a checkpointing config whose model has no repeated blocks (ValueError).
+
+    A factory's model is read on the meta device; one that cannot be built there is checked by the ranks."""
+    if not checkpointing(config):
+        return []
+    outline = workload.model_outline()
+    if outline is not None and not repeated_blocks(outline):
+        raise ValueError(_no_blocks(config, outline))
+    return []
+
+
+def checkpoint_blocks(model: nn.Module, config: Config) -> nn.Module:
+    """Run each repeated block's forward under ``torch.utils.checkpoint`` (non-reentrant), in place.
+
+    The block's own ``forward`` is replaced on the instance, so its parameters keep their names (no wrapper module:
+    state dicts, FSDP's units and optimizers see the model as it was) and ``nn.Module.__call__``'s hooks (FSDP's
+    all-gather) still run around it. Non-reentrant: it works with autograd's hooks, keyword arguments and inputs
+    that need no gradient, and recomputes only when backward reaches the block. The RNG state is replayed, so
+    dropout draws the same masks and the losses are the same as without it.
+    """
+    if not checkpointing(config):
+        return model
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise ValueError(_no_blocks(config, model))
+    context = ({"context_fn": functools.partial(create_selective_checkpoint_contexts, list(_SAVED_OPS))}
+               if config.activation_checkpointing == "selective" else {})
+    for block in blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, **context)
+    return model
+
+
+# -- the allocator --------------------------------------------------------------------------------------------------
+#: Where torch reads the CUDA allocator's settings; in torch 2.13 the first wins where both are set.
+ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+_EXPANDABLE = "expandable_segments"
+
+
+def allocator_settings_with_expandable_segments(settings: str | None) -> str:
+    """``settings`` (``"max_split_size_mb:128,garbage_collection_threshold:0.8"``) with expandable segments on: the
+    user's other settings are kept, a setting of the same key replaced."""
+    kept = [part for part in (settings or "").split(",")
+            if part.strip() and part.split(":", 1)[0].strip() != _EXPANDABLE]
+    return ",".join([*kept, f"{_EXPANDABLE}:True"])
+
+
+@contextlib.contextmanager
+def allocator(config: Config, device_kind: str) -> Iterator[None]:
+    """The CUDA allocator's settings this config asks for, in this process's environment, for the duration.
+
+    Must be entered before the process initialises CUDA: the allocator reads its settings once, when it starts.
+    A rank enters it before choosing its device; the in-process fallback runs in the caller, where CUDA may be up
+    already, and then says (a warning) that the knob could not act. The environment is put back on exit, so the
+    caller's (the in-process fallback) is as it was. Off, or on a CPU: nothing changes.
+    """
+    if device_kind != "cuda" or not config.expandable_segments:
+        yield
+        return
+    if torch.cuda.is_initialized():
+        warnings.warn("expandable_segments=True could not act: CUDA was initialised in this process before the burst "
+                      "(isolation='inprocess'), and the allocator reads its settings when CUDA starts. Run with "
+                      "isolation='process'", stacklevel=3)
+    name = next((variable for variable in ALLOCATOR_VARIABLES if os.environ.get(variable)), ALLOCATOR_VARIABLES[0])
+    saved = os.environ.get(name)
+    os.environ[name] = allocator_settings_with_expandable_segments(saved)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
