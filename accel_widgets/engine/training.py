@@ -30,6 +30,7 @@ from ..data.cache import CacheInfo, items_differ
 from ..data.streams import StreamReading, stream_random_data
 from ..inputs.workload import Workload, callable_name
 from ..knobs import CodePaths, attention, batch, compiling, data, overhead, parallel, precision, system
+from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
 from ..knobs.plan import Plan
 from ..metrics.flops import count_training_flops
@@ -101,10 +102,13 @@ class DieWithRank:
             self.user_init(worker_id)
 
 
-def prepare_model(model: nn.Module, config: Config, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """Move, reformat, wrap and compile the model; returns ``(model to call, unwrapped model)``."""
+def prepare_model(model: nn.Module, config: Config, device: torch.device,
+                  blocks: str | None = None) -> tuple[nn.Module, nn.Module, str]:
+    """Move, reformat, wrap and compile the model; returns ``(model to call, unwrapped model, what was compiled)``.
+    ``blocks``: the workload's stack of repeated blocks (None: found in the model where compiling needs it)."""
     raw = system.prepare_model(model.to(device), config)
-    return compiling.compile_model(parallel.wrap_model(raw, config, device), config), raw
+    model, compiled = compiling.compile_model(parallel.wrap_model(raw, config, device), raw, config, blocks)
+    return model, raw, compiled
 
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
@@ -229,6 +233,7 @@ class TrainingLoop:
     max_grad_norm: float | None = None
     random_data: bool | None = None  # two reads of the same item differ (random augmentation); None: not known
     cache: CacheInfo | None = None  # what the data cache did, when the config caches the data
+    compiled: str = ""  # what torch.compile compiled, in words ("" when nothing)
     mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
@@ -247,8 +252,9 @@ class TrainingLoop:
             return None
         batch = self.last_micro_batch
         try:
-            flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
-                                         self.mixed_precision.autocast)
+            with compiling.eager():  # blocks compiled in place run as the counter sees them, with no recompile
+                flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
+                                             self.mixed_precision.autocast)
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
             warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
             return None
@@ -272,7 +278,8 @@ class TrainingLoop:
             return None
         batch = self.last_micro_batch
         try:
-            with self.mixed_precision.autocast(), attention.forward_context(self.config), _CallRecorder() as calls:
+            with (compiling.eager(), self.mixed_precision.autocast(), attention.forward_context(self.config),
+                  _CallRecorder() as calls):
                 self._loss(raw_model, batch)
         except Exception as exc:  # an op the recorder cannot run must not fail a finished burst
             warnings.warn(f"code paths not recorded ({type(exc).__name__}: {exc}); the tuner tries every knob",
@@ -535,7 +542,7 @@ def build_loop(
     data.check_shared_memory(dataset, workload, config, world_size)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
-    model, raw = prepare_model(workload.build_model(), config, device)
+    model, raw, compiled = prepare_model(workload.build_model(), config, device, workload.blocks)
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
     torch.manual_seed(data.data_seed(workload))
     timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
@@ -543,7 +550,8 @@ def build_loop(
     loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader), config,
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
                         should_stop=should_stop, set_phase=set_phase, step_fn=workload.step,
-                        max_grad_norm=workload.max_grad_norm, random_data=random_data, cache=cache)
+                        max_grad_norm=workload.max_grad_norm, random_data=random_data, cache=cache,
+                        compiled=compiled)
     return loop, raw
 
 
@@ -551,7 +559,7 @@ def rank_summary(
     rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
     scaler_skipped_steps: int | None = None, flops_by_math: dict[str, float] | None = None,
     profile: ProfileCapture | None = None, code_paths: CodePaths | None = None, random_data: bool | None = None,
-    stream: StreamReading | None = None, cache: CacheInfo | None = None,
+    stream: StreamReading | None = None, cache: CacheInfo | None = None, compile_report: CompileReport | None = None,
 ) -> RankSummary:
     return RankSummary(
         rank=rank,
@@ -571,4 +579,5 @@ def rank_summary(
         random_data=random_data,
         stream=stream,
         cache=cache,
+        compile_report=compile_report,
     )

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
+from .blocks import find_blocks
+
 ModelSource = nn.Module | Callable[[], nn.Module]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -54,7 +56,10 @@ class Workload:
     ``max_grad_norm`` clips the gradients' total norm before each optimizer step (after unscaling them
     under fp16). ``tokens_per_sample`` makes results report tokens/s (language models); batches with an
     ``attention_mask`` count their real tokens instead. ``batch_size`` is this workload's natural batch,
-    used when the config leaves ``batch_size`` at its default.
+    used when the config leaves ``batch_size`` at its default. ``blocks`` names the model's stack of repeated blocks
+    (a dotted path to an ``nn.ModuleList`` or ``nn.Sequential``, e.g. ``"transformer.h"``) for what works per block
+    (``compile_scope="blocks"``); None: the stack of two or more modules of one class with the most parameters,
+    found in the model (:func:`~accel_widgets.inputs.blocks.find_blocks`).
     """
 
     model: ModelSource
@@ -73,6 +78,7 @@ class Workload:
     step: Callable[[nn.Module, Any], torch.Tensor] | None = None
     max_grad_norm: float | None = None
     loader: DataLoader | None = None
+    blocks: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -86,6 +92,7 @@ class Workload:
         if self.max_grad_norm is not None and not (isinstance(self.max_grad_norm, (int, float))
                                                    and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
             raise ValueError(f"Workload.max_grad_norm={self.max_grad_norm!r}: use a finite number > 0, or None")
+        self._check_blocks()
         if isinstance(self.dataset, DataLoader):
             self._take_loader(self.dataset)
         if not callable(self.optimizer):
@@ -95,6 +102,16 @@ class Workload:
             return
         self.dataset = _as_dataset(self.dataset, "Workload.dataset")
         self._check_items()
+
+    def _check_blocks(self) -> None:
+        """A ``blocks`` path is checked against a model instance now; a factory's model is checked where it is built."""
+        if self.blocks is None:
+            return
+        if not isinstance(self.blocks, str) or not self.blocks.strip():
+            raise TypeError(f"Workload.blocks must be the dotted path of the model's stack of blocks (e.g. "
+                            f"'transformer.h'), or None to find it, got {self.blocks!r}")
+        if isinstance(self.model, nn.Module):
+            find_blocks(self.model, self.blocks)
 
     @property
     def dataset_is_factory(self) -> bool:
