@@ -110,22 +110,24 @@ def _blocks_pay(device: DeviceInfo, workload: Workload) -> dict[str, Any]:
     """Compile block by block where the model's alike blocks hold most of its parameters
     (``BLOCKS_MIN_PARAMETER_SHARE``): the compile then costs about one block's, and the steps stay close to a
     whole-model compile's."""
-    blocks = find_blocks(_structure(workload), workload.blocks)
+    model = _structure(workload)
+    blocks = find_blocks(model, workload.blocks) if model is not None else None
     return {"compile_scope": "blocks"} if blocks is not None and blocks.parameter_share >= BLOCKS_MIN_PARAMETER_SHARE \
         else {}
 
 
-def _structure(workload: Workload) -> nn.Module:
+def _structure(workload: Workload) -> nn.Module | None:
     """The workload's model, for its structure only: a factory's product is built on the meta device (no memory, no
-    weights), the caller's random state untouched; a factory that needs real tensors is built as it is."""
+    weights), the caller's random state untouched. None for a factory that cannot build there (it loads weights
+    into its tensors, say): building it for real could take the caller's memory, so the ladder compiles it whole."""
     if isinstance(workload.model, nn.Module):
         return workload.model
     with torch.random.fork_rng(devices=[]):
         try:
             with torch.device("meta"):
                 return workload.build_model()
-        except Exception:  # e.g. it loads weights from a file into its tensors: the real build reads the same
-            return workload.build_model()
+        except Exception:  # whatever the factory raises on meta tensors: the structure is not known
+            return None
 
 
 LADDER = [
