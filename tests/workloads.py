@@ -374,3 +374,60 @@ def wide_workload(width: int = 512) -> Workload:
     return Workload(model=functools.partial(WideBlocks, width), dataset=(x, x[:, :CLASSES].argmax(dim=1)),
                     loss_fn=F.cross_entropy, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-4),
                     batch_size=8, name="wide")
+# -- what torch.compile meets: alike blocks, a graph break, a new shape every step -------------------------------
+# Matmuls only, so inductor hands every op to an external kernel and compiles no C++: seconds per graph on a CPU.
+class MatmulBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(FEATURES) + 0.01 * torch.randn(FEATURES, FEATURES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+class MatmulStack(nn.Module):
+    """A scale, then two alike blocks: regional compilation compiles one graph for both. (The scale makes the first
+    block's input require grad like the second's, as an embedding does: else the first block's graph is another.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(FEATURES))
+        self.blocks = nn.ModuleList(MatmulBlock() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.scale
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class PrintingNet(nn.Module):
+    """Prints between its two matmuls: torch.compile breaks the graph there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = MatmulBlock(), MatmulBlock()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        print("batch of", x.shape[0])
+        return self.second(x)
+
+
+class ShrinkingBatches:
+    """A collate_fn whose every batch is one sample shorter than the one before: a new shape every step."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def __call__(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = max(2, len(items) - self.batches)
+        self.batches += 1
+        return torch.stack([x for x, _ in items[:keep]]), torch.stack([y for _, y in items[:keep]])
+
+
+def matmul_workload(model: type[nn.Module], **kwargs) -> Workload:
+    """``model`` regressing random targets of its own width (mean squared error, computed outside the model)."""
+    generator = torch.Generator().manual_seed(0)
+    data = torch.randn(128, FEATURES, generator=generator), torch.randn(128, FEATURES, generator=generator)
+    return Workload(model=model, dataset=data, loss_fn=F.mse_loss, batch_size=16, name="matmul", **kwargs)

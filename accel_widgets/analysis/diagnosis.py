@@ -61,6 +61,7 @@ def diagnose(result: BurstResult, baseline: BurstResult | None = None, *,
         findings += _memory(result)
         findings += _parallel(result)
         findings += _math(result)
+        findings += _compiler(result)
         if baseline is not None and baseline is not result:
             findings += _against_baseline(result, baseline, verdict or check_training(result, baseline))
     findings += _engine_warnings(result)
@@ -75,12 +76,13 @@ def _engine_warnings(result: BurstResult) -> list[Finding]:
     return frozen + [Finding("warn", "Engine warning", warning) for warning in result.warnings]
 
 
-def _advised(severity: Severity, title: str, head: str, symptom: Symptom, config: Config) -> Finding:
-    """A finding whose advice comes from the knob owner that remedies ``symptom`` (none: the numbers alone)."""
+def _advised(severity: Severity, title: str, head: str, symptom: Symptom, config: Config, tail: str = "") -> Finding:
+    """A finding whose advice comes from the knob owner that remedies ``symptom`` (none: the numbers alone), and
+    ``tail`` after the advice."""
     advice = remedy(symptom, config)
     if advice is None:
-        return Finding(severity, title, f"{head}.", symptom=symptom)
-    return Finding(severity, title, f"{head}: {advice.text}.", advice.knob, symptom)
+        return Finding(severity, title, f"{head}{tail}.", symptom=symptom)
+    return Finding(severity, title, f"{head}: {advice.text}{tail}.", advice.knob, symptom)
 
 
 # -- outcome --------------------------------------------------------------------------------------
@@ -300,6 +302,35 @@ def _math(result: BurstResult) -> list[Finding]:
         return [Finding("info", "Model math", f"{si(achieved, 'FLOP/s')} of matmul/conv work sustained.")]
     return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak, each FLOP at the peak of "
                     f"its math ({result.mfu_basis}; {si(achieved, 'FLOP/s')}).")]
+
+
+# -- what the compiler did -------------------------------------------------------------------------
+def _compiler(result: BurstResult) -> list[Finding]:
+    """Graph breaks and recompiles in words: a compile that breaks the graph or compiles again every step reads as
+    "compile does not help" when the model's code is what stops it."""
+    report = result.compile_report
+    if report is None:
+        return []
+    findings = []
+    if report.graph_break_count:
+        first = report.graph_breaks[0] if report.graph_breaks else None
+        where = (f" at {first.where()}" if first is not None and first.file else "")
+        code = f" (`{first.code}`)" if first is not None and first.code else ""
+        why = f": {first.reason}" + (f" ({first.explanation})" if first.explanation else "") if first else ""
+        hint = f" (torch's hint: {first.hint.rstrip('.')})" if first is not None and first.hint else ""
+        others = (f"; {report.graph_break_count - first.count} more elsewhere (the summary lists them)"
+                  if first is not None and report.graph_break_count > first.count else "")
+        head = (f"compile broke the graph {first.count if first else report.graph_break_count}x{where}{code}{why}"
+                f"{others}; the model ran as {report.graphs} graph{'s' if report.graphs != 1 else ''}")
+        findings.append(_advised("warn", "Graph breaks", head, "graph_breaks", result.config, hint))
+    if report.recompiles:
+        steps = len({s.step for s in result.steps})
+        every = " (on every step)" if steps > 1 and report.recompiles >= steps - 1 else ""
+        first = report.recompile_reasons[0] if report.recompile_reasons else None
+        because = f" because {first.reason}" + (f" in {first.function}" if first.function else "") if first else ""
+        head = f"recompiled {report.recompiles}x in {steps} steps{every}{because}"
+        findings.append(_advised("warn", "Recompiles", head, "recompiles", result.config))
+    return findings
 
 
 # -- against the baseline --------------------------------------------------------------------------

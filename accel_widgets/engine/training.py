@@ -32,6 +32,7 @@ from ..data.resume import DataPosition, ResumableSampler
 from ..data.streams import StreamReading, stream_random_data
 from ..inputs.workload import Workload, callable_name
 from ..knobs import CodePaths, attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
+from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
 from ..knobs.plan import Plan
 from ..metrics.flops import count_training_flops
@@ -134,16 +135,21 @@ class DieWithRank:
             self.user_init(worker_id)
 
 
-def prepare_model(model: nn.Module, config: Config, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """Move, reformat, convert, checkpoint, wrap and compile the model; returns ``(model to call, unwrapped model)``.
+def prepare_model(model: nn.Module, config: Config, device: torch.device,
+                  blocks: str | None = None) -> tuple[nn.Module, nn.Module, str]:
+    """Move, reformat, convert, checkpoint, wrap and compile the model; returns ``(model to call, unwrapped model,
+    what was compiled)``. ``blocks``: the workload's stack of repeated blocks (None: found in the model where a knob
+    works per block).
 
     In torchtitan's order: float8 swaps the linear layers before anything holds them, checkpointing replaces the
     blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), and
     compile comes last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped"
     model is the sharded one (its parameters are what the optimizer steps).
     """
-    raw = memory.checkpoint_blocks(float8.convert(system.prepare_model(model.to(device), config), config), config)
-    return compiling.compile_model(parallel.wrap_model(raw, config, device), config), raw
+    raw = memory.checkpoint_blocks(float8.convert(system.prepare_model(model.to(device), config), config), config,
+                                   blocks)
+    model, compiled = compiling.compile_model(parallel.wrap_model(raw, config, device, blocks), raw, config, blocks)
+    return model, raw, compiled
 
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
@@ -331,6 +337,7 @@ class TrainingLoop:
     cache: CacheInfo | None = None  # what the data cache did, when the config caches the data
     scheduler: Any = None  # the workload's learning-rate schedule (torch.optim.lr_scheduler.LRScheduler), if any
     hooks: StepHooks | None = None  # a job's (None in a burst)
+    compiled: str = ""  # what torch.compile compiled, in words ("" when nothing)
     mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
@@ -349,8 +356,9 @@ class TrainingLoop:
             return None
         batch = self.last_micro_batch
         try:
-            flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
-                                         self.mixed_precision.autocast)
+            with compiling.eager():  # blocks compiled in place run as the counter sees them, with no recompile
+                flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
+                                             self.mixed_precision.autocast)
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
             warnings.warn(f"FLOPs not counted ({type(exc).__name__}: {exc}); MFU unavailable", stacklevel=2)
             return None
@@ -374,7 +382,8 @@ class TrainingLoop:
             return None
         batch = self.last_micro_batch
         try:
-            with self.mixed_precision.autocast(), attention.forward_context(self.config), _CallRecorder() as calls:
+            with (compiling.eager(), self.mixed_precision.autocast(), attention.forward_context(self.config),
+                  _CallRecorder() as calls):
                 self._loss(raw_model, batch)
         except Exception as exc:  # an op the recorder cannot run must not fail a finished burst
             warnings.warn(f"code paths not recorded ({type(exc).__name__}: {exc}); the tuner tries every knob",
@@ -677,7 +686,7 @@ def build_loop(
     data.check_shared_memory(dataset, workload, config, world_size)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
-    model, raw = prepare_model(workload.build_model(), config, device)
+    model, raw, compiled = prepare_model(workload.build_model(), config, device, workload.blocks)
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
     scheduler = workload.build_scheduler(optimizer)
     torch.manual_seed(data.data_seed(workload))
@@ -688,7 +697,7 @@ def build_loop(
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
                         should_stop=should_stop, set_phase=set_phase, step_fn=workload.step,
                         max_grad_norm=workload.max_grad_norm, random_data=random_data, cache=cache,
-                        scheduler=scheduler)
+                        scheduler=scheduler, compiled=compiled)
     return loop, raw
 
 
@@ -696,7 +705,7 @@ def rank_summary(
     rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
     scaler_skipped_steps: int | None = None, flops_by_math: dict[str, float] | None = None,
     profile: ProfileCapture | None = None, code_paths: CodePaths | None = None, random_data: bool | None = None,
-    stream: StreamReading | None = None, cache: CacheInfo | None = None,
+    stream: StreamReading | None = None, cache: CacheInfo | None = None, compile_report: CompileReport | None = None,
 ) -> RankSummary:
     return RankSummary(
         rank=rank,
@@ -718,6 +727,7 @@ def rank_summary(
         random_data=random_data,
         stream=stream,
         cache=cache,
+        compile_report=compile_report,
     )
 
 

@@ -31,6 +31,7 @@ from ..data.streams import stream_reading
 from ..inputs.device import probe_device
 from ..inputs.workload import Workload
 from ..knobs import global_flags, memory
+from ..knobs.compiling import CompileWatch
 from ..knobs.plan import Plan
 from ..results.burst import StepRecord
 from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
@@ -224,15 +225,27 @@ def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.de
         loop, raw = build_loop(workload, plan, device, rank, cache_dir=spec.cache_dir, emit=emit,
                                clock_origin=spec.clock_origin, should_stop=should_stop, set_phase=set_phase)
         setup_s = time.perf_counter() - setup_start
-        first_step_s, steady_s = loop.warm_up(request.warmup_steps or 1)
-        steps, seconds = _window_bounds(request, steady_s)
-        window = loop.measure(steps, seconds, first_step_s, request.sync_debug)
+        with _watching_compiles(loop) as watch:  # the steps the numbers come from: compiling happens in them
+            first_step_s, steady_s = loop.warm_up(request.warmup_steps or 1)
+            steps, seconds = _window_bounds(request, steady_s)
+            window = loop.measure(steps, seconds, first_step_s, request.sync_debug)
         set_phase(Phase.FINISHING)
         capture = _profile(loop, request, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
                                loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
-                               stream_reading(loop.batches.loader.dataset), loop.cache)
+                               stream_reading(loop.batches.loader.dataset), loop.cache,
+                               watch.report(loop.compiled) if watch is not None else None)
     emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
+
+
+@contextlib.contextmanager
+def _watching_compiles(loop: TrainingLoop) -> Iterator[CompileWatch | None]:
+    """What torch.compile does in the loop's steps, when it compiles anything (None: nothing to watch)."""
+    if not loop.compiled:
+        yield None
+        return
+    with CompileWatch() as watch:
+        yield watch
 
 
 def _window_bounds(request: BurstRequest, steady_step_s: float) -> tuple[int | None, float | None]:

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, default_collate
 
+from .blocks import find_blocks
+
 ModelSource = nn.Module | Callable[[], nn.Module]
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
@@ -64,6 +66,10 @@ class Workload:
     step in bursts and jobs alike, so a burst measures what the job runs; ``eval_dataset`` is evaluated every
     ``--eval-every`` steps of an exported job, with ``eval_fn(model, batch)`` (a loss or a dict of metrics;
     default: the training loss) under ``torch.no_grad()`` and ``model.eval()``.
+    used when the config leaves ``batch_size`` at its default. ``blocks`` names the model's stack of repeated blocks
+    (a dotted path to an ``nn.ModuleList`` or ``nn.Sequential``, e.g. ``"transformer.h"``) for what works per block
+    (``compile_scope="blocks"``); None: the stack of two or more modules of one class with the most parameters,
+    found in the model (:func:`~accel_widgets.inputs.blocks.find_blocks`).
     """
 
     model: ModelSource
@@ -85,6 +91,7 @@ class Workload:
     scheduler: SchedulerFactory | None = None
     eval_dataset: Dataset | Sequence[torch.Tensor] | None = None
     eval_fn: EvalFunction | None = None
+    blocks: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.model, nn.Module) or callable(self.model)):
@@ -99,6 +106,7 @@ class Workload:
                                                    and math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
             raise ValueError(f"Workload.max_grad_norm={self.max_grad_norm!r}: use a finite number > 0, or None")
         self._check_job_fields()
+        self._check_blocks()
         if isinstance(self.dataset, DataLoader):
             self._take_loader(self.dataset)
         if not callable(self.optimizer):
@@ -144,6 +152,15 @@ class Workload:
                 "scheduler=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)"
             )
         return scheduler
+    def _check_blocks(self) -> None:
+        """A ``blocks`` path is checked against a model instance now; a factory's model is checked where it is built."""
+        if self.blocks is None:
+            return
+        if not isinstance(self.blocks, str) or not self.blocks.strip():
+            raise TypeError(f"Workload.blocks must be the dotted path of the model's stack of blocks (e.g. "
+                            f"'transformer.h'), or None to find it, got {self.blocks!r}")
+        if isinstance(self.model, nn.Module):
+            find_blocks(self.model, self.blocks)
 
     @property
     def dataset_is_factory(self) -> bool:
@@ -224,7 +241,7 @@ class Workload:
         if isinstance(self.model, nn.Module):
             return self.model
         try:
-            with torch.device("meta"):
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):  # the caller's random state untouched
                 model = self.model()
         except Exception:  # whatever the user's factory raises on the meta device, the real build will tell
             return None

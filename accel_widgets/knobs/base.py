@@ -99,6 +99,8 @@ Symptom = Literal[
     "diverged",  # a loss went NaN/inf
     "one_process_many_gpus",  # one process drives several GPUs
     "compile_does_not_pay",  # compiled steps are no faster than eager ones
+    "graph_breaks",  # torch.compile broke the model's graph
+    "recompiles",  # torch.compile compiled the model's code again (a guard failed: a new shape, a changed value)
 ]
 
 

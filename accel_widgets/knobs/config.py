@@ -17,6 +17,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 SdpaBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 DataCache = Literal["none", "memory", "memmap", "shards"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+CompileScope = Literal["model", "blocks"]
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 Parallel = Literal["none", "dataparallel", "ddp", "fsdp"]
 Float8 = Literal["off", "tensorwise", "rowwise"]
@@ -44,6 +45,7 @@ class Config:
     grad_accum_steps: int = _default("grad_accum_steps")
     compile_mode: CompileMode = _default("compile_mode")
     float8: Float8 = _default("float8")
+    compile_scope: CompileScope = _default("compile_scope")
     sync_every: int = _default("sync_every")
     script_loss: bool = _default("script_loss")
     optimizer_impl: OptimizerImpl = _default("optimizer_impl")

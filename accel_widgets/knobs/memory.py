@@ -7,8 +7,8 @@ ops around them ("selective", PyTorch's selective activation checkpointing). Exp
 measurable: the allocator maps memory into segments that grow instead of carving fixed blocks, so memory freed by
 one shape can hold the next (fewer "reserved but unallocated" bytes, fewer fragmentation OOMs).
 
-The repeated blocks are found in the model itself (:func:`repeated_blocks`); the parallel owner shards the same
-blocks under FSDP.
+The repeated blocks are the model's (:func:`~accel_widgets.inputs.blocks.block_modules`, or the stack the workload
+names); the parallel owner shards the same blocks under FSDP.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+from ..inputs.blocks import block_modules
 from .base import Climb, Knob, Remedy, Rule, Search, Symptom
 
 if TYPE_CHECKING:
@@ -85,34 +86,10 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
 
 def _has_blocks(workload: Workload) -> bool:
     outline = workload.model_outline()
-    return outline is not None and bool(repeated_blocks(outline))
+    return outline is not None and bool(block_modules(outline, workload.blocks))
 
 
 # -- activation checkpointing -------------------------------------------------------------------------------------
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks, outermost first: the children of every nn.ModuleList or nn.Sequential that holds
-    two or more modules of one class, each with parameters (a transformer's layers, a ResNet stage's blocks). A
-    block found is not searched for blocks of its own, so nothing is wrapped twice.
-
-    Why this shape: it is how models hold a stack of identical layers (GPT-2's ``h``, Llama's ``layers``, BERT's
-    ``encoder.layer``), and identical blocks are what both checkpointing and FSDP want as their unit: each holds a
-    similar share of the activations and of the parameters.
-    """
-    if _is_stack(model):
-        return list(model.children())
-    found: list[nn.Module] = []
-    for child in model.children():
-        found += repeated_blocks(child)
-    return found
-
-
-def _is_stack(module: nn.Module) -> bool:
-    children = list(module.children())
-    return (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(children) >= 2
-            and len({type(child) for child in children}) == 1
-            and all(any(True for _ in child.parameters()) for child in children))
-
-
 #: What selective checkpointing keeps: the outputs of matmuls and fused attention, the ops whose recompute costs
 #: most per byte kept (torchtitan's "op" policy keeps the same kinds). Everything else in a block (norms, activations,
 #: dropout, residual adds) is recomputed in backward.
@@ -147,12 +124,12 @@ def model_notes(workload: Workload, config: Config) -> list[str]:
     if not checkpointing(config):
         return []
     outline = workload.model_outline()
-    if outline is not None and not repeated_blocks(outline):
+    if outline is not None and not block_modules(outline, workload.blocks):
         raise ValueError(_no_blocks(config, outline))
     return []
 
 
-def checkpoint_blocks(model: nn.Module, config: Config) -> nn.Module:
+def checkpoint_blocks(model: nn.Module, config: Config, blocks_path: str | None = None) -> nn.Module:
     """Run each repeated block's forward under ``torch.utils.checkpoint`` (non-reentrant), in place.
 
     The block's own ``forward`` is replaced on the instance, so its parameters keep their names (no wrapper module:
@@ -163,7 +140,7 @@ def checkpoint_blocks(model: nn.Module, config: Config) -> nn.Module:
     """
     if not checkpointing(config):
         return model
-    blocks = repeated_blocks(model)
+    blocks = block_modules(model, blocks_path)
     if not blocks:
         raise ValueError(_no_blocks(config, model))
     context = ({"context_fn": functools.partial(create_selective_checkpoint_contexts, list(_SAVED_OPS))}

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import batch, memory, precision
+from ..inputs.blocks import block_modules
+from . import batch, precision
 from .base import (
     Climb,
     Code,
@@ -227,7 +228,7 @@ def model_notes(workload: Workload, config: Config) -> list[str]:
     if not sharded(config):
         return []
     outline = workload.model_outline()
-    if outline is None or memory.repeated_blocks(outline):
+    if outline is None or block_modules(outline, workload.blocks):
         return []
     return [f"parallel='fsdp' shards Workload.model ({type(outline).__name__}) as one unit: it has no repeated "
             "blocks (an nn.ModuleList or nn.Sequential of two or more modules of one class), so every parameter "
@@ -257,20 +258,20 @@ def devices_used(config: Config, device: torch.device) -> list[torch.device]:
     return [device]
 
 
-def wrap_model(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
+def wrap_model(model: nn.Module, config: Config, device: torch.device, blocks_path: str | None = None) -> nn.Module:
     """DDP with one rank too (that measures what DDP itself costs); FSDP in place; DataParallel for comparison
     only."""
     if config.parallel == "ddp":
         return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if config.parallel == "fsdp":
-        return _fully_shard(model, config, device)
+        return _fully_shard(model, config, device, blocks_path)
     if config.parallel == "dataparallel":
         # Legacy single-process data parallelism: one Python thread drives every GPU (DDP avoids that).
         return nn.DataParallel(model)
     return model
 
 
-def _fully_shard(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
+def _fully_shard(model: nn.Module, config: Config, device: torch.device, blocks_path: str | None) -> nn.Module:
     """FSDP2: ``fully_shard`` on each repeated block, then on the root (what is left: embeddings, head, norms).
 
     Each block is a unit: its parameters are all-gathered just before its forward (the next block's gather
@@ -284,7 +285,7 @@ def _fully_shard(model: nn.Module, config: Config, device: torch.device) -> nn.M
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=precision.sharded_param_dtype(config), reduce_dtype=torch.float32)
-    for block in memory.repeated_blocks(model):
+    for block in block_modules(model, blocks_path):
         fully_shard(block, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward, mp_policy=policy)
     return model

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from ..data.cache import CacheInfo
 from ..data.streams import StreamReading
 from ..knobs import CodePaths, Facts
+from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
 from ..metrics.energy import counter_energy_j, integrated_energy_j, value_at
 from ..metrics.flops import peak_flops
@@ -143,8 +144,9 @@ class ProfileCapture:
 class RankSummary:
     """What one rank measured about itself over its steady-state window, and what it saw its workload do: the code
     paths its step ran (``code_paths``: what a knob needs to act), whether its data differs between reads of the same
-    item (``random_data``: random augmentation; None where it was not checked), how it read a stream (``stream``)
-    and what its data cache did (``cache``: built or reused, and whether it froze random augmentation).
+    item (``random_data``: random augmentation; None where it was not checked), how it read a stream (``stream``),
+    what its data cache did (``cache``: built or reused, and whether it froze random augmentation) and what
+    torch.compile did in its steps (``compile_report``: None where nothing was compiled, or before it was recorded).
     """
 
     rank: int
@@ -169,6 +171,7 @@ class RankSummary:
     peak_reserved_bytes: int | None = None
     # parameters, a gradient per trainable one and the optimizer's state this rank held (its shards under FSDP)
     model_state_bytes: int | None = None
+    compile_report: CompileReport | None = None
 
 
 @dataclass(frozen=True)
@@ -326,6 +329,11 @@ class BurstResult:
         if self.facts is None or not self.facts.compiled or self.first_step_s is None or self.step_time is None:
             return None
         return max(0.0, self.first_step_s - self.step_time.median)
+
+    @property
+    def compile_report(self) -> CompileReport | None:
+        """What torch.compile did, over the ranks (:meth:`CompileReport.merged`); None where nothing was compiled."""
+        return CompileReport.merged([r.compile_report for r in self.ranks if r.compile_report is not None])
 
     @property
     def straggler_rank(self) -> int | None:
@@ -687,8 +695,7 @@ class BurstResult:
                                       ("compute", self.compute_share)) if v is not None]
         if shares:
             lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
-        if self.compile_s is not None:
-            lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)")
+        lines.extend(self._compile_lines())
         if self.achieved_flops_per_s is not None:
             mfu = f", MFU {self.mfu:.1%} ({self.mfu_basis}, each at its peak)" if self.mfu is not None else ""
             lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
@@ -720,6 +727,20 @@ class BurstResult:
         if self.model_state_bytes is not None:
             text += f"; model state {self.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
         return text
+    def _compile_lines(self) -> list[str]:
+        """The summary's word on compiling: its cost, what was compiled, then every graph break and recompile listed."""
+        report, lines = self.compile_report, []
+        if self.compile_s is not None:
+            lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)"
+                         + (f"; {report.text()}" if report is not None else ""))
+        elif report is not None:
+            lines.append(f"  compile     {report.text()}")
+        if report is None:
+            return lines
+        lines.append(f"  compiled    {report.scope}")
+        lines.extend(f"  graph break {found.text()}" for found in report.graph_breaks)
+        lines.extend(f"  recompiled  {found.text()}" for found in report.recompile_reasons)
+        return lines
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -779,6 +800,8 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
         data = {**data, "stream": StreamReading(**data["stream"])}
     if data.get("cache") is not None:
         data = {**data, "cache": CacheInfo(**data["cache"])}
+    if data.get("compile_report") is not None:
+        data = {**data, "compile_report": CompileReport.from_dict(data["compile_report"])}
     return RankSummary(**data)
 
 

@@ -54,7 +54,7 @@ APPLICATION_ID = 0x41574849
 #: Bumped when the schema or the stored results change; a file of a newer format is refused rather than misread,
 #: and one of an older format is brought up to date (:data:`_UPGRADES`): in place where this process may write
 #: it, row by row as it is read where it may not.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: How long a write waits for another process's transaction before giving up with a HistoryError.
 BUSY_TIMEOUT_S = 10.0
 
@@ -414,8 +414,15 @@ def _with_facts(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "facts": dataclasses.asdict(found)}
 
 
+def _before_compile_reports(result: dict[str, Any]) -> dict[str, Any]:
+    """Format 2 to 3: ranks record what torch.compile did (``compile_report``). A result stored before has no record
+    to recover, and reads as not recorded (None) as it is; the new format is what makes an older accel_widgets refuse
+    a file holding compile reports, which it could not read, rather than fail on one."""
+    return result
+
+
 #: What brings a stored result from each older format to the next.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _with_facts}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _with_facts, 2: _before_compile_reports}
 
 
 def _upgraded(result: dict[str, Any], version: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from accel_widgets import Config, ErrorInfo
 from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
 from accel_widgets.analysis.guard import GuardVerdict
 from tests.panel.fakes import synthetic_result
+from tests.results.test_burst import compile_report
 
 
 def titles(findings: list[Finding]) -> list[str]:
@@ -195,6 +196,28 @@ def test_compile_payback_counts_steps_or_says_it_never_pays() -> None:
     slower = synthetic_result(Config(compile_mode="default"), step_s=0.06)
     slower.ranks = [dataclasses.replace(r, first_step_s=10.0) for r in slower.ranks]
     assert by_title(diagnose(slower, baseline), "Compile does not pay off here").knob == "compile_mode"
+
+
+def test_graph_breaks_and_recompiles_are_said_in_words_with_where_and_why() -> None:
+    """A print in forward broke the graph; a new length every step recompiled every step (12 steps, 11 recompiles)."""
+    result = synthetic_result(Config(compile_mode="default"), steps=10)
+    report = compile_report(breaks=3, recompiles=11)
+    result.ranks = [dataclasses.replace(r, compile_report=report) for r in result.ranks]
+    findings = diagnose(result)
+    breaks = by_title(findings, "Graph breaks")
+    assert breaks.severity == "warn" and breaks.knob == "compile_mode"
+    assert breaks.detail.startswith("compile broke the graph 3x at model.py:42 in forward (`print(x.shape)`): Failed "
+                                    "to trace builtin operator (Dynamo does not know how to trace builtin operator "
+                                    "`print`); the model ran as 4 graphs: fix that first")
+    assert breaks.detail.endswith("(torch's hint: Avoid calling builtin `print`).")
+    recompiles = by_title(findings, "Recompiles")
+    assert recompiles.detail.startswith("recompiled 11x in 12 steps (on every step) because tensor 'x' size mismatch "
+                                        "at index 1. expected 48, actual 64 in forward (model.py:40): each recompile "
+                                        "costs another compile")
+    quiet = synthetic_result(Config(compile_mode="default"))
+    quiet.ranks = [dataclasses.replace(r, compile_report=compile_report(breaks=0, recompiles=1)) for r in quiet.ranks]
+    assert "Graph breaks" not in titles(diagnose(quiet))
+    assert "(on every step)" not in by_title(diagnose(quiet), "Recompiles").detail
 
 
 def test_a_run_that_changes_training_is_flagged_against_its_baseline() -> None:

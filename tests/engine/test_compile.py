@@ -6,8 +6,16 @@ from pathlib import Path
 import pytest
 
 from accel_widgets import Config, WorkerError, run_burst
+from accel_widgets.analysis.diagnosis import diagnose
 from tests.devices import cpu_device
-from tests.workloads import net_with_broken_compiler, tiny_workload
+from tests.workloads import (
+    MatmulStack,
+    PrintingNet,
+    ShrinkingBatches,
+    matmul_workload,
+    net_with_broken_compiler,
+    tiny_workload,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +28,10 @@ def test_a_compiled_burst_reports_compile_time_apart_and_keeps_its_kernels_in_th
     assert result.environment["model_wrappers"] == ["OptimizedModule", "TinyNet"]
     assert result.compile_s is not None and result.compile_s > 0
     assert result.first_step_s > 5 * result.step_time.median  # the first step paid for compiling
+    report = result.compile_report
+    assert (report.scope, report.graphs, report.graph_break_count, report.recompiles) == ("the whole model", 1, 0, 0)
+    assert 0 < report.compile_s < result.first_step_s
+    assert "  compile     " in result.summary() and "1 graph, no graph breaks, no recompiles" in result.summary()
     losses = result.losses()
     assert losses[-1] < losses[0]
     cache = Path(private_cache_dir) / "inductor"
@@ -40,3 +52,35 @@ def test_compile_composes_with_ddp():
                        device=cpu_device())
     assert result.ok
     assert result.environment["model_wrappers"][:2] == ["OptimizedModule", "DistributedDataParallel"]
+
+
+def test_alike_blocks_compile_in_place_inside_ddp_as_one_graph():
+    result = run_burst(matmul_workload(MatmulStack), Config(parallel="ddp", world_size=2, compile_mode="default",
+                                                            compile_scope="blocks"), steps=3, device=cpu_device())
+    assert result.ok, result.error
+    assert result.environment["model_wrappers"] == ["DistributedDataParallel", "MatmulStack"]  # compiled in place
+    report = result.compile_report
+    assert report.scope == ("2 x MatmulBlock at blocks (97% of the parameters), each compiled; the code between them "
+                            "eager")
+    assert (report.graphs, report.graph_break_count, report.recompiles) == (1, 0, 0)  # one graph for both blocks
+    assert result.code_paths is not None and result.ranks[0].flops_per_sample  # read eagerly, after the window
+
+
+def test_a_graph_break_and_a_new_shape_every_step_are_counted_and_said():
+    """One burst for both: a print between two matmuls, and batches one sample shorter every step (torch makes the
+    batch dimension dynamic after its first recompile, so each of the two graphs recompiles once)."""
+    result = run_burst(matmul_workload(PrintingNet, collate_fn=ShrinkingBatches()), Config(compile_mode="default"),
+                       steps=3)
+    assert result.ok, result.error
+    report = result.compile_report
+    assert (report.graphs, report.graph_break_count, report.recompiles) == (4, 2, 2)
+    (found,) = report.graph_breaks
+    assert (found.where(), found.code) == (f"workloads.py:{PrintingNet.forward.__code__.co_firstlineno + 2} in "
+                                          "forward", 'print("batch of", x.shape[0])')
+    assert {r.reason.split(". expected")[0] for r in report.recompile_reasons} == {
+        "tensor 'x' size mismatch at index 0"}
+    summary = result.summary()
+    assert f"graph break {found.text()}" in summary and "recompiled  1x in forward (workloads.py:" in summary
+    findings = {f.title: f for f in diagnose(result)}
+    assert findings["Graph breaks"].detail.startswith(f"compile broke the graph 2x at {found.where()} (`print(")
+    assert findings["Recompiles"].detail.startswith("recompiled 2x in 6 steps because tensor 'x' size mismatch")

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-from torch import nn
 
 from accel_widgets import Config, run_burst
 from accel_widgets.demos.lm import TinyGPT, lm_loss
@@ -18,32 +17,10 @@ from accel_widgets.knobs import memory
 from accel_widgets.knobs.plan import resolve
 from accel_widgets.knobs.rules import ConfigError
 from tests.devices import cpu_device
-from tests.workloads import TinyNet, WideBlocks, gpt_workload, tiny_workload
+from tests.workloads import TinyNet, gpt_workload, tiny_workload
 
 H200 = DeviceInfo(cpu_count=16, cpu_name="host", driver="1.0",
                   gpus=(GpuInfo(0, 0, "NVIDIA H200", 143_771 * 2**20, compute_capability=(9, 0)),))
-
-
-# -- repeated blocks -------------------------------------------------------------------------------------------------
-class EncoderDecoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.ModuleList(TinyNet() for _ in range(3))
-        self.decoder = nn.Sequential(*(nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(2)))
-        self.mixed = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))  # not one class
-        self.single = nn.ModuleList([TinyNet()])  # one block is no stack
-        self.activations = nn.ModuleList([nn.ReLU(), nn.ReLU()])  # no parameters
-
-
-def test_the_repeated_blocks_are_the_outermost_stacks_of_one_class():
-    gpt = TinyGPT(vocab_size=16, seq_len=8, n_layer=4, d_model=8, n_head=2)
-    assert memory.repeated_blocks(gpt) == list(gpt.blocks)
-    model = EncoderDecoder()
-    assert memory.repeated_blocks(model) == [*model.encoder, *model.decoder]  # not the Linears inside the decoder
-    assert memory.repeated_blocks(WideBlocks(16, blocks=2))[0] is not None
-    assert memory.repeated_blocks(TinyNet()) == []
-    stack = nn.Sequential(TinyNet(), TinyNet())
-    assert memory.repeated_blocks(stack) == list(stack)  # the root itself may be the stack
 
 
 # -- activation checkpointing in a step ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from accel_widgets import BurstResult, Config, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from accel_widgets.knobs.compiling import CompileReport, GraphBreak, Recompile
 from tests.measured import as_measured
 
 
@@ -26,6 +27,23 @@ def make_result(**overrides) -> BurstResult:
     )
     fields.update(overrides)
     return as_measured(BurstResult(**fields))
+
+
+def compile_report(breaks: int = 3, recompiles: int = 3) -> CompileReport:
+    """What a rank's CompileWatch says of a model that prints in forward and gets a new length every step."""
+    listed = (GraphBreak("Failed to trace builtin operator", "Dynamo does not know how to trace builtin operator "
+                         "`print`", "Avoid calling builtin `print`.", "/src/model.py", 42, "forward", "print(x.shape)",
+                         breaks),) if breaks else ()
+    reasons = (Recompile("tensor 'x' size mismatch at index 1. expected 48, actual 64", "forward (model.py:40)",
+                         recompiles),) if recompiles else ()
+    return CompileReport("the whole model", 1 + breaks, breaks, listed, recompiles, reasons, 12.5)
+
+
+def compiled_result(report: CompileReport | None = None) -> BurstResult:
+    """``make_result`` whose ranks recorded ``report`` (a print in forward, a new shape every step by default)."""
+    report = report or compile_report()
+    return make_result(ranks=[dataclasses.replace(_rank(0, 96, 0.3), compile_report=report),
+                              dataclasses.replace(_rank(1, 96, 0.5), compile_report=report)])
 
 
 def test_throughput_sums_ranks_and_step_time_takes_the_slowest_rank():
@@ -69,6 +87,20 @@ def test_summary_text_and_speedup():
     assert "samples/s" in text and "data wait 25%" in text and "compile" in text
     failed = make_result(status="failed", error=ErrorInfo("oom", "OutOfMemoryError: boom"))
     assert "OutOfMemoryError: boom" in failed.summary()
+
+
+def test_the_summary_says_what_compile_did_and_the_report_survives_json():
+    result = compiled_result()
+    lines = result.summary().splitlines()
+    assert "  compile     1.9 s (first step 2.0 s); 4 graphs, 3 graph breaks, 3 recompiles; torch compiled for 12.5 s" \
+        in lines
+    assert "  compiled    the whole model" in lines
+    assert "  graph break 3x at model.py:42 in forward (`print(x.shape)`): Failed to trace builtin operator" in lines
+    assert ("  recompiled  3x in forward (model.py:40): tensor 'x' size mismatch at index 1. expected 48, actual 64"
+            in lines)
+    assert result.compile_report == compile_report()  # two ranks, the same account: counted once
+    assert BurstResult.from_json(result.to_json()).compile_report == result.compile_report
+    assert make_result().compile_report is None and "graph" not in make_result().summary()
 
 
 def make_diverged(**overrides) -> BurstResult:

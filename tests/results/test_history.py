@@ -31,7 +31,7 @@ from accel_widgets.results.history import (
     RunHistory,
     workload_fingerprint,
 )
-from tests.results.test_burst import make_result
+from tests.results.test_burst import compiled_result, make_result
 from tests.workloads import LockedDataset, TinyNet, tensors, tiny_workload
 
 # Records 50 runs once told to start, so two copies write at the same moment (the file is created then too).
@@ -148,6 +148,25 @@ def test_file_is_marked_as_ours_and_uses_wal(tmp_path):
             other.close()
     assert meta["application"] == "accel_widgets" and meta["format_version"] == str(FORMAT_VERSION)
     assert "runs_by_fingerprint" in indexes
+
+
+def test_compile_reports_survive_and_a_format_2_file_is_brought_to_format_3(tmp_path):
+    """Format 3 stores what torch.compile did; a format-2 file's runs have no record of it and read as before."""
+    path = tmp_path / "h.sqlite"
+    with RunHistory(path) as runs:
+        runs.record(make_result(), fingerprint="a")
+    conn = raw(path)
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'format_version'")
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    with RunHistory(path) as runs:
+        runs.record(compiled_result(), fingerprint="a")
+        old, new = runs.runs()[::-1]
+    assert old.result.compile_report is None and old.result.to_dict() == make_result().to_dict()
+    assert new.result.compile_report == compiled_result().compile_report
+    conn = raw(path)
+    assert conn.execute("PRAGMA user_version").fetchone() == (FORMAT_VERSION,) == (3,)
+    conn.close()
 
 
 def test_closed_history_says_so(tmp_path):

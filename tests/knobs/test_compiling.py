@@ -1,0 +1,168 @@
+"""The compiling owner: what compile_scope compiles, the ladder's choice of it, and what torch.compile did, read from
+torch's own records (graphs, graph breaks with the user's line, recompiles with the failed guard)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from accel_widgets import Config
+from accel_widgets.demos import demo_workload
+from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.knobs import compiling
+from accel_widgets.knobs.compiling import CompileReport, CompileWatch, GraphBreak, Recompile
+from accel_widgets.knobs.rules import check_config
+from accel_widgets.search.ladder import classic_ladder
+from tests.devices import cpu_device
+from tests.workloads import TinyNet, tiny_workload
+
+
+class Stack(nn.Module):
+    """An embedding, three alike blocks and a head: the blocks hold most of the parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 16)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(3))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class Chatty(nn.Module):
+    """Prints in forward: torch.compile breaks the graph there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x @ self.weight
+        print("between the matmuls")
+        return x @ self.weight
+
+
+def test_blocks_are_compiled_in_place_and_the_model_is_the_same_object():
+    model = Stack()
+    called, scope = compiling.compile_model(model, model, Config(compile_mode="default", compile_scope="blocks"), None)
+    assert called is model  # in place: a DDP wrapper or hooks around the model stay as they were
+    assert all(layer._compiled_call_impl is not None for layer in model.layers)
+    assert model._compiled_call_impl is None and model.embed._compiled_call_impl is None
+    assert scope.startswith("3 x Sequential at layers (")
+
+
+def test_the_whole_model_is_compiled_by_default_and_when_it_has_no_alike_blocks():
+    model = TinyNet()
+    called, scope = compiling.compile_model(model, model, Config(compile_mode="default"), None)
+    assert isinstance(called, torch._dynamo.eval_frame.OptimizedModule) and scope == "the whole model"
+    with pytest.warns(compiling.CompileScopeWarning, match="TinyNet has no stack of alike blocks"):
+        called, scope = compiling.compile_model(model, model, Config(compile_mode="default", compile_scope="blocks"),
+                                                None)
+    assert isinstance(called, torch._dynamo.eval_frame.OptimizedModule)
+    assert scope == "the whole model (no stack of alike blocks found)"
+
+
+def test_blocks_without_a_compile_mode_and_blocks_with_cuda_graphs_are_warned_about():
+    cpu = cpu_device()
+    gpu = DeviceInfo(cpu_count=16, cpu_name="Host", gpus=(GpuInfo(0, 0, "NVIDIA H200", 143_771 << 20),))
+    assert any("compile_mode='off' compiles nothing" in w for w in check_config(Config(compile_scope="blocks"), cpu))
+    graphs = Config(compile_mode="reduce-overhead", compile_scope="blocks")
+    assert any("records a CUDA graph per block" in w for w in check_config(graphs, gpu))
+    assert not any("per block" in w for w in check_config(graphs.replace(compile_scope="model"), gpu))
+
+
+def test_the_ladder_compiles_by_blocks_where_alike_blocks_hold_most_of_the_model():
+    lm = next(rung for rung in classic_ladder(demo_workload("lm", num_samples=64), cpu_device())
+              if rung.name == "+compile")
+    assert (lm.config.compile_mode, lm.config.compile_scope) == ("default", "blocks")
+    assert "regional compilation" in lm.why
+    tiny = next(rung for rung in classic_ladder(tiny_workload(), cpu_device()) if rung.name == "+compile")
+    assert (tiny.config.compile_mode, tiny.config.compile_scope) == ("default", "model")
+
+
+def test_graph_breaks_are_recorded_with_the_users_line_and_reason():
+    with CompileWatch() as watch, contextlib.redirect_stdout(io.StringIO()):
+        chatty = torch.compile(Chatty(), backend="eager")
+        for _ in range(3):
+            chatty(torch.ones(2, 4))
+    report = watch.report("the whole model")
+    assert (report.graphs, report.graph_break_count, report.recompiles) == (2, 1, 0)
+    (found,) = report.graph_breaks
+    assert found.file == __file__ and found.function == "forward"
+    assert found.code == 'print("between the matmuls")'
+    assert found.reason == "Failed to trace builtin operator" and "`print`" in found.explanation
+    assert found.hint.startswith("Avoid calling builtin `print`")
+    line = Chatty.forward.__code__.co_firstlineno + 2
+    assert found.line == line
+    assert found.text() == (f'1x at test_compiling.py:{line} in forward (`print("between the matmuls")`): Failed to '
+                            "trace builtin operator")
+    assert report.compile_s > 0
+
+
+def test_recompiles_are_recorded_with_the_failed_guard():
+    """A new length recompiles once (torch then makes that dimension dynamic); a Python number on the module that
+    changes every call recompiles on every call."""
+
+    class Counted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.calls
+
+    counted = Counted()
+    with CompileWatch() as watch:
+        lengths = torch.compile(lambda x: x.sum(), backend="eager")
+        for length in (2, 3, 4, 5):
+            lengths(torch.ones(length))
+        compiled = torch.compile(counted, backend="eager")
+        for calls in range(4):
+            counted.calls = calls
+            compiled(torch.ones(2))
+    report = watch.report("the whole model")
+    assert report.recompiles == 1 + 3 and report.graph_break_count == 0
+    by_reason = {r.reason: r for r in report.recompile_reasons}
+    assert by_reason["tensor 'x' size mismatch at index 0. expected 2, actual 3"].count == 1
+    changed = [r for r in report.recompile_reasons if "calls" in r.reason]
+    assert len(changed) == 1 and changed[0].count == 3 and changed[0].function.startswith("forward (test_compiling")
+
+
+def test_the_watch_puts_torchs_logging_back():
+    from torch._logging._internal import log_registry
+
+    names = [name for name in log_registry.get_artifact_log_qnames() if name.endswith(".__graph_breaks")]
+    before = [(logging.getLogger(n).level, logging.getLogger(n).propagate, list(logging.getLogger(n).handlers))
+              for n in names]
+    with CompileWatch():
+        pass
+    assert [(logging.getLogger(n).level, logging.getLogger(n).propagate, list(logging.getLogger(n).handlers))
+            for n in names] == before
+
+
+def test_reports_merge_over_ranks_and_survive_json():
+    one = CompileReport("the whole model", 2, 3, (GraphBreak("Failed to trace builtin operator", "", "", "/m.py", 42,
+                                                               "forward", "print(x)", 3),), 1,
+                        (Recompile("tensor 'x' size mismatch at index 0. expected 8, actual 12", "forward (m.py:40)",
+                                   1),), 5.0)
+    two = CompileReport("the whole model", 2, 2, (GraphBreak("Failed to trace builtin operator", "", "", "/m.py", 42,
+                                                               "forward", "print(x)", 2),), 2,
+                        (Recompile("tensor 'x' size mismatch at index 0. expected 12, actual 16",
+                                   "forward (m.py:40)", 2),), 7.0)
+    merged = CompileReport.merged([one, two])
+    assert (merged.graph_break_count, merged.recompiles, merged.compile_s) == (3, 2, 7.0)
+    assert [b.count for b in merged.graph_breaks] == [3] and [r.count for r in merged.recompile_reasons] == [2]
+    assert CompileReport.from_dict(json.loads(json.dumps(dataclasses.asdict(merged)))) == merged
+    assert merged.text() == "2 graphs, 3 graph breaks, 2 recompiles; torch compiled for 7.0 s"
+    assert CompileReport.merged([]) is None
