@@ -47,6 +47,7 @@ from torch.nn import functional as F
 
 import accel_widgets as aw
 from accel_widgets.engine.launcher import leftover_temp_files
+from accel_widgets.knobs.plan import resolve
 
 Kind = Literal["normal", "stop", "fail"]
 KIND_WEIGHTS: dict[Kind, float] = {"normal": 0.6, "stop": 0.2, "fail": 0.2}
@@ -101,8 +102,10 @@ def draw_value(rng: random.Random, knob: aw.Knob) -> Any:
     return rng.choice(SMALL_VALUES.get(knob.name, (knob.default,)))
 
 
-def draw_config(rng: random.Random, device: aw.DeviceInfo, ddp: bool) -> tuple[aw.Config, int]:
-    """A random knob combination this device accepts, and how many refused ones were drawn before it."""
+def draw_config(rng: random.Random, device: aw.DeviceInfo, ddp: bool,
+                workload: aw.Workload) -> tuple[aw.Config, int]:
+    """A random knob combination this device and ``workload``'s model accept (activation checkpointing needs
+    repeated blocks, say), and how many refused ones were drawn before it."""
     rejected = 0
     while True:
         values = {name: draw_value(rng, knob) for name, knob in aw.KNOBS.items()}
@@ -111,15 +114,16 @@ def draw_config(rng: random.Random, device: aw.DeviceInfo, ddp: bool) -> tuple[a
             values.update(parallel="ddp", world_size=2)
         config = aw.Config(**values)
         try:
-            aw.check_config(config, device)
+            resolve(config, device, workload)
         except aw.ConfigError:
             rejected += 1
             continue
         return config, rejected
 
 
-def draw_plan(rng: random.Random, index: int, device: aw.DeviceInfo, kind: Kind, ddp: bool) -> Plan:
-    config, rejected = draw_config(rng, device, ddp)
+def draw_plan(rng: random.Random, index: int, device: aw.DeviceInfo, kind: Kind, ddp: bool,
+              workload: aw.Workload) -> Plan:
+    config, rejected = draw_config(rng, device, ddp, workload)
     steps = rng.randint(*STEPS)
     fail_at = fail_rank = None
     if kind == "fail":
@@ -129,8 +133,9 @@ def draw_plan(rng: random.Random, index: int, device: aw.DeviceInfo, kind: Kind,
     return Plan(index, kind, config, steps, fail_at, fail_rank, rejected)
 
 
-def draw_plans(count: int, seed: int, device: aw.DeviceInfo) -> list[Plan]:
-    """``count`` plans from ``seed``: first one of each kind on one and two ranks, then random draws."""
+def draw_plans(count: int, seed: int, device: aw.DeviceInfo, workload: aw.Workload) -> list[Plan]:
+    """``count`` plans from ``seed`` that ``workload`` can run: first one of each kind on one and two ranks, then
+    random draws."""
     rng = random.Random(seed)
     plans = []
     for index in range(count):
@@ -139,7 +144,7 @@ def draw_plans(count: int, seed: int, device: aw.DeviceInfo) -> list[Plan]:
         else:
             kind = rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
             ddp = rng.random() < DDP_SHARE
-        plans.append(draw_plan(rng, index, device, kind, ddp))
+        plans.append(draw_plan(rng, index, device, kind, ddp, workload))
     return plans
 
 
@@ -148,15 +153,18 @@ FEATURES, CLASSES, SAMPLES = 16, 4, 256
 
 
 class SoakNet(nn.Module):
-    """Two linear layers: a burst's cost is the harness, which is what the soak exercises."""
+    """Two alike residual blocks and a head: a burst's cost is the harness, which is what the soak exercises, and the
+    knobs that work per block (activation checkpointing) have blocks to work on."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.hidden = nn.Linear(FEATURES, 32)
-        self.out = nn.Linear(32, CLASSES)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(FEATURES, FEATURES), nn.ReLU()) for _ in range(2))
+        self.out = nn.Linear(FEATURES, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.relu(self.hidden(x)))
+        for block in self.blocks:
+            x = x + block(x)
+        return self.out(x)
 
 
 class FailingNet(SoakNet):
@@ -173,11 +181,13 @@ class FailingNet(SoakNet):
         return super().forward(x)
 
 
-def soak_workload(plan: Plan) -> aw.Workload:
+def soak_workload(plan: Plan | None = None) -> aw.Workload:
+    """The workload of ``plan`` (None: of a plan that does not fail)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, FEATURES, generator=generator)
     y = x[:, :CLASSES].argmax(dim=1)
-    model: Any = FailingNet(plan.fail_at or 1, plan.fail_rank) if plan.kind == "fail" else SoakNet
+    fails = plan is not None and plan.kind == "fail"
+    model: Any = FailingNet(plan.fail_at or 1, plan.fail_rank) if fails else SoakNet
     return aw.Workload(model=model, dataset=(x, y), loss_fn=F.cross_entropy, batch_size=16, name="soak")
 
 
@@ -365,7 +375,7 @@ def main() -> int:
         parser.error("--bursts must be >= 2: growth needs a baseline and a burst after it")
     settle = min(args.settle, args.bursts // 2)
     device = aw.probe_device()
-    plans = draw_plans(args.bursts, args.seed, device)
+    plans = draw_plans(args.bursts, args.seed, device, soak_workload())
     print(f"soak: {args.bursts} bursts (seed {args.seed}) on {device.name}; baseline after burst {settle}", flush=True)
     started, load_at_start = time.perf_counter(), load_average()
     with private_temp_and_cache():

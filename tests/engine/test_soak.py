@@ -29,8 +29,8 @@ def workload_for(plan) -> Workload:
 
 def test_plans_are_valid_seeded_and_cover_every_kind():
     device = probe_device()
-    plans = soak.draw_plans(BURSTS, SEED, device)
-    assert plans == soak.draw_plans(BURSTS, SEED, device)
+    plans = soak.draw_plans(BURSTS, SEED, device, tiny_workload())
+    assert plans == soak.draw_plans(BURSTS, SEED, device, tiny_workload())
     assert [(p.kind, p.ranks) for p in plans[:6]] == [(k, 2 if ddp else 1) for k, ddp in soak.COVER]
     assert all(p.config.compile_mode == "off" and 2 <= p.steps <= 6 for p in plans)
     assert all(p.fail_at is not None for p in plans if p.kind == "fail")
@@ -38,7 +38,7 @@ def test_plans_are_valid_seeded_and_cover_every_kind():
 
 @pytest.mark.slow
 def test_a_dozen_random_bursts_leave_nothing_behind():
-    plans = soak.draw_plans(BURSTS, SEED, probe_device())
+    plans = soak.draw_plans(BURSTS, SEED, probe_device(), tiny_workload())
     records = soak.soak(plans, workload_for)
     unexpected = [(r["index"], r["kind"], r["config"], r["status"], r["error"]) for r in records if not r["expected"]]
     assert not unexpected

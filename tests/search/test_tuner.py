@@ -403,7 +403,7 @@ def test_a_full_search_walks_the_groups_in_order_and_leaves_non_speed_knobs_out(
     assert set(knobs) == set(KNOBS)
     left_out = [name for name, knob in KNOBS.items() if knob.search.left_out]
     assert set(left_out) == {"batch_size", "grad_accum_steps", "deterministic", "memory_fraction", "empty_cache",
-                             "parallel", "world_size", "activation_checkpointing"}
+                             "parallel", "world_size", "activation_checkpointing", "compile_scope"}
     for name in left_out:
         (step,) = steps_for(result, name)
         assert not step.results and tried(engine, name) == {KNOBS[name].default}
