@@ -167,6 +167,24 @@ def points(drawn: dict | None, run: int, kind: str) -> int:
     return (drawn or {}).get(str(run), {}).get(kind, 0)
 
 
+def use_in_my_code(page) -> dict[str, str]:
+    """Click "Use #N in my code", read the plain-PyTorch code, then pick Hugging Face and read that; a screenshot of
+    each is kept."""
+    button = page.locator(".aw-use-in-my-code")
+    label = button.inner_text()
+    button.click()
+    code = page.locator(".aw-recipe-code textarea")
+    page.wait_for_function("() => (document.querySelector('.aw-recipe-code textarea') || {}).value?.includes('def "
+                           "train(')", timeout=10_000, polling=100)
+    pytorch = code.input_value()
+    page.locator(".aw-use-in-my-code").scroll_into_view_if_needed()
+    page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel-use-in-my-code.png"))
+    page.locator(".aw-recipe-styles button", has_text="Hugging Face").click()
+    page.wait_for_function("() => document.querySelector('.aw-recipe-code textarea').value.includes("
+                           "'TrainingArguments')", timeout=10_000, polling=100)
+    return {"button": label.strip(), "pytorch": pytorch, "hf": code.input_value()}
+
+
 def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -200,6 +218,7 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             page.wait_for_function(f"() => ({JS_WIDTHS})().fits", timeout=10_000, polling=100)
             wide = page.evaluate(JS_WIDTHS)
             page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel.png"))
+            recipes = use_in_my_code(page)
             narrow = narrow_layout(page)
             layout = layout_beside_file_browser(page)
             reloaded = traces_after_reload(page)
@@ -209,6 +228,11 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
 
     assert rows == 2, f"the runs table should have gained a row; status: {status!r}"
     assert "finished" in status, status
+    # "Use in my code" names the best run and writes it as a plain-PyTorch loop, then as TrainingArguments.
+    assert recipes["button"].startswith("Use #") and recipes["button"].endswith("in my code"), recipes
+    assert "def train(model, dataset, loss_fn, make_optimizer, steps" in recipes["pytorch"], recipes
+    assert "accel_widgets" not in recipes["pytorch"], recipes
+    assert "TrainingArguments(" in recipes["hf"], recipes
     assert points(traces, 1, "step") > 0, traces
     assert points(traces, 1, "util") > 0, traces
     rate = (len(updates) - 1) / (updates[-1][0] - updates[0][0]) if len(updates) > 1 else 0.0
