@@ -157,8 +157,7 @@ def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
     ]
     if sharded(config):
         return parts + _fully_shard_lines(config, context)
-    parts.append(Code("parallel", "wrap", "model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] "
-                                          'if device.type == "cuda" else None)'))
+    parts.append(Code("parallel", "wrap", _DDP_WRAP))
     if batch.micro_batches(config) > 1:
         parts.append(Code("parallel", "around_backward", "model.no_sync() if micro < ACCUMULATE - 1 else "
                                                          "contextlib.nullcontext()",
@@ -166,6 +165,8 @@ def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
     return parts
 
 
+_DDP_WRAP = ('model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" '
+             "else None)")
 _FSDP_WHY = ("FSDP2: each block is a unit whose parameters are gathered just before its forward, the root holds the "
              "rest; gathered and computed in the precision policy's dtype, gradients reduced in fp32")
 

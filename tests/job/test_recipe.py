@@ -4,6 +4,7 @@ built from a recipe's keywords hold every setting."""
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from accel_widgets import Config, Workload, run_burst
 from accel_widgets.job.recipe import recipe_of
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.devices import cpu_device
-from tests.workloads import job_workload, tiny_workload
+from tests.workloads import MatmulStack, gpt_workload, job_workload, matmul_workload, tiny_workload
 
 STEPS = 10  # 2 warm-up steps and 8 measured ones in the burst; with 2 micro-batches a step, past an epoch's end
 
@@ -142,3 +143,53 @@ def test_a_finished_runs_recipe_has_the_batch_it_trained() -> None:
     assert result.batch_size == 16
     assert "batch_size=16,  # samples per micro-batch" in recipe_of(result).code
     assert recipe_of(result, "hf").kwargs["per_device_train_batch_size"] == 16
+
+
+# -- the knobs of 2026 ----------------------------------------------------------------------------------------------
+def test_the_snippet_compiles_block_by_block_as_the_burst_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two alike matmul blocks, each compiled in place (inductor compiles no C++ for matmuls: seconds)."""
+    tqdm = pytest.importorskip("tqdm")
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)  # inductor's progress bar would leave tqdm's monitor thread
+    config = Config(compile_mode="default", compile_scope="blocks")
+    workload = matmul_workload(MatmulStack)
+    code = aw.recipe(config, workload).code
+    assert "for block in raw.get_submodule('blocks'):\n        block.compile()" in code
+    assert snippet_losses(config, workload) == burst_losses(config, workload)
+
+
+@pytest.mark.parametrize("mode", ["blocks", "selective"])
+def test_the_snippet_recomputes_the_blocks_as_the_burst_did(mode: str) -> None:
+    config = Config(activation_checkpointing=mode)
+    workload = gpt_workload(n_layer=2, seq_len=16, batch_size=8)
+    assert "for block in model.get_submodule('blocks'):" in aw.recipe(config, workload).code
+    assert snippet_losses(config, workload) == burst_losses(config, workload)
+
+
+def _fsdp_rank(rank: int, code: str, store: str, out: str) -> None:
+    """One rank of the FSDP snippet, as torchrun would start it: the group joined, the pasted code trained."""
+    from tests.workloads import MatmulStack, matmul_workload
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    try:
+        workload = matmul_workload(MatmulStack)
+        namespace: dict = {"__name__": "pasted"}
+        exec(compile(code, "<recipe>", "exec"), namespace)
+        losses = namespace["train"](workload.model, workload.dataset, workload.loss_fn, workload.optimizer, STEPS,
+                                    seed=workload.seed)
+        Path(out, f"{rank}.json").write_text(json.dumps(losses))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_fsdp_snippet_on_two_ranks_trains_as_the_burst(tmp_path: Path) -> None:
+    """FSDP2 on 2 gloo ranks: each block, then the root, fully_shard-ed; accumulation reduces on the last micro-batch
+    only; the per-rank data shards and epochs as in the burst."""
+    config = Config(parallel="fsdp", world_size=2, grad_accum_steps=2, reshard_after_forward=False)
+    workload = matmul_workload(MatmulStack)
+    code = aw.recipe(config, workload).code
+    assert "RESHARD_AFTER_FORWARD = False" in code and "set_requires_gradient_sync(micro == ACCUMULATE - 1)" in code
+    torch.multiprocessing.spawn(_fsdp_rank, args=(code, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    burst = run_burst(workload, config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    assert burst.ok, burst.error
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == burst.losses(rank=rank)
