@@ -117,3 +117,36 @@ def _repeated(children: list[nn.Module]) -> bool:
 def _parameters(module: nn.Module) -> int:
     """Elements of the module's parameters, each counted once (a tied weight is one tensor)."""
     return sum(p.numel() for p in module.parameters())
+
+
+def block_stack_paths(model: nn.Module, path: str | None = None) -> list[str]:
+    """The dotted paths of the stacks :func:`block_modules` takes its blocks from (``["encoder.layer",
+    "decoder.layer"]``): what a recipe names so its code reads the blocks from the user's model directly."""
+    if path is not None:
+        return [path]
+    stacks = {id(module): name for name, module in model.named_modules() if _is_stack_of_one_class(module)}
+    parents = {id(child): id(module) for module in model.modules() for child in module.children()}
+    return list(dict.fromkeys(stacks[parents[id(block)]] for block in block_modules(model)))
+
+
+#: :func:`find_blocks` as code with no accel_widgets import, for a recipe that cannot name the stack (the
+#: tests run it against the function on the same models).
+FIND_BLOCKS_CODE = '''def repeated_blocks(model):
+    """The model's stack of repeated blocks: the nn.ModuleList or nn.Sequential of two or more alike modules (one
+    class, one structure) holding the most parameters; [] when it has none."""
+    stacks = [list(module.children()) for module in model.modules()
+              if isinstance(module, (nn.ModuleList, nn.Sequential))]
+    alike = [blocks for blocks in stacks if len(blocks) >= 2 and len({(type(b), repr(b)) for b in blocks}) == 1]
+    return max(alike, key=lambda blocks: (sum(p.numel() for b in blocks for p in b.parameters()), len(blocks)),
+               default=[])'''
+
+#: :func:`block_modules` as code, likewise.
+BLOCK_MODULES_CODE = '''def block_modules(model):
+    """The blocks to wrap one by one: the children of every outermost nn.ModuleList or nn.Sequential of two or more
+    modules of one class, each with parameters (a transformer's layers)."""
+    children = list(model.children())
+    if (isinstance(model, (nn.ModuleList, nn.Sequential)) and len(children) >= 2
+            and len({type(child) for child in children}) == 1
+            and all(any(True for _ in child.parameters()) for child in children)):
+        return children
+    return [block for child in children for block in block_modules(child)]'''

@@ -13,6 +13,7 @@ around it (``.code``) and what they cannot say (``.missing``).
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..inputs.workload import Workload
 from ..knobs import KNOBS, OWNERS
-from ..knobs.base import STYLES, Code, Flag, NoEquivalent, RecipeContext, RecipePart, Setting, Style
+from ..knobs.base import STYLES, Code, Construct, Flag, NoEquivalent, RecipeContext, RecipePart, Setting, Style
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 
@@ -36,13 +37,30 @@ _TITLES = {"pytorch": "Plain PyTorch", "hf": "Hugging Face TrainingArguments", "
 
 @dataclass(frozen=True)
 class Recipe:
-    """A config in one style: ``code`` to paste, ``kwargs`` for the style's object (empty for ``pytorch``), and
-    ``missing``: each knob with no equivalent there, with what to do instead."""
+    """A config in one style: ``code`` to paste, :attr:`kwargs` for the style's object (empty for ``pytorch``), and
+    ``missing``: each knob with no equivalent there, with what to do instead. ``settings``: the keywords the owners
+    gave, what ``kwargs`` is built from."""
 
     style: Style
     code: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    settings: tuple[Setting, ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the style's object. A plugin or strategy among them is built here, importing the
+        framework (which the code alone never needs)."""
+        return {setting.name: _built(setting, self.settings) for setting in self.settings if not setting.call}
+
+
+def _built(setting: Setting, settings: Sequence[Setting]) -> Any:
+    """A keyword's value: a :class:`Construct` called, a dict filled, with the Settings addressed to it."""
+    entries = {part.name: part.value for part in settings if part.call == setting.name}
+    if isinstance(setting.value, Construct):
+        return getattr(importlib.import_module(setting.value.module), setting.value.name)(**entries)
+    if isinstance(setting.value, dict):
+        return {**setting.value, **entries}
+    return setting.value
 
 
 def recipe(config: Config, workload: Workload | None = None, style: Style = "pytorch") -> Recipe:
@@ -64,9 +82,9 @@ def _written(config: Config, context: RecipeContext, style: Style, workload_name
     missing = {part.knob: part.instead for part in parts if isinstance(part, NoEquivalent)}
     title = _title(config, workload_name, style)
     if style == "pytorch":
-        return Recipe(style, _pytorch(title, parts, missing), {}, missing)
-    kwargs = {part.name: part.value for part in parts if isinstance(part, Setting) and not part.call}
-    return Recipe(style, _framework(style, title, parts, missing), kwargs, missing)
+        return Recipe(style, _pytorch(title, parts, missing), missing)
+    settings = tuple(part for part in parts if isinstance(part, Setting))
+    return Recipe(style, _framework(style, title, parts, missing), missing, settings)
 
 
 def _title(config: Config, workload_name: str | None, style: Style) -> str:
@@ -112,6 +130,14 @@ class _Lines:
 
 def _of(parts: Sequence[RecipePart], slot: str) -> list[Code]:
     return [part for part in parts if isinstance(part, Code) and part.slot == slot]
+
+
+def _unique(codes: list[Code]) -> list[Code]:
+    """Each line once: owners may write the same helper (the model's blocks, found for checkpointing and FSDP)."""
+    first: dict[str, Code] = {}
+    for code in codes:
+        first.setdefault(code.code, code)
+    return list(first.values())
 
 
 def _settings(parts: Sequence[RecipePart], call: str) -> list[Setting]:
@@ -168,7 +194,7 @@ def _pytorch(title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -
     for part in _of(parts, "to_device"):
         to_device.add(8, part.code, _why(part))
     to_kwargs = "".join(f", {part.name}={_value_code(part)}" for part in _settings(parts, "to"))
-    helpers = [part.code for part in _of(parts, "helpers")]
+    helpers = [part.code for part in _unique(_of(parts, "helpers"))]
     helpers.append(_HELPERS.format(to_device=to_device.text() + "\n" if to_device.lines else "", to_kwargs=to_kwargs))
     if flags:
         helpers.append(_flags_function(flags))
@@ -242,6 +268,7 @@ def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
     lines.add(i + 4, "model = model()", "a factory is built under the seed, as a burst builds it")
     lines.add(i, "model = model.to(device)")
     code("layout", i)
+    code("prepare", i)
     lines.add(i, "raw = model", "the module itself: what the optimizer steps")
     code("wrap", i)
     code("compile", i)
@@ -260,7 +287,8 @@ def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
                                                                       "epoch = 0"))
     lines.add(i, f"for {'step' if uses_step else '_'} in range(steps):")
     lines.add(i + 4, "total = None")
-    lines.add(i + 4, f"for {'micro' if around_backward else '_'} in range(ACCUMULATE):")
+    uses_micro = bool(around_backward or _of(parts, "micro_batch"))
+    lines.add(i + 4, f"for {'micro' if uses_micro else '_'} in range(ACCUMULATE):")
     j = i + 8
     lines.add(j, "try:")
     lines.add(j + 4, "batch = next(batches)")
@@ -271,6 +299,7 @@ def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
     lines.add(j + 4, "batches = iter(loader)")
     lines.add(j + 4, "batch = next(batches)")
     lines.add(j, "batch = to_device(batch, device)")
+    code("micro_batch", j)
     for part in around_backward:
         lines.add(j, f"with {part.code}:", f"{part.knob}: {_why(part)}")
     k = j + 4 * len(around_backward)
@@ -333,11 +362,18 @@ def _framework(style: Style, title: str, parts: Sequence[RecipePart], missing: d
     lines = _Lines()
     lines.add(0, f"# {title}")
     lines.add(0, module)
+    keywords = _settings(parts, "")
+    for construct in dict.fromkeys(s.value for s in keywords if isinstance(s.value, Construct)):
+        lines.add(0, f"from {construct.module} import {construct.name}")
     loader = _settings(parts, "DataLoader")
     if loader:
         lines.add(0, "from torch.utils.data import DataLoader")
-    for part in _of(parts, "code"):
-        lines.add(0, part.code, f"{part.knob}: {_why(part)}" if not part.code.startswith(("#", "from ")) else "")
+    codes = _unique(_of(parts, "code"))
+    imports = [code for code in codes if code.code.startswith(("import ", "from "))]
+    for code in imports:  # at the top, as a linter wants them
+        lines.add(0, code.code)
+    for code in (code for code in codes if code not in imports):
+        lines.add(0, code.code, f"{code.knob}: {_why(code)}" if not code.code.startswith(("#", "def ")) else "")
     if loader:
         lines.add(0, "loader = DataLoader(")
         lines.add(4, "dataset, shuffle=True, drop_last=True,")
@@ -347,9 +383,27 @@ def _framework(style: Style, title: str, parts: Sequence[RecipePart], missing: d
     lines.add(0, f"{name} = {call}(")
     if style == "hf":
         lines.add(4, 'output_dir="out",', "where the Trainer writes (yours)")
-    for setting in _settings(parts, ""):
-        lines.add(4, f"{setting.name}={_value_code(setting)},", f"{setting.knob}: {_why(setting)}")
+    for setting in keywords:
+        _keyword(lines, setting, _settings(parts, setting.name))
     lines.add(0, ")")
     for line in _missing_lines(missing):
         lines.add(0, line)
     return lines.text() + "\n"
+
+
+def _keyword(lines: _Lines, setting: Setting, entries: list[Setting]) -> None:
+    """One keyword of the style's object; a plugin or a dict with its own keywords or entries, one a line."""
+    why = f"{setting.knob}: {_why(setting)}"
+    if isinstance(setting.value, Construct):
+        opening, closing, entry = f"{setting.value.name}(", ")", "{}={},"
+    elif isinstance(setting.value, dict):
+        opening, closing, entry = "{", "}", "{!r}: {},"
+        entries = [Setting(setting.knob, key, value) for key, value in setting.value.items()] + entries
+    else:
+        lines.add(4, f"{setting.name}={_value_code(setting)},", why)
+        return
+    lines.add(4, f"{setting.name}={opening}", why)
+    for part in entries:  # an entry of the knob that made the object says no more than its why above
+        own = part.why or part.knob != setting.knob
+        lines.add(8, entry.format(part.name, _value_code(part)), f"{part.knob}: {_why(part)}" if own else "")
+    lines.add(4, f"{closing},")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..inputs.blocks import BLOCK_MODULES_CODE, FIND_BLOCKS_CODE, block_stack_paths, find_blocks
+
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
     from ..inputs.workload import Workload
@@ -344,6 +346,17 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Construct:
+    """A keyword's value that is an object of the framework's own (a plugin, a strategy): ``name`` imported from
+    ``module``, called with the Settings whose ``call`` is the keyword's name. It is written as code, and built only
+    when a recipe's keywords are read, so writing a recipe needs no framework installed. A dict value collects such
+    Settings too, as its entries."""
+
+    module: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Flag:
     """A global torch switch ``knob`` sets around the loop, put back after: ``read`` is an expression of its current
     value, ``write`` a statement with ``{}`` where the value goes."""
@@ -399,3 +412,39 @@ def setting(knob: Knob, name: str, convert: Callable[[Any], Any] = lambda value:
 def nothing(config: Config, context: RecipeContext) -> list[RecipePart]:
     """The entry of a style where the knob needs nothing written (the framework does it, or it is said elsewhere)."""
     return []
+
+
+def blocks_code(context: RecipeContext, model: str, *, one_stack: bool) -> tuple[str, str]:
+    """How a recipe's code reaches the model's repeated blocks: an expression that iterates them, and the helper
+    function it calls ("" when it names the stack).
+
+    ``one_stack``: the stack compiling takes (:func:`~accel_widgets.inputs.blocks.find_blocks`), else every block
+    that checkpointing and FSDP wrap (:func:`~accel_widgets.inputs.blocks.block_modules`). Where the workload names
+    its stack, or its model can be read on the meta device, the stack's path is written (``model.get_submodule(
+    "transformer.h")``); else a helper that finds them as the burst did.
+    """
+    workload = context.workload
+    outline = workload.model_outline() if workload is not None else None
+    paths: list[str] = []
+    if workload is not None and workload.blocks is not None:
+        paths = [workload.blocks]
+    elif outline is not None and one_stack:
+        found = find_blocks(outline)
+        paths = [found.path] if found is not None else []
+    elif outline is not None:
+        paths = block_stack_paths(outline)
+    if not paths:
+        helper = FIND_BLOCKS_CODE if one_stack else BLOCK_MODULES_CODE
+        return f"{helper.split('(', 1)[0].removeprefix('def ')}({model})", helper
+    stacks = [model if not path else f"{model}.get_submodule({path!r})" for path in paths]
+    return (stacks[0] if len(stacks) == 1 else f"[{', '.join('*' + stack for stack in stacks)}]"), ""
+
+
+def helper_parts(knob: str, slot: str, helper: str) -> list[RecipePart]:
+    """The parts that define a helper function of :func:`blocks_code` (none for ""): in the plain-PyTorch module's
+    ``helpers``, or in a framework's code (``slot`` "code") after the import it needs."""
+    if not helper:
+        return []
+    if slot == "code":
+        return [Code(knob, "code", "from torch import nn"), Code(knob, "code", helper)]
+    return [Code(knob, "helpers", helper)]

@@ -23,6 +23,7 @@ from . import batch, overhead, system
 from .base import (
     Climb,
     Code,
+    Construct,
     Knob,
     RecipeContext,
     RecipeEntry,
@@ -33,6 +34,8 @@ from .base import (
     Setting,
     Style,
     Symptom,
+    blocks_code,
+    helper_parts,
 )
 
 if TYPE_CHECKING:
@@ -153,9 +156,15 @@ def _compile_call(config: Config) -> str:
         f"torch.compile(model, mode={config.compile_mode!r})")
 
 
+def _by_blocks(config: Config) -> bool:
+    return compiled(config) and config.compile_scope == "blocks"
+
+
 def _compile_line(slot: str, where: str = "") -> RecipeEntry:
+    """The whole model compiled (compile_scope='blocks' writes its own lines instead)."""
     def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
-        return [Code("compile_mode", slot, f"model = {_compile_call(config)}{where}")] if compiled(config) else []
+        return [Code("compile_mode", slot, f"model = {_compile_call(config)}{where}")] if compiled(
+            config) and not _by_blocks(config) else []
 
     return entry
 
@@ -168,6 +177,52 @@ def _hf_compile(config: Config, context: RecipeContext) -> list[RecipePart]:
     return [Setting("compile_mode", "torch_compile", True), *mode]
 
 
+def _stackless(context: RecipeContext) -> bool:
+    """The workload's model is known and has no stack of alike blocks: the burst compiled the whole model."""
+    workload = context.workload
+    outline = workload.model_outline() if workload is not None else None
+    return outline is not None and find_blocks(outline, workload.blocks) is None
+
+
+_WHOLE = "the model has no stack of alike blocks: the whole model is compiled, as the burst did"
+
+
+def _block_compile(slot: str, model: str, where: str = "") -> RecipeEntry:
+    """Each block compiled in place (``module.compile()``, so wrappers and hooks around it stay), as
+    :func:`compile_model` does; a model without blocks compiled whole."""
+
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if not _by_blocks(config):
+            return []
+        if _stackless(context):
+            return [Code("compile_scope", slot, f"model = {_compile_call(config)}{where}", _WHOLE)]
+        blocks, helper = blocks_code(context, model, one_stack=True)
+        mode = "" if config.compile_mode == "default" else f"mode={config.compile_mode!r}"
+        loop = f"for block in {blocks}:{where}\n    block.compile({mode})"
+        return [*helper_parts("compile_scope", slot, helper), Code("compile_scope", slot, loop)]
+
+    return entry
+
+
+def _regional_plugin(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """Accelerate's regional compilation (``TorchDynamoPlugin(use_regional_compilation=True)``, accelerate 1.16's
+    ``compile_regions``): each block of every nn.ModuleList of one class compiled, alike ones sharing a graph."""
+    if not _by_blocks(config):
+        return []
+    why = ("Alike blocks share one compiled graph, so compiling takes about one block's time. Accelerate compiles "
+           "the modules between the blocks too, each on its own (the burst ran them eagerly)")
+    mode = [] if config.compile_mode == "default" else [Setting("compile_scope", "mode", config.compile_mode,
+                                                                call="dynamo_plugin")]
+    return [Setting("compile_scope", "dynamo_plugin", Construct("accelerate.utils", "TorchDynamoPlugin"), why=why),
+            Setting("compile_scope", "backend", "inductor", call="dynamo_plugin"), *mode,
+            Setting("compile_scope", "use_regional_compilation", True, call="dynamo_plugin")]
+
+
+_HF_REGIONAL = 'os.environ["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] = "1"  # before the Trainer is built'
+_HF_REGIONAL_WHY = ("The Trainer's TorchDynamoPlugin reads this when torch_compile is on: each block of every "
+                    "nn.ModuleList of one class is compiled, alike ones sharing a graph (the modules between them "
+                    "are compiled too, each on its own)")
+
 #: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
 RECIPE: dict[str, dict[Style, RecipeEntry]] = {
     "compile_mode": {
@@ -175,6 +230,14 @@ RECIPE: dict[str, dict[Style, RecipeEntry]] = {
         "hf": _hf_compile,
         "lightning": _compile_line("code", "  # your LightningModule, before trainer.fit"),
         "accelerate": _compile_line("code", "  # before accelerator.prepare"),
+    },
+    "compile_scope": {
+        "pytorch": _block_compile("compile", "raw"),
+        "hf": lambda config, context: [Code("compile_scope", "code", "import os"),
+                                       Code("compile_scope", "code", _HF_REGIONAL, _HF_REGIONAL_WHY)]
+        if _by_blocks(config) else [],
+        "lightning": _block_compile("code", "model", "  # your LightningModule, before trainer.fit"),
+        "accelerate": _regional_plugin,
     },
 }
 

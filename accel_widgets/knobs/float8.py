@@ -17,7 +17,19 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from . import compiling, parallel
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Style,
+    Symptom,
+)
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
@@ -151,3 +163,62 @@ def convert(model: nn.Module, config: Config) -> nn.Module:
 
     return convert_to_float8_training(model, module_filter_fn=wanted,
                                       config=Float8LinearConfig.from_recipe_name(recipe))
+
+
+# -- recipes --------------------------------------------------------------------------------------------------------
+_IMPORT = "from torchao.float8 import Float8LinearConfig, convert_to_float8_training"
+_SHAPE_RULE = {
+    "tensorwise": "return not (module.in_features <= 4096 and module.out_features <= 1024)",
+    "rowwise": "return (module.out_features > 2048 and module.in_features > 1024\n"
+               "        and not (module.out_features <= 4096 and module.in_features <= 2048))",
+}
+
+
+def _filter_code(recipe: str) -> str:
+    """:func:`gains_from_float8` for ``recipe`` as a module filter torchao calls per layer (tested against it)."""
+    return (f'''def gains_from_float8(module, fqn):
+    """torchao's per-shape rule for {recipe} scaling: the linear layers whose float8 matmuls outrun the scaling and
+    casting they add (both dimensions multiples of 16, as the float8 kernels need)."""
+    if not isinstance(module, nn.Linear) or module.out_features % 16 or module.in_features % 16:
+        return False
+    {_SHAPE_RULE[recipe]}''')
+
+
+def _convert_line(config: Config, where: str = "") -> str:
+    return ("model = convert_to_float8_training(model, module_filter_fn=gains_from_float8,\n"
+            f"                                   config=Float8LinearConfig.from_recipe_name({config.float8!r}))"
+            f"{where}")
+
+
+def _pytorch_recipe(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if not converts(config):
+        return []
+    return [Code("float8", "imports", _IMPORT), Code("float8", "helpers", _filter_code(config.float8)),
+            Code("float8", "prepare", _convert_line(config), "the linear layers that gain become float8 ones "
+                 "before anything wraps or compiles them (torchao's convert_to_float8_training)")]
+
+
+def _framework_recipe(where: str) -> RecipeEntry:
+    """The same conversion on the model before the framework takes it: none of the three has torchao's float8 with
+    a per-shape filter among its settings (Accelerate's AORecipeKwargs comes with mixed_precision='fp8', the keyword
+    that says the burst's autocast precision)."""
+
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if not converts(config):
+            return []
+        return [Code("float8", "code", _IMPORT), Code("float8", "code", "from torch import nn"),
+                Code("float8", "code", _filter_code(config.float8)),
+                Code("float8", "code", _convert_line(config, f"  # {where}"))]
+
+    return entry
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "float8": {
+        "pytorch": _pytorch_recipe,
+        "hf": _framework_recipe("before the Trainer is built"),
+        "lightning": _framework_recipe("your LightningModule's __init__"),
+        "accelerate": _framework_recipe("before accelerator.prepare"),
+    },
+}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -25,7 +26,23 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from ..inputs.blocks import block_modules
-from .base import Climb, Knob, Remedy, Rule, Search, Symptom
+from . import parallel
+from .base import (
+    Climb,
+    Code,
+    Knob,
+    RecipeContext,
+    RecipeEntry,
+    RecipePart,
+    Remedy,
+    Rule,
+    Search,
+    Setting,
+    Style,
+    Symptom,
+    blocks_code,
+    helper_parts,
+)
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -93,11 +110,10 @@ def _has_blocks(workload: Workload) -> bool:
 #: What selective checkpointing keeps: the outputs of matmuls and fused attention, the ops whose recompute costs
 #: most per byte kept (torchtitan's "op" policy keeps the same kinds). Everything else in a block (norms, activations,
 #: dropout, residual adds) is recomputed in backward.
-_SAVED_OPS = tuple(getattr(torch.ops.aten, name).default for name in (
-    "mm", "addmm", "bmm", "baddbmm", "_scaled_mm",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-))
+_SAVED_OP_NAMES = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm",
+                   "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                   "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+_SAVED_OPS = tuple(getattr(torch.ops.aten, name).default for name in _SAVED_OP_NAMES)
 
 
 def checkpointing(config: Config) -> bool:
@@ -191,3 +207,90 @@ def allocator(config: Config, device_kind: str) -> Iterator[None]:
         else:
             os.environ[name] = saved
 
+
+
+# -- recipes --------------------------------------------------------------------------------------------------------
+def _checkpoint_lines(config: Config, context: RecipeContext, slot: str, where: str = "") -> list[RecipePart]:
+    """:func:`checkpoint_blocks` as code: each block's forward replaced on the instance, in the loop's ``prepare``
+    slot or a framework's code; the selective policy's ops as a constant."""
+    blocks, helper = blocks_code(context, "model", one_stack=False)
+    selective = config.activation_checkpointing == "selective"
+    names = "checkpoint, create_selective_checkpoint_contexts" if selective else "checkpoint"
+    imports = ["import functools", f"from torch.utils.checkpoint import {names}"]
+    names_code = textwrap.fill(", ".join(f'"{name}"' for name in _SAVED_OP_NAMES), 112, initial_indent="    ",
+                               subsequent_indent="    ")
+    constant = f"SAVED_OPS = [getattr(torch.ops.aten, name).default for name in (\n{names_code},\n)]"
+    context_fn = (",\n                                      context_fn=functools.partial("
+                  "create_selective_checkpoint_contexts, SAVED_OPS)") if selective else ""
+    loop = (f"for block in {blocks}:{where}\n    block.forward = functools.partial(checkpoint, block.forward, "
+            f"use_reentrant=False{context_fn})")
+    why = ("selective: the outputs of matmuls and attention are kept, the cheap ops around them recomputed"
+           if selective else "")
+    if slot == "code":
+        return [*(Code("activation_checkpointing", "code", line) for line in ["import torch", *imports]),
+                *([Code("activation_checkpointing", "code", constant, why)] if selective else []),
+                *helper_parts("activation_checkpointing", "code", helper), Code("activation_checkpointing", "code",
+                                                                                  loop)]
+    return [*(Code("activation_checkpointing", "imports", line) for line in imports),
+            *([Code("activation_checkpointing", "constants", constant, why)] if selective else []),
+            *helper_parts("activation_checkpointing", "helpers", helper),
+            Code("activation_checkpointing", "prepare", loop)]
+
+
+def _pytorch_checkpointing(config: Config, context: RecipeContext) -> list[RecipePart]:
+    return _checkpoint_lines(config, context, "prepare") if checkpointing(config) else []
+
+
+def _framework_checkpointing(where: str, plugin: str, keyword: str) -> RecipeEntry:
+    """Whole blocks recomputed: the framework's own switch where it has one (``keyword`` of the style's object, or
+    of its FSDP plugin or config ``plugin`` under FSDP, which recomputes inside FSDP's gathers); else, and for the
+    selective policy no framework offers, the burst's lines on the model before the framework takes it."""
+
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if not checkpointing(config):
+            return []
+        if config.activation_checkpointing == "blocks" and plugin and parallel.sharded(config):
+            return [Setting("activation_checkpointing", "activation_checkpointing", True, call=plugin)]
+        if config.activation_checkpointing == "blocks" and keyword:
+            return [Setting("activation_checkpointing", keyword, True)]
+        return _checkpoint_lines(config, context, "code", f"  # {where}")
+
+    return entry
+
+
+def _allocator_code() -> str:
+    """:func:`allocator` as code: expandable segments added to the settings the environment has."""
+    first, *_ = ALLOCATOR_VARIABLES
+    return (f"alloc = next((name for name in {ALLOCATOR_VARIABLES!r} if os.environ.get(name)),\n"
+            f"             {first!r})\n"
+            "kept = [part for part in os.environ.get(alloc, \"\").split(\",\")\n"
+            f"        if part.strip() and part.split(\":\", 1)[0].strip() != {_EXPANDABLE!r}]\n"
+            f"os.environ[alloc] = \",\".join([*kept, \"{_EXPANDABLE}:True\"])")
+
+
+_ALLOCATOR_WHY = ("Set before anything initialises CUDA (the allocator reads its settings once): freed memory of one "
+                  "shape can then hold the next")
+
+
+def _allocator_entry(slot: str) -> RecipeEntry:
+    def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
+        if not config.expandable_segments:
+            return []
+        top = [Code("expandable_segments", "code", "import os"),
+               Code("expandable_segments", "code", "# at the top of your script, before anything touches CUDA")]
+        return [*(top if slot == "code" else []), Code("expandable_segments", slot, _allocator_code(), _ALLOCATOR_WHY)]
+
+    return entry
+
+
+#: Each knob in each style (:func:`accel_widgets.job.recipe.recipe`).
+RECIPE: dict[str, dict[Style, RecipeEntry]] = {
+    "activation_checkpointing": {
+        "pytorch": _pytorch_checkpointing,
+        "hf": _framework_checkpointing("before the Trainer is built", "fsdp_config", "activation_checkpointing"),
+        "lightning": _framework_checkpointing("your LightningModule's __init__", "", ""),
+        "accelerate": _framework_checkpointing("before accelerator.prepare", "fsdp_plugin", ""),
+    },
+    "expandable_segments": {style: _allocator_entry("setup" if style == "pytorch" else "code")
+                            for style in ("pytorch", "hf", "lightning", "accelerate")},
+}

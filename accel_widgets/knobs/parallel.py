@@ -20,6 +20,7 @@ from . import batch, precision
 from .base import (
     Climb,
     Code,
+    Construct,
     Knob,
     RecipeContext,
     RecipeEntry,
@@ -30,6 +31,8 @@ from .base import (
     Setting,
     Style,
     Symptom,
+    blocks_code,
+    helper_parts,
     no_equivalent,
     powers_of_two,
 )
@@ -134,8 +137,8 @@ _JOIN = ('if not dist.is_initialized():  # under torchrun: its environment says 
 
 
 def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
-    """Plain PyTorch: join torchrun's group, shard the data per rank, wrap the model, all-reduce only on the micro-batch
-    that steps."""
+    """Plain PyTorch: join torchrun's group, shard the data per rank, wrap (DDP) or shard (FSDP) the model, reduce
+    gradients only on the micro-batch that steps."""
     if config.parallel == "dataparallel":
         return [Code("parallel", "wrap", "model = nn.DataParallel(model)", _NO_DATAPARALLEL)]
     if not distributed(config):
@@ -151,9 +154,10 @@ def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
              "each rank trains on its own shard of every epoch (one rank: the plain shuffle, as in a burst)"),
         Code("parallel", "new_epoch", "if world_size > 1:\n    sampler.set_epoch(epoch)",
              "a new shuffle each epoch, the same on every rank"),
-        Code("parallel", "wrap", 'model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if '
-                                 'device.type == "cuda" else None)'),
     ]
+    if sharded(config):
+        return parts + _fully_shard_lines(config, context)
+    parts.append(Code("parallel", "wrap", _DDP_WRAP))
     if batch.micro_batches(config) > 1:
         parts.append(Code("parallel", "around_backward", "model.no_sync() if micro < ACCUMULATE - 1 else "
                                                          "contextlib.nullcontext()",
@@ -161,17 +165,125 @@ def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
     return parts
 
 
+_DDP_WRAP = ('model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" '
+             "else None)")
+_FSDP_WHY = ("FSDP2: each block is a unit whose parameters are gathered just before its forward, the root holds the "
+             "rest; gathered and computed in the precision policy's dtype, gradients reduced in fp32")
+
+
+def _fully_shard_lines(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """:func:`_fully_shard` as code, and :func:`gradient_sync`'s FSDP half when accumulating."""
+    blocks, helper = blocks_code(context, "model", one_stack=False)
+    parts: list[RecipePart] = [
+        Code("parallel", "imports", "from torch.distributed.device_mesh import init_device_mesh"),
+        Code("parallel", "imports", "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard"),
+        *helper_parts("parallel", "helpers", helper),
+        Code("parallel", "wrap", f"mesh = init_device_mesh(device.type, (world_size,))\n{_policy(config)}\n"
+                                 f"for block in {blocks}:\n    {_SHARD.format('block')}\n{_SHARD.format('model')}",
+             _FSDP_WHY),
+    ]
+    if batch.micro_batches(config) > 1:
+        parts.append(Code("parallel", "micro_batch", "model.set_requires_gradient_sync(micro == ACCUMULATE - 1)",
+                          "FSDP reduce-scatters gradients only on the micro-batch that steps the optimizer"))
+    return parts
+
+
+_SHARD = "fully_shard({}, mesh=mesh, reshard_after_forward=RESHARD_AFTER_FORWARD, mp_policy=policy)"
+
+
+def _policy(config: Config) -> str:
+    """The precision owner's dtype for what FSDP gathers, as code."""
+    return (f"policy = MixedPrecisionPolicy(param_dtype={precision.sharded_param_dtype(config)}, "
+            "reduce_dtype=torch.float32)")
+
+
+def _block_classes(context: RecipeContext) -> list[str]:
+    """The class names of the blocks FSDP wraps, where the workload's model can be read: what the frameworks' wrap
+    policies match (each falls back to a Hugging Face model's ``_no_split_modules`` without them)."""
+    workload = context.workload
+    outline = workload.model_outline() if workload is not None else None
+    if outline is None:
+        return []
+    return sorted({type(block).__name__ for block in block_modules(outline, workload.blocks)})
+
+
+def _hf_parallel(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if config.parallel == "dataparallel":
+        return no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
+    if not sharded(config):
+        return [Code("parallel", "code", "# the Trainer runs DDP itself when launched by torchrun")] if distributed(
+            config) else []
+    classes = _block_classes(context)
+    return [Setting("parallel", "fsdp", True, why=_FSDP_WHY),
+            Setting("parallel", "fsdp_config", {"version": 2}),
+            *([Setting("parallel", "transformer_layer_cls_to_wrap", classes, call="fsdp_config")] if classes else [])]
+
+
+def _lightning_parallel(config: Config, context: RecipeContext) -> list[RecipePart]:
+    """DDP is Lightning's "ddp" strategy; FSDP2 is its ModelParallelStrategy, which shards nothing itself: the
+    LightningModule's ``configure_model`` calls ``fully_shard`` as the burst does (Lightning's FSDPStrategy is FSDP1's
+    FullyShardedDataParallel wrapper, whose flat parameters are not what the burst measured)."""
+    if single_process_multi_gpu(config):
+        return no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
+    if not sharded(config):
+        return [Setting("parallel", "strategy", "ddp")] if distributed(config) else []
+    blocks, helper = blocks_code(context, "self.model", one_stack=False)
+    hook = ("# in your LightningModule (self.model: your nn.Module):\n"
+            "def configure_model(self):\n"
+            "    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n"
+            '    mesh = self.device_mesh["data_parallel"]\n'
+            f"    {_policy(config)}\n"
+            f"    for block in {blocks}:\n        {_SHARD.format('block')}\n"
+            f"    {_SHARD.format('self.model')}")
+    return [Setting("parallel", "strategy", Construct("lightning.pytorch.strategies", "ModelParallelStrategy"),
+                    why=_FSDP_WHY),
+            Setting("parallel", "data_parallel_size", ranks(config), call="strategy"),
+            Setting("parallel", "tensor_parallel_size", 1, call="strategy"),
+            Code("parallel", "code", "import torch"), *helper_parts("parallel", "code", helper),
+            Code("parallel", "code", hook)]
+
+
+def _accelerate_parallel(config: Config, context: RecipeContext) -> list[RecipePart]:
+    if config.parallel == "dataparallel":
+        return no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
+    if not sharded(config):
+        return [Code("parallel", "code", "# Accelerator runs DDP itself when launched by accelerate launch or "
+                                         "torchrun")] if distributed(config) else []
+    classes = _block_classes(context)
+    plugin = "fsdp_plugin"
+    return [Setting("parallel", plugin, Construct("accelerate.utils", "FullyShardedDataParallelPlugin"),
+                    why=_FSDP_WHY),
+            Setting("parallel", "fsdp_version", 2, call=plugin),
+            Setting("parallel", "auto_wrap_policy", "transformer_based_wrap", call=plugin),
+            *([Setting("parallel", "transformer_cls_names_to_wrap", classes, call=plugin)] if classes else [])]
+
+
 def _launch(prefix: str, command: str) -> RecipeEntry:
-    """The launch line of a DDP run of ``ranks(config)`` processes per machine."""
+    """The launch line of a DDP or FSDP run of ``ranks(config)`` processes per machine."""
     return lambda config, context: [Code("world_size", prefix, command.format(ranks(config)))] if distributed(
         config) else []
 
 
-def _framework_ddp(how: str) -> RecipeEntry:
+_RESHARD_WHY = {True: "a rank holds one block's gathered parameters at a time (gathered again for backward)",
+                False: "gathered parameters stay from forward to backward: one all-gather per block and step fewer, "
+                       "for the memory of the unsharded model"}
+
+
+def _reshard(style: Style) -> RecipeEntry:
+    """FSDP's ``reshard_after_forward``, written under FSDP whatever its value (the burst passed it explicitly): a
+    constant the plain loop's and Lightning's ``fully_shard`` calls read, an entry of the frameworks' FSDP
+    settings."""
+
     def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
-        if config.parallel == "dataparallel":
-            return no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
-        return [Code("parallel", "code", how)] if distributed(config) else []
+        if not sharded(config):
+            return []
+        value = config.reshard_after_forward
+        why = _RESHARD_WHY[value]
+        if style in ("pytorch", "lightning"):
+            return [Code("reshard_after_forward", "constants" if style == "pytorch" else "code",
+                         f"RESHARD_AFTER_FORWARD = {value}", why)]
+        return [Setting("reshard_after_forward", "reshard_after_forward", value,
+                        call="fsdp_config" if style == "hf" else "fsdp_plugin", why=why)]
 
     return entry
 
@@ -180,11 +292,9 @@ def _framework_ddp(how: str) -> RecipeEntry:
 RECIPE: dict[str, dict[Style, RecipeEntry]] = {
     "parallel": {
         "pytorch": _ddp,
-        "hf": _framework_ddp("# the Trainer runs DDP itself when launched by torchrun"),
-        "lightning": lambda config, context: no_equivalent(_KNOB["parallel"], _NO_DATAPARALLEL)(config, context)
-        if single_process_multi_gpu(config) else [Setting("parallel", "strategy", "ddp")] if distributed(config)
-        else [],
-        "accelerate": _framework_ddp("# Accelerator runs DDP itself when launched by accelerate launch or torchrun"),
+        "hf": _hf_parallel,
+        "lightning": _lightning_parallel,
+        "accelerate": _accelerate_parallel,
     },
     "world_size": {
         "pytorch": _launch("doc", "torchrun --nproc-per-node {} your_script.py"),
@@ -193,6 +303,7 @@ RECIPE: dict[str, dict[Style, RecipeEntry]] = {
             config) else [],
         "accelerate": _launch("code", "# launch: accelerate launch --num_processes {} your_script.py"),
     },
+    "reshard_after_forward": {style: _reshard(style) for style in ("pytorch", "hf", "lightning", "accelerate")},
 }
 
 

@@ -4,6 +4,9 @@ built from a recipe's keywords hold every setting."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from accel_widgets import Config, Workload, run_burst
 from accel_widgets.job.recipe import recipe_of
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.devices import cpu_device
-from tests.workloads import job_workload, tiny_workload
+from tests.workloads import MatmulStack, gpt_workload, job_workload, matmul_workload, tiny_workload
 
 STEPS = 10  # 2 warm-up steps and 8 measured ones in the burst; with 2 micro-batches a step, past an epoch's end
 
@@ -142,3 +145,173 @@ def test_a_finished_runs_recipe_has_the_batch_it_trained() -> None:
     assert result.batch_size == 16
     assert "batch_size=16,  # samples per micro-batch" in recipe_of(result).code
     assert recipe_of(result, "hf").kwargs["per_device_train_batch_size"] == 16
+
+
+# -- the knobs of 2026 ----------------------------------------------------------------------------------------------
+def test_the_snippet_compiles_block_by_block_as_the_burst_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two alike matmul blocks, each compiled in place (inductor compiles no C++ for matmuls: seconds)."""
+    tqdm = pytest.importorskip("tqdm")
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)  # inductor's progress bar would leave tqdm's monitor thread
+    config = Config(compile_mode="default", compile_scope="blocks")
+    workload = matmul_workload(MatmulStack)
+    code = aw.recipe(config, workload).code
+    assert "for block in raw.get_submodule('blocks'):\n        block.compile()" in code
+    assert snippet_losses(config, workload) == burst_losses(config, workload)
+
+
+@pytest.mark.parametrize("mode", ["blocks", "selective"])
+def test_the_snippet_recomputes_the_blocks_as_the_burst_did(mode: str) -> None:
+    config = Config(activation_checkpointing=mode)
+    workload = gpt_workload(n_layer=2, seq_len=16, batch_size=8)
+    assert "for block in model.get_submodule('blocks'):" in aw.recipe(config, workload).code
+    assert snippet_losses(config, workload) == burst_losses(config, workload)
+
+
+def _fsdp_rank(rank: int, code: str, store: str, out: str) -> None:
+    """One rank of the FSDP snippet, as torchrun would start it: the group joined, the pasted code trained."""
+    from tests.workloads import MatmulStack, matmul_workload
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    try:
+        workload = matmul_workload(MatmulStack)
+        namespace: dict = {"__name__": "pasted"}
+        exec(compile(code, "<recipe>", "exec"), namespace)
+        losses = namespace["train"](workload.model, workload.dataset, workload.loss_fn, workload.optimizer, STEPS,
+                                    seed=workload.seed)
+        Path(out, f"{rank}.json").write_text(json.dumps(losses))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_fsdp_snippet_on_two_ranks_trains_as_the_burst(tmp_path: Path) -> None:
+    """FSDP2 on 2 gloo ranks: each block, then the root, fully_shard-ed; accumulation reduces on the last micro-batch
+    only; the per-rank data shards and epochs as in the burst."""
+    config = Config(parallel="fsdp", world_size=2, grad_accum_steps=2, reshard_after_forward=False)
+    workload = matmul_workload(MatmulStack)
+    code = aw.recipe(config, workload).code
+    assert "RESHARD_AFTER_FORWARD = False" in code and "set_requires_gradient_sync(micro == ACCUMULATE - 1)" in code
+    torch.multiprocessing.spawn(_fsdp_rank, args=(code, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    burst = run_burst(workload, config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    assert burst.ok, burst.error
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"{rank}.json").read_text()) == burst.losses(rank=rank)
+
+
+def test_the_block_helpers_find_what_the_burst_finds() -> None:
+    """A recipe without a workload finds the blocks with helper code of its own: the same as the package's."""
+    from torch import nn
+
+    from accel_widgets.demos.lm import TinyGPT
+    from accel_widgets.inputs.blocks import block_modules, find_blocks
+    from tests.workloads import TinyNet, WideBlocks
+
+    code = aw.recipe(Config(compile_mode="default", compile_scope="blocks", activation_checkpointing="blocks")).code
+    namespace: dict = {}
+    exec(compile(code, "<recipe>", "exec"), namespace)
+    encoder_decoder = nn.ModuleDict({"encoder": nn.ModuleList(nn.Linear(4, 4) for _ in range(3)),
+                                     "decoder": nn.Sequential(*(nn.Linear(4, 4) for _ in range(2)))})
+    for model in (TinyGPT(vocab_size=16, seq_len=8, n_layer=2, d_model=8, n_head=2), WideBlocks(16, 3), TinyNet(),
+                  MatmulStack(), encoder_decoder):
+        found = find_blocks(model)
+        assert namespace["repeated_blocks"](model) == (list(found.modules) if found is not None else [])
+        assert namespace["block_modules"](model) == block_modules(model)
+    assert len(block_modules(encoder_decoder)) == 5
+
+
+def test_expandable_segments_join_the_allocator_settings_the_environment_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CUDA here: the snippet's lines run before it trains on the CPU, and leave what a burst's rank sets."""
+    from accel_widgets.knobs.memory import allocator_settings_with_expandable_segments
+
+    config, workload = Config(expandable_segments=True), tiny_workload()
+    made = aw.recipe(config, workload).code
+    for mine in ("max_split_size_mb:128,expandable_segments:False", None):
+        if mine is None:
+            monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+        else:
+            monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", mine)
+        namespace: dict = {}
+        exec(compile(made, "<recipe>", "exec"), namespace)
+        namespace["train"](workload.model, workload.dataset, workload.loss_fn, workload.optimizer, 1)
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == allocator_settings_with_expandable_segments(mine)
+    for style in ("hf", "lightning", "accelerate"):
+        assert 'os.environ[alloc] = ",".join([*kept, "expandable_segments:True"])' in aw.recipe(config,
+                                                                                                 style=style).code
+
+
+@pytest.mark.parametrize("recipe_name", ["tensorwise", "rowwise"])
+def test_the_float8_snippet_converts_the_layers_the_owner_picks(recipe_name: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """No torchao nor float8 GPU here: a stand-in torchao.float8 records the conversion the snippet asks for, and the
+    snippet's filter is checked against the owner's rule on Llama-3-8B's layer shapes (meta tensors: no memory)."""
+    import types
+
+    from torch import nn
+
+    from accel_widgets.knobs.float8 import gains_from_float8
+
+    asked: list[tuple] = []
+    fake = types.ModuleType("torchao.float8")
+    fake.Float8LinearConfig = types.SimpleNamespace(from_recipe_name=lambda name: f"config:{name}")
+    fake.convert_to_float8_training = lambda model, module_filter_fn, config: asked.append(
+        (module_filter_fn, config)) or model
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    workload = tiny_workload()
+    code = aw.recipe(Config(float8=recipe_name), workload).code
+    namespace: dict = {}
+    exec(compile(code, "<recipe>", "exec"), namespace)
+    namespace["train"](workload.model, workload.dataset, workload.loss_fn, workload.optimizer, 1)
+    (chosen, config), = asked
+    assert config == f"config:{recipe_name}" and chosen is namespace["gains_from_float8"]
+    shapes = [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096), (4096, 128256), (2048, 512), (1000, 4096),
+              (4096, 2048), (2048, 4096), (1024, 4096)]
+    for in_features, out_features in shapes:
+        layer = nn.Linear(in_features, out_features, device="meta")
+        assert chosen(layer, "layer") == gains_from_float8(out_features, in_features, recipe_name)
+    assert not chosen(nn.LayerNorm(4096, device="meta"), "norm")
+
+
+def test_every_style_of_every_new_knob_is_valid_python() -> None:
+    config = Config(compile_mode="max-autotune", compile_scope="blocks", float8="rowwise", precision="bf16",
+                    activation_checkpointing="selective", expandable_segments=True, parallel="fsdp", world_size=2,
+                    reshard_after_forward=False, grad_accum_steps=2)
+    for workload in (None, gpt_workload(n_layer=2)):
+        for style in ("pytorch", "hf", "lightning", "accelerate"):
+            compile(aw.recipe(config, workload, style).code, f"<{style}>", "exec")
+
+
+def test_the_frameworks_objects_hold_the_new_settings(tmp_path: Path) -> None:
+    """TrainingArguments, a Lightning Trainer and an Accelerator built from the recipes' keywords (on the CPU:
+    Accelerate keeps its FSDP plugin for distributed runs, so the plugin object itself is read)."""
+    import lightning
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from transformers import TrainingArguments
+
+    workload = gpt_workload(n_layer=2)
+    checkpointed = TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                     **aw.recipe(Config(activation_checkpointing="blocks"), workload, "hf").kwargs)
+    assert checkpointed.activation_checkpointing
+    fsdp = Config(parallel="fsdp", world_size=2, reshard_after_forward=False, activation_checkpointing="blocks",
+                  precision="bf16", compile_mode="default", compile_scope="blocks")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **aw.recipe(fsdp, workload, "hf").kwargs)
+    assert args.fsdp and not args.activation_checkpointing  # FSDP's own, inside its gathers
+    assert args.fsdp_plugin_args | {"fsdp_version": 2, "reshard_after_forward": False, "activation_checkpointing": True,
+                                    "transformer_cls_names_to_wrap": "Block"} == args.fsdp_plugin_args
+    made = aw.recipe(fsdp, workload, "lightning")
+    trainer = lightning.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, **made.kwargs)
+    assert type(trainer.strategy).__name__ == "ModelParallelStrategy" and trainer.num_devices == 2
+    assert (trainer.strategy._data_parallel_size, trainer.strategy._tensor_parallel_size) == (2, 1)
+    assert "def configure_model(self):" in made.code and "for block in self.model.get_submodule('blocks'):" in made.code
+    kwargs = aw.recipe(fsdp, workload, "accelerate").kwargs
+    plugin = kwargs["fsdp_plugin"]
+    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.activation_checkpointing) == (2, False, True)
+    assert plugin.transformer_cls_names_to_wrap == ["Block"]
+    try:
+        accelerator = Accelerator(cpu=True, **kwargs)
+        assert accelerator.state.dynamo_plugin.use_regional_compilation
+        assert accelerator.state.dynamo_plugin.backend.value == "INDUCTOR"
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert not any(aw.recipe(fsdp, workload, style).missing for style in ("hf", "lightning", "accelerate"))

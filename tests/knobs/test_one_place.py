@@ -133,9 +133,12 @@ CHANGED = {"batch_size": 16, "num_workers": 2, "pin_memory": True, "prefetch_fac
            "non_blocking": True, "data_cache": "memmap", "precision": "bf16", "tf32": True, "sdpa_backend": "math",
            "grad_accum_steps": 2, "compile_mode": "default", "sync_every": 3, "script_loss": True,
            "optimizer_impl": "fused", "set_to_none": False, "cudnn_benchmark": True, "deterministic": True,
-           "channels_last": True, "memory_fraction": 0.5, "empty_cache": True, "parallel": "ddp", "world_size": 2}
+           "channels_last": True, "memory_fraction": 0.5, "empty_cache": True, "parallel": "ddp", "world_size": 2,
+           "compile_scope": "blocks", "float8": "rowwise", "activation_checkpointing": "selective",
+           "expandable_segments": True, "reshard_after_forward": False}
 NEEDS = {"prefetch_factor": {"num_workers": 2}, "persistent_workers": {"num_workers": 2},
-         "world_size": {"parallel": "ddp"}}
+         "world_size": {"parallel": "ddp"}, "compile_scope": {"compile_mode": "default"},
+         "reshard_after_forward": {"parallel": "fsdp", "world_size": 2}}
 
 
 def test_a_knob_set_off_its_default_is_said_in_every_style_or_said_to_have_no_equivalent() -> None:
