@@ -231,7 +231,7 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
     # "Use in my code" names the best run and writes it as a plain-PyTorch loop, then as TrainingArguments.
     assert recipes["button"].startswith("Use #") and recipes["button"].endswith("in my code"), recipes
     assert "def train(model, dataset, loss_fn, make_optimizer, steps" in recipes["pytorch"], recipes
-    assert "accel_widgets" not in recipes["pytorch"], recipes
+    assert "import accel_widgets" not in recipes["pytorch"] and "from accel_widgets" not in recipes["pytorch"]
     assert "TrainingArguments(" in recipes["hf"], recipes
     assert points(traces, 1, "step") > 0, traces
     assert points(traces, 1, "util") > 0, traces
