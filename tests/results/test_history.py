@@ -275,7 +275,8 @@ def test_a_history_shared_read_only_can_be_listed_and_says_why_it_cannot_record(
 
 def test_two_processes_write_at_once(tmp_path):
     path = tmp_path / "h.sqlite"
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"writer{k}"], text=True,
+    env = {**os.environ, "ACCEL_WIDGETS_PRESTART": "0"}  # writers run no burst: no forkserver to start
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"writer{k}"], text=True, env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE) for k in range(2)]
     try:
         for writer in writers:
