@@ -946,21 +946,28 @@ def dry_run(args: argparse.Namespace) -> int:
         f"{'-' if step.timeout_s is None else f'{step.timeout_s:.0f}':>8}  {step.work.name:<24} "
         f"{step.work.phase:<12} {step.status if step.status != 'SKIP' else step.why}"
         + (" (required)" if step.work.required else "")))
-    checks = preflight(device, ladders)
+    return plan_verdict(plan, steps, preflight(device, ladders), budget, args.budget_s, CALL_LIMIT_S,
+                        H200_SECONDS["start"])
+
+
+def plan_verdict(plan: list[Work], steps: list[Step], checks: list[tuple[str, str, str]], budget: Budget,
+                 budget_s: float, call_limit_s: float, start_s: float) -> int:
+    """A dry run's end, for this call and the second GPU script alike: the preflight checks, the planned seconds
+    per phase, where the plan ends, and whether it fits (0) or not (1, saying what does not)."""
     for status, name, message in checks:
         print(f"preflight {status:<4} {name}: {message}")
     end = budget.elapsed()
     missing = [s.work.name for s in steps if s.work.required and s.status != "PLANNED"]
     skipped = [s.work.name for s in steps if s.status == "SKIP"]
-    fits = end <= args.budget_s <= CALL_LIMIT_S and not missing and all(c[0] == "PASS" for c in checks)
+    fits = end <= budget_s <= call_limit_s and not missing and all(c[0] == "PASS" for c in checks)
     totals = ", ".join(f"{phase} {t['planned_s']:.0f} s" for phase, t in phase_totals(steps).items())
-    print(f"planned per phase: start {H200_SECONDS['start']:.0f} s, {totals}")
-    print(f"ends at {end:.0f} s of {args.budget_s:.0f} s ({args.budget_s - end:.0f} s to spare); skipped: "
+    print(f"planned per phase: start {start_s:.0f} s, {totals}")
+    print(f"ends at {end:.0f} s of {budget_s:.0f} s ({budget_s - end:.0f} s to spare); skipped: "
           f"{', '.join(skipped) or 'nothing'}")
     required = ", ".join(w.name for w in plan if w.required)
     print(("FITS: every required piece runs: " + required) if fits else
           ("DOES NOT FIT: " + (f"required but not run in full: {', '.join(missing)}" if missing else
-                               "a preflight check failed" if end <= args.budget_s else "over the budget")))
+                               "a preflight check failed" if end <= budget_s else "over the budget")))
     return 0 if fits else 1
 
 

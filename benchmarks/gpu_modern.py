@@ -52,7 +52,7 @@ from gpu_check import (
     fake_h200,
     first_line,
     output_dir,
-    phase_totals,
+    plan_verdict,
     run_budgeted,
 )
 from torch import nn
@@ -286,21 +286,7 @@ def dry_run(args: argparse.Namespace) -> int:
         f"{step.start_s:>8.0f} {step.work.planned_s:>8.0f} "
         f"{'-' if step.timeout_s is None else f'{step.timeout_s:.0f}':>8}  {step.work.name:<24} "
         f"{step.status if step.status != 'SKIP' else step.why}" + (" (required)" if step.work.required else "")))
-    checks = preflight(device)
-    for status, name, message in checks:
-        print(f"preflight {status:<4} {name}: {message}")
-    end = budget.elapsed()
-    missing = [s.work.name for s in steps if s.work.required and s.status != "PLANNED"]
-    skipped = [s.work.name for s in steps if s.status == "SKIP"]
-    fits = end <= args.budget_s <= CALL_LIMIT_S and not missing and all(c[0] == "PASS" for c in checks)
-    totals = ", ".join(f"{phase} {t['planned_s']:.0f} s" for phase, t in phase_totals(steps).items())
-    print(f"planned per phase: start {H200_SECONDS['start']:.0f} s, {totals}")
-    print(f"ends at {end:.0f} s of {args.budget_s:.0f} s ({args.budget_s - end:.0f} s to spare); skipped: "
-          f"{', '.join(skipped) or 'nothing'}")
-    print("FITS" if fits else "DOES NOT FIT: " + (f"required but not run in full: {', '.join(missing)}" if missing
-                                                   else "a preflight check failed" if end <= args.budget_s
-                                                   else "over the budget"))
-    return 0 if fits else 1
+    return plan_verdict(plan, steps, preflight(device), budget, args.budget_s, CALL_LIMIT_S, H200_SECONDS["start"])
 
 
 def header(args: argparse.Namespace, device: aw.DeviceInfo) -> dict[str, Any]:
