@@ -62,9 +62,6 @@ class RecipeView:
         self.note = w.HTML()
         self.box = w.VBox([self.styles, self.note, self.code, self.copy], layout=w.Layout(display="none"))
         self.widget = w.VBox([self.button, self.box], layout=w.Layout(margin="6px 0 0 0"))
-        for widget, name in ((self.button, "use-in-my-code"), (self.styles, "recipe-styles"),
-                             (self.code, "recipe-code")):
-            widget.add_class(f"aw-{name}")
         self.button.on_click(lambda _: self.open())
         self.styles.observe(lambda _: self._write(), names="value")
 

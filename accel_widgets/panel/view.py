@@ -487,6 +487,7 @@ class TuningPanel:
                              (self.remeasure_button, "remeasure"),
                              (self.batch_button, "find-batch-size"), (self.batch_view, "batch-view"),
                              (self.compare, "compare"), (self.recipe.button, "use-in-my-code"),
+                             (self.recipe.styles, "recipe-styles"), (self.recipe.code, "recipe-code"),
                              (self.profile_view, "profile-view"), (actions, "actions")):
             widget.add_class(f"aw-{name}")
         return root
