@@ -15,7 +15,7 @@ forkserver that bursts are launched from, so that it has imported torch by the f
 
 from .engine.forkserver import prestart_on_import
 
-prestart_on_import()  # first, so the server imports torch while this process does too
+prestart_on_import(package_imported=False)  # first: a spawned server imports torch while this process does too
 
 from .analysis.diagnosis import Finding, diagnose
 from .analysis.guard import GuardVerdict, check_training, find_baseline
@@ -126,3 +126,5 @@ __all__ = [
     "write_csv",
     "write_json",
 ]
+
+prestart_on_import(package_imported=True)  # last: a fork of this process holds the whole package

@@ -12,8 +12,9 @@ compile rungs; ``tests/benchmarks/test_gpu_check.py`` runs it in CI.
 
 The call, in order:
 
-1. fail fast: a one-rank, 5-step CUDA burst within 20 s. A broken start (the forkserver initialised CUDA, so
-   every rank fails with "Cannot re-initialize CUDA in forked subprocess") stops the call there, saying so;
+1. fail fast: a one-rank, 5-step CUDA burst within 20 s. A broken start (the forkserver held CUDA when it
+   forked the ranks, so every rank fails with "Cannot re-initialize CUDA in forked subprocess" or "CUDA error:
+   initialization error") stops the call there, saying so;
 2. the GPU-marked tests that no check covers: the memory-fraction OOM, the hidden-sync control, the
    batch-size search's OOM, bf16 + TF32 and empty_cache train, and DDP over NCCL last (pytest in its own
    process group; 45 s per test, bursts of at most 60 s);
@@ -95,7 +96,8 @@ COMPILE_FLOOR_S, COMPILE_CAP_S = 100.0, 150.0  # a cold compile takes 25-60 s on
 STEP_SUM_TOLERANCE, WINDOW_TOLERANCE = 0.01, 0.02
 MAX_SKIPPED_SHARE, MAX_SKIPPED_STEPS = 0.1, 5  # fp16: GradScaler skips allowed (the larger of the two)
 TRACE_COPY_MAX_BYTES = 4 << 20
-CUDA_REINIT = "Cannot re-initialize CUDA in forked subprocess"
+CUDA_REINIT = "Cannot re-initialize CUDA in forked subprocess"  # torch's words when the parent had a CUDA context
+CUDA_INIT_ERROR = "CUDA error: initialization error"  # the driver's, when the parent ran cuInit without one
 
 # Hand-measured on one H200 (torch 2.11), /work/shared/notes/gpu-reference-effects.md: ResNet-18 at 64 px
 # batch 256, and a 124M GPT at sequence 1024 batch 16; each rung's speed-up over the baseline.
@@ -770,9 +772,10 @@ class Call:
         if outcome.status != "ok" or outcome.result is None:
             trace = outcome.result.error.traceback if outcome.result is not None and outcome.result.error else ""
             why = outcome.message
-            if CUDA_REINIT in why or CUDA_REINIT in trace:
+            if any(marker in why or marker in trace for marker in (CUDA_REINIT, CUDA_INIT_ERROR)):
                 why = (f"{why} -- the forkserver initialised CUDA before it forked the ranks, so every burst "
-                       "fails the same way: find what imports or calls CUDA at its preload")
+                       "fails the same way: find what imports or calls CUDA at its preload, or what loaded the "
+                       "CUDA driver (torch.cuda.is_available()) in the process it was forked from")
             self.report.check("fail fast", "FAIL", f"{why}; stopping: nothing later can run")
             return "STOP"
         result = outcome.result

@@ -15,11 +15,25 @@ when its owner does. ``ACCEL_WIDGETS_PRESTART=0`` turns the early start off; bur
 Scripts and notebooks usually import torch first, though, and then a spawned server still needs its 2.7 s
 while the first burst waits (2.6 s to the first step of 2 DDP ranks, against 1.5 s for Accelerate's
 ``notebook_launcher``, which forks the caller). Where this process already holds torch, the server is
-therefore a fork of it, ready at once with everything the caller imported (transformers, the user's
-modules), when that is safe: no CUDA context, an OpenMP pool that still works in a child (a canary child
-runs a parallel op first; after the caller's first parallel region libgomp's children hang), and a caller
-small enough (``FORK_MAX_RSS_BYTES``) that the server's copy of its pages holds no real memory back.
-Otherwise it is spawned as above. ``ACCEL_WIDGETS_SERVER=spawn`` always spawns.
+therefore a fork of it, ready at once with every library the caller imported (transformers...), when that is
+safe: no CUDA driver in the process, an OpenMP pool that still works in a child (a canary child runs a parallel op
+first; after the caller's first parallel region libgomp's children hang), and a caller small enough
+(``FORK_MAX_RSS_BYTES``) that the server's copy of its pages holds no real memory back. Otherwise it is spawned as
+above. ``ACCEL_WIDGETS_SERVER=spawn`` always spawns.
+
+"No CUDA driver" is read from the process's memory map, not from ``torch.cuda.is_initialized()``:
+``torch.cuda.is_available()`` (which transformers and many libraries call when imported) runs ``cuInit`` through
+the CUDA runtime without setting torch's flag, and every rank of a server forked after it fails with "CUDA error:
+initialization error". ``cuInit`` needs the driver library, so a process with ``libcuda`` mapped is never forked.
+A library that loads the driver without initialising it only costs the fork's head start. This package does not
+set ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (``is_available()`` asking NVML, which keeps the driver out) for the
+caller: it would change what ``is_available()`` means in the user's own process; a user may set it before their
+first ``is_available()`` to keep the fast start (the README says so).
+
+The forked server keeps the caller's libraries but none of the user's own modules (:mod:`.user_code`): those
+travel with each burst by value, as the caller holds them then (:mod:`.payload`), and a rank that imports one by
+name reads its file as it is at the burst, never the copy of the fork, stale after an edit or half-executed when
+the fork happened inside the module's own ``import accel_widgets``.
 
 The server does not run the caller's main script again in a rank, as multiprocessing does by default
 (it re-imports ``__main__`` in every child so that functions pickled by reference can be found): a
@@ -39,6 +53,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 # Read before this module imports it: the forkserver process imported it to run, and then imports this
@@ -46,6 +61,8 @@ from typing import Any
 _INSIDE_A_FORKSERVER = "multiprocessing.forkserver" in sys.modules
 
 from multiprocessing import connection, forkserver, resource_tracker, spawn, util  # noqa: E402
+
+from .user_code import forget_user_modules  # noqa: E402
 
 START_METHOD = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
@@ -60,6 +77,7 @@ FORK_MAX_RSS_BYTES = 1 << 30
 #: How long the canary child gets for one parallel op; a working OpenMP pool takes milliseconds.
 CANARY_TIMEOUT_S = 2.0
 SERVER_ENV = "ACCEL_WIDGETS_SERVER"  # "spawn": never fork the caller into the server
+_DRIVER_LIBRARY = "libcuda.so"  # what cuInit runs in: mapped once anything initialised CUDA
 
 
 def forkserver_context() -> Any:
@@ -70,9 +88,14 @@ def forkserver_context() -> Any:
 
 def warm_up() -> None:
     """Start the preloaded forkserver now, if it is not running; returns at once (it imports on its own)."""
+    _start_server(can_fork_server)
+
+
+def _start_server(forkable: Callable[[], bool]) -> None:
+    """A fork of this process as the server when none runs and ``forkable()`` says it is safe, else a spawned one."""
     forkserver_context()
     _own_multiprocessing_temp_dir()
-    if not _server_running() and can_fork_server():
+    if not _server_running() and forkable():
         _fork_server()
     forkserver.ensure_running()
 
@@ -92,14 +115,30 @@ def _server_running() -> bool:
 
 
 def can_fork_server() -> bool:
-    """Whether this process can be the server's image: torch is here already, no CUDA context, a small enough
-    heap, and an OpenMP pool that works in a forked child (asked of a canary child)."""
+    """Whether this process can be the server's image: torch is here already, no CUDA context and no CUDA driver
+    loaded (``is_available()`` initialises the driver without torch's flag), a small enough heap, and an OpenMP pool
+    that works in a forked child (asked of a canary child)."""
     torch = sys.modules.get("torch")
     if os.environ.get(SERVER_ENV) == "spawn" or sys.platform != "linux" or torch is None:
         return False
-    if torch.cuda.is_initialized() or _rss_bytes() > FORK_MAX_RSS_BYTES:
+    if torch.cuda.is_initialized() or cuda_driver_loaded(_own_memory_map()) or _rss_bytes() > FORK_MAX_RSS_BYTES:
         return False
     return _parallel_op_runs_in_a_child(torch)
+
+
+def cuda_driver_loaded(memory_map: list[str]) -> bool:
+    """Whether a process's memory map (the lines of ``/proc/<pid>/maps``) holds the CUDA driver library
+    (``libcuda.so.1``, ``libcuda.so.570.124.06``...; the runtime, ``libcudart``, is not the driver)."""
+    for line in memory_map:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith(_DRIVER_LIBRARY):
+            return True
+    return False
+
+
+def _own_memory_map() -> list[str]:
+    with open("/proc/self/maps") as fh:
+        return fh.readlines()
 
 
 def _rss_bytes() -> int:
@@ -161,8 +200,9 @@ def _fork_server() -> None:
 
 def _serve(listener_fd: int, alive_r: int) -> None:
     """The forked server: only its socket, its alive pipe and stdio stay open (the caller's write end of the
-    pipe must not, or the server would outlive it), ranks are prepared as :func:`prepare_rank` says, and it
-    leaves with ``os._exit``: the caller's atexit handlers and finalizers (its temp dirs) are the caller's."""
+    pipe must not, or the server would outlive it), ranks are prepared as :func:`prepare_rank` says, the user's
+    modules are forgotten (the module's docstring says why), and it leaves with ``os._exit``: the caller's atexit
+    handlers and finalizers (its temp dirs) are the caller's."""
     try:
         keep = sorted({listener_fd, alive_r})
         os.closerange(3, keep[0])
@@ -171,9 +211,26 @@ def _serve(listener_fd: int, alive_r: int) -> None:
         for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(number, signal.SIG_DFL)
         spawn.prepare = prepare_rank
+        _forget_half_imported_modules()
+        forget_user_modules()
         forkserver.main(listener_fd, alive_r, FORKSERVER_PRELOAD)
     finally:
         os._exit(0)
+
+
+def _forget_half_imported_modules() -> None:
+    """In the forked server: the modules whose import was running when the caller forked never finish it here.
+
+    This package's own ``__init__`` had run its last line, the call that forked: it is complete, and marked so
+    (importlib's ``_initializing`` flag), or every import of it from a thread other than the main one would wait
+    for an import that never ends. Any other module still importing (one that imports ``accel_widgets`` before
+    its own definitions) is half-executed: it is dropped, and a rank that needs it imports it from its file.
+    """
+    package = sys.modules[__name__.split(".")[0]]
+    package.__spec__._initializing = False
+    for name, module in list(sys.modules.items()):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            del sys.modules[name]
 
 
 def _own_multiprocessing_temp_dir() -> None:
@@ -195,14 +252,24 @@ def _own_multiprocessing_temp_dir() -> None:
     util.Finalize(None, shutil.rmtree, args=(path, True), exitpriority=-100)  # as multiprocessing does
 
 
-def prestart_on_import() -> None:
-    """Start the server when the package is imported by a user's process (not by the server itself)."""
+def prestart_on_import(*, package_imported: bool) -> None:
+    """Start the server when the package is imported by a user's process (not by the server itself).
+
+    The package's ``__init__`` calls this first thing, where a server that must be spawned starts at once (it
+    imports torch while this process does too), and again once it has imported everything, where this process is
+    forked into the server. A fork taken first thing would hold a half-imported ``accel_widgets``: in its ranks
+    ``from accel_widgets import Workload`` (in a user module) fails, and a thread that imports any module of the
+    package (the pickler of a rank's step records does) waits forever for that import to finish.
+    """
     if os.environ.get("ACCEL_WIDGETS_PRESTART", "1") == "0" or _INSIDE_A_FORKSERVER:
         return
     if multiprocessing.parent_process() is not None:
         return  # a worker of someone's multiprocessing (a spawned loader worker...): it launches no bursts
     try:
-        warm_up()
+        if package_imported:
+            warm_up()
+        elif not can_fork_server():
+            _start_server(lambda: False)
     except Exception:  # importing must never fail for this: the first burst starts it and reports why not
         return
 

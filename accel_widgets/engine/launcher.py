@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-import cloudpickle
 import psutil
 from torch import nn
 from torch.multiprocessing.spawn import ProcessContext, _wrap  # torch's rank wrapper: tracebacks to an error file
@@ -40,6 +39,7 @@ from ..knobs.rules import ConfigError
 from ..results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .events import EventChannel, Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
 from .forkserver import MP_DIR_PREFIX, RANK_NAME_PREFIX, START_METHOD, forkserver_context, warm_up
+from .payload import pickle_for_ranks
 from .request import DEFAULT_TIMEOUT_S, BurstRequest
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
@@ -117,10 +117,12 @@ def _prepare_profile_dir(path: str) -> str:
     return os.path.abspath(path)
 
 
-def pickle_workload(workload: Workload, spec: BurstSpec) -> bytes:
-    """Serialise by value; on failure say what cannot travel and how to fix it."""
+def pickle_workload(workload: Workload, spec: BurstSpec) -> tuple[bytes, list[str]]:
+    """Serialise by value, the user's modules' code as this process holds it now (:mod:`.payload`); returns the
+    bytes and a note per user module that travels by name instead. On failure say what cannot travel and how to
+    fix it."""
     try:
-        return cloudpickle.dumps((workload, spec))
+        return pickle_for_ranks((workload, spec))
     except Exception as exc:
         raise WorkloadNotPicklable(
             f"the workload cannot be sent to a worker process ({type(exc).__name__}: {exc}). Open files, locks, "
@@ -295,7 +297,8 @@ def _run_in_workers(
         shutil.rmtree(temp_dir, ignore_errors=True)
 
     try:
-        payload = pickle_workload(workload, spec)
+        payload, notes = pickle_workload(workload, spec)
+        result.warnings.extend(notes)
         context = _start_ranks(payload, events, phases, spec.plan.ranks, temp_dir)
         events.close_writer()
         for pid in context.pids():

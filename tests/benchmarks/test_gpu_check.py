@@ -472,16 +472,18 @@ def test_a_required_piece_the_budget_cannot_hold_fails_the_call(monkeypatch, tmp
     assert saved["timeline"][1]["status"] == "SKIP"
 
 
-def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_start(monkeypatch, tmp_path):
-    """The forkserver initialised CUDA: every rank would fail the same way, so the call stops at fail fast."""
+@pytest.mark.parametrize("error", [f"{gc.CUDA_REINIT}. To use CUDA with multiprocessing, you must use the 'spawn' "
+                                   "start method", f"{gc.CUDA_INIT_ERROR}\nSearch for `cudaErrorInitializationError'"])
+def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_start(monkeypatch, tmp_path, error):
+    """The forkserver held CUDA (a context, or only the driver that is_available() initialised): every rank would
+    fail the same way, so the call stops at fail fast."""
     out = tmp_path / "out"
     seen_before_the_burst: list[dict] = []
 
     def broken(workload, config, **kwargs):
         seen_before_the_burst.append(json.loads((out / "gpu_check.json").read_text()))
         result = BurstResult(workload=workload.name, config=config, status="failed")
-        raise gc.aw.WorkerError(f"rank 0 failed: RuntimeError: {gc.CUDA_REINIT}. To use CUDA with "
-                                "multiprocessing, you must use the 'spawn' start method", result)
+        raise gc.aw.WorkerError(f"rank 0 failed: RuntimeError: {error}", result)
 
     monkeypatch.setenv("OUT", str(out))
     monkeypatch.setattr(gc.aw, "run_burst", broken)
@@ -494,6 +496,6 @@ def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_s
     assert saved["timeline"][1]["status"] == "STOP" and saved["timeline"][1]["planned_s"] == 10.0
     assert set(saved["phases"]) == {"start", "fail fast"}
     (fail_fast,) = [c for c in saved["checks"] if c["name"] == "fail fast"]
-    assert fail_fast["status"] == "FAIL" and gc.CUDA_REINIT in fail_fast["message"]
+    assert fail_fast["status"] == "FAIL" and error.splitlines()[0] in fail_fast["message"]
     assert "the forkserver initialised CUDA before it forked the ranks" in fail_fast["message"]
     assert not list(out.glob("gpu_tests.log"))  # nothing after it ran
