@@ -41,6 +41,7 @@ from .events import EventChannel, Phase, RankDone, RankFailed, RankLosses, StepB
 from .forkserver import MP_DIR_PREFIX, RANK_NAME_PREFIX, START_METHOD, forkserver_context, warm_up
 from .payload import pickle_for_ranks
 from .request import DEFAULT_TIMEOUT_S, BurstRequest
+from .stacks import where_stuck
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, run_rank, worker_main
 
@@ -144,6 +145,7 @@ class _Collected:
     errors: list[RankFailed] = field(default_factory=list)
     exit_codes: list[int | None] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)  # what each rank was doing when the burst ended
+    where: dict[int, str] = field(default_factory=dict)  # where a stuck rank was, from its stacks (stacks.py)
     oom_kills_before: int | None = None
     first_step_at: float | None = None
 
@@ -202,7 +204,8 @@ class _Collected:
     def where_ranks_were(self, besides: int | None = None) -> str:
         """'rank 1 was waiting for its DataLoader ...' for every rank still running when the burst ended."""
         running = [rank for rank, code in enumerate(self.exit_codes) if code is None and rank != besides]
-        parts = [f"rank {rank} was {self.phases[rank].describe()}" for rank in running if rank < len(self.phases)]
+        parts = [self.where.get(rank) or f"rank {rank} was {self.phases[rank].describe()}" for rank in running
+                 if rank < len(self.phases)]
         return "; ".join(parts)
 
 
@@ -307,6 +310,8 @@ def _run_in_workers(
         watch = _PhaseWatch(phases, called_at)
         outcome = _collect(context, events, watch, samples, collected, on_event, stop,
                            called_at + spec.request.timeout_s)
+        collected.where = where_stuck(outcome, context.processes, collected.steps, [p.describe() for p in watch.now()],
+                                      temp_dir, time.perf_counter() - called_at)
     except BaseException:
         _shielded(tear_down, reraise_interrupt=False)
         raise
@@ -543,7 +548,8 @@ def _finish(result: BurstResult, collected: _Collected, outcome: str, called_at:
         return result
     if outcome == "stopped":
         result.status = "stopped"
-        result.error = ErrorInfo("stopped", "stopped before the end of the burst (Stop or an interrupt)")
+        result.error = ErrorInfo("stopped", "stopped before the end of the burst (Stop or an interrupt)"
+                                 + "".join(f"; {where}" for where in collected.where.values()))
         return result
     if outcome == "timeout":
         result.status = "timeout"

@@ -48,6 +48,7 @@ from .process import (
     use_rank_environment,
 )
 from .request import BurstRequest
+from .stacks import dump_stacks_on_signal
 from .training import TrainingLoop, build_loop, rank_summary
 
 #: Step records leave a rank at most this late: each message costs the rank's training thread a pickling and a
@@ -92,6 +93,7 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
     emit = _EndingStrays(_BatchedEmit(events.put))
     try:
         workload, spec = cloudpickle.loads(payload)
+        dump_stacks_on_signal(spec.temp_dir)  # a hang then says where it was (stacks.py)
         die_with_owner(spec.owner_pid, spec.owner_started)
         use_environment(spec.environment)
         use_rank_environment(rank, spec.plan.ranks)

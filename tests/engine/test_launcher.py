@@ -155,9 +155,10 @@ def test_a_killed_worker_is_reported_as_a_crash():
     assert info.value.result.error.kind == "crash"
 
 
-def test_a_hanging_worker_is_stopped_by_the_timeout():
+def test_a_hanging_worker_is_stopped_by_the_timeout_naming_the_line_it_hung_in():
     started = time.perf_counter()
-    with pytest.raises(BurstTimeout) as info:
+    hung = r"\(rank 0 was in workloads.py:\d+ in forward: time.sleep\(3600\)\)$"
+    with pytest.raises(BurstTimeout, match=hung) as info:
         run_burst(tiny_workload(FailAt("hang")), Config(), steps=10, timeout_s=2.0)
     assert time.perf_counter() - started < 6.0
     assert info.value.result.status == "timeout"

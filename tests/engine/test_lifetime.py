@@ -240,7 +240,8 @@ def test_processes_forked_in_forward_die_with_a_failing_burst_and_are_named(tmp_
 def test_a_stuck_loader_worker_is_named_when_the_burst_times_out():
     workload = Workload(model=tiny_workload().model, dataset=StuckItemDataset(stuck_after=40),
                         loss_fn=tiny_workload().loss_fn, batch_size=32, name="stuck-loader")
-    with pytest.raises(BurstTimeout, match="rank 0 was waiting for its DataLoader"):
+    with pytest.raises(BurstTimeout, match=r"rank 0 was waiting for its DataLoader .*: its DataLoader worker \(pid "
+                                           r"\d+\) was in workloads.py:\d+ in __getitem__: time.sleep\(3600\)"):
         run_burst(workload, Config(num_workers=1), steps=20, timeout_s=3.0)
 
 
