@@ -62,7 +62,7 @@ _INSIDE_A_FORKSERVER = "multiprocessing.forkserver" in sys.modules
 
 from multiprocessing import connection, forkserver, resource_tracker, spawn, util  # noqa: E402
 
-from .user_code import forget_user_modules  # noqa: E402
+from .user_code import user_modules  # noqa: E402
 
 START_METHOD = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "torch.optim", "cloudpickle", "numpy", "psutil",
@@ -189,20 +189,22 @@ def _fork_server() -> None:
                 os.chmod(address, 0o600)
             listener.listen()
             alive_r, alive_w = os.pipe()  # the server exits when every holder of the write end is gone
+            users = user_modules()  # read here, where the first burst finds the files' lookups done already
             try:
                 pid = _fork_quietly()
                 if pid == 0:
-                    _serve(listener.fileno(), alive_r)
+                    _serve(listener.fileno(), alive_r, users)
             finally:
                 os.close(alive_r)
         server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
 
-def _serve(listener_fd: int, alive_r: int) -> None:
+def _serve(listener_fd: int, alive_r: int, users: list[str]) -> None:
     """The forked server: only its socket, its alive pipe and stdio stay open (the caller's write end of the
     pipe must not, or the server would outlive it), ranks are prepared as :func:`prepare_rank` says, the user's
-    modules are forgotten (the module's docstring says why), and it leaves with ``os._exit``: the caller's atexit
-    handlers and finalizers (its temp dirs) are the caller's."""
+    modules ``users`` are forgotten (the module's docstring says why: a rank that needs one by name imports it from
+    its file as it is at the burst), and it leaves with ``os._exit``: the caller's atexit handlers and finalizers
+    (its temp dirs) are the caller's."""
     try:
         keep = sorted({listener_fd, alive_r})
         os.closerange(3, keep[0])
@@ -212,7 +214,8 @@ def _serve(listener_fd: int, alive_r: int) -> None:
             signal.signal(number, signal.SIG_DFL)
         spawn.prepare = prepare_rank
         _forget_half_imported_modules()
-        forget_user_modules()
+        for name in users:
+            sys.modules.pop(name, None)
         forkserver.main(listener_fd, alive_r, FORKSERVER_PRELOAD)
     finally:
         os._exit(0)

@@ -13,7 +13,7 @@ of their classes and functions the workload reaches (the model's class, the Data
 their code calls) goes as the caller holds it now, ``%autoreload``'s in-place patches and a monkeypatch included.
 A user module *object* the code names (``layers.Block`` after ``import layers``) goes by name, not as a copy of its
 whole namespace (module-level data, handles): the rank imports it, and since the forked server forgot every user
-module (:func:`.user_code.forget_user_modules`), from its file as it is at the burst, as with a spawned server.
+module (:mod:`.forkserver`), from its file as it is at the burst, as with a spawned server.
 
 Why not the alternatives. Refreshing the server when a module changed means forking the caller again, which is
 unsafe once its OpenMP pool ran (any CPU forward pass in the notebook) or it loaded CUDA; the refreshed server
@@ -44,7 +44,7 @@ from typing import Any
 
 import cloudpickle
 
-from .user_code import is_user_module, library_dirs, travelling_by_value
+from .user_code import is_user_module, libraries, travelling_by_value
 
 #: cloudpickle's by-value registry is process-wide: one pickling at a time changes it (bursts run from threads).
 _REGISTRY_LOCK = threading.Lock()
@@ -152,7 +152,7 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(self, file: io.BytesIO, attempt: _Attempt, by_value: frozenset[str]) -> None:
         super().__init__(file, protocol=cloudpickle.DEFAULT_PROTOCOL)
-        self._attempt, self._by_value, self._libraries = attempt, by_value, library_dirs()
+        self._attempt, self._by_value, self._installed = attempt, by_value, libraries()
         self._files = {getattr(sys.modules.get(name), "__file__", None) for name in by_value} - {None}
 
     def reducer_override(self, obj: Any) -> Any:
@@ -164,6 +164,6 @@ class _Pickler(cloudpickle.Pickler):
             module = getattr(obj, "__module__", None)
             if isinstance(module, str) and _within(module, self._by_value):
                 self._attempt.last_by_value = module
-            elif isinstance(module, str) and is_user_module(module, sys.modules.get(module), self._libraries):
+            elif isinstance(module, str) and is_user_module(module, sys.modules.get(module), self._installed):
                 self._attempt.by_name.add(module)
         return super().reducer_override(obj)

@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 
 from ..results.burst import StepRecord
-from .user_code import library_dirs
+from .user_code import libraries
 
 STACK_SIGNAL = signal.SIGRTMIN + 3
 STACKS_DIR = "stacks"  # in the burst's temp dir, one file per process id
@@ -168,15 +168,14 @@ def _describe(rank: int, family: list[int], stacks: dict[int, list[list[Frame]]]
 def _user_frame(threads: list[list[Frame]]) -> Frame | None:
     """The innermost frame of the user's own code on any thread: not the standard library's, a site-package's or
     this package's (code sent by value from a notebook or a script is the user's too)."""
-    libraries = library_dirs()
+    installed = libraries()
     for thread in threads:
         for frame in thread:
             if frame.file == _BY_VALUE:
                 return frame
             if frame.file.startswith("<"):
                 continue
-            path = os.path.realpath(frame.file)
-            if not path.startswith(libraries) and not path.startswith(_PACKAGE_DIR):
+            if not installed.hold(frame.file) and not os.path.realpath(frame.file).startswith(_PACKAGE_DIR):
                 return frame
     return None
 

@@ -5,7 +5,7 @@ folder holding installed distributions (``*.dist-info``: a ``pip install --targe
 outside this package: the user's ``models.py`` next to the notebook, a package on ``sys.path``, a package installed
 in editable mode (its files stay in the source tree). Such a module may change while the kernel runs (an edit and
 ``importlib.reload``, ``%autoreload``), so its code travels to the ranks by value (:mod:`.payload` says why), and
-the forked server keeps no copy of it (:func:`forget_user_modules`). Libraries do not change under a running
+the forked server keeps no copy of it. Libraries do not change under a running
 process and travel by name, from the server's preloaded copy.
 
 Standard library only: the forkserver imports this before the caller imports torch.
@@ -19,16 +19,31 @@ import site
 import sys
 import sysconfig
 import types
+from dataclasses import dataclass
 
 _PACKAGE = __name__.split(".")[0]
 _MAIN_MODULES = ("__main__", "__mp_main__")  # cloudpickle sends their contents by value already
 
 
-def library_dirs() -> tuple[str, ...]:
-    """Where installed code lives, each ending in a separator: the standard library, every site-packages, torch's
-    own directory (a source build of torch may sit outside site-packages) and any ``sys.path`` folder that holds
-    installed distributions."""
-    return _library_dirs(tuple(sys.path), _torch_dir())
+@dataclass(frozen=True)
+class Libraries:
+    """Where installed code lives: the standard library, every site-packages, torch's own directory (a source build
+    of torch may sit outside site-packages) and any ``sys.path`` folder holding installed distributions; each path
+    ends in a separator. ``fixed``: the standard library's and torch's, whose files are never the user's and are
+    told by their path as written (a process holds ~1,700 modules, most of them there; resolving every link of
+    each path took ~60 ms of the first burst)."""
+
+    fixed: tuple[str, ...]
+    resolved: tuple[str, ...]
+
+    def hold(self, path: str) -> bool:
+        """Whether the file ``path`` is installed code (a link is followed: an install may link the user's folder)."""
+        return path.startswith(self.fixed) or _real(path).startswith(self.resolved)
+
+
+def libraries() -> Libraries:
+    """This process's :class:`Libraries` (``sys.path`` read now)."""
+    return _libraries(tuple(sys.path), _torch_dir())
 
 
 def _torch_dir() -> str:
@@ -37,13 +52,13 @@ def _torch_dir() -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _library_dirs(path: tuple[str, ...], torch_dir: str) -> tuple[str, ...]:
+def _libraries(path: tuple[str, ...], torch_dir: str) -> Libraries:
     paths = sysconfig.get_paths()
-    dirs = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    dirs.update(site.getsitepackages())
-    dirs.update((site.getusersitepackages(), torch_dir))
+    fixed = {paths["stdlib"], torch_dir}  # not platstdlib: in a virtual environment it holds site-packages
+    dirs = {*fixed, paths["purelib"], paths["platlib"], *site.getsitepackages(), site.getusersitepackages()}
     dirs.update(entry for entry in path if _holds_distributions(entry))
-    return tuple(sorted({os.path.join(os.path.realpath(d), "") for d in dirs if d}))
+    return Libraries(fixed=tuple(sorted({os.path.join(d, "") for d in fixed if d})),
+                     resolved=tuple(sorted({os.path.join(os.path.realpath(d), "") for d in dirs if d})))
 
 
 def _holds_distributions(entry: str) -> bool:
@@ -54,45 +69,64 @@ def _holds_distributions(entry: str) -> bool:
         return False
 
 
-def is_user_module(name: str, module: types.ModuleType | None, libraries: tuple[str, ...] | None = None) -> bool:
-    """Whether ``module`` is the user's own Python source, not a library's (``libraries``: :func:`library_dirs`)."""
-    if module is None or name in _MAIN_MODULES or name == _PACKAGE or name.startswith(_PACKAGE + "."):
+def is_user_module(name: str, module: types.ModuleType | None, installed: Libraries | None = None) -> bool:
+    """Whether ``module`` is the user's own Python source, not a library's (``installed``: :func:`libraries`)."""
+    path = _file_of(module)
+    return isinstance(path, str) and path.endswith(".py") and _is_user_file(name, path, installed or libraries())
+
+
+def _is_user_file(name: str, path: str, installed: Libraries) -> bool:
+    if name in _MAIN_MODULES or name == _PACKAGE or name.startswith(_PACKAGE + "."):
         return False
-    path = getattr(module, "__file__", None)
-    if not isinstance(path, str) or not path.endswith(".py") or not os.path.isabs(path):
-        return False  # a relative "file" is no file: torch.ops and torch.classes name theirs "_ops.py"
-    return not _real(path).startswith(libraries if libraries is not None else library_dirs())
+    # A relative "file" is no file: torch.ops and torch.classes name theirs "_ops.py".
+    return os.path.isabs(path) and not installed.hold(path)
 
 
-@functools.lru_cache(maxsize=4096)
+def _file_of(module: object) -> object:
+    """A module's ``__file__``, read from its namespace: a lazy module's ``__getattr__`` (transformers' submodules)
+    would import or compute on every miss."""
+    return vars(module).get("__file__") if isinstance(module, types.ModuleType) else None
+
+
+@functools.lru_cache(maxsize=8192)
 def _real(path: str) -> str:
+    """``os.path.realpath``, each folder resolved once for all its files."""
+    if os.path.islink(path):
+        return os.path.realpath(path)
+    return os.path.join(_real_folder(os.path.dirname(path)), os.path.basename(path))
+
+
+@functools.lru_cache(maxsize=2048)
+def _real_folder(path: str) -> str:
     return os.path.realpath(path)
 
 
 def user_modules() -> list[str]:
     """The names of the user modules this process holds, sorted."""
-    libraries = library_dirs()
-    return sorted(name for name, module in list(sys.modules.items()) if is_user_module(name, module, libraries))
-
-
-def forget_user_modules() -> None:
-    """Drop every user module from this process's ``sys.modules`` (in the forked server): a rank that needs one by
-    name then imports it from its file as it is at the burst, never the copy taken at the fork, stale after an edit
-    or half-executed when the fork happened inside its import."""
-    for name in user_modules():
-        sys.modules.pop(name, None)
+    return _read_modules()[0]
 
 
 def travelling_by_value() -> list[str]:
     """The user modules whose code can travel by value: all but packages with a native extension below them (a
     compiled class cannot be rebuilt from its code; a native module loaded into a process cannot be replaced
     there, in the caller either)."""
-    libraries = library_dirs()
-    native_parents = set()
+    users, native_parents = _read_modules()
+    return [name for name in users if name not in native_parents]
+
+
+def _read_modules() -> tuple[list[str], set[str]]:
+    """One pass over ``sys.modules``: the user modules, sorted, and the packages above a native module outside the
+    libraries."""
+    installed = libraries()
+    users, native_parents = [], set()
     for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if (isinstance(path, str) and os.path.isabs(path) and not path.endswith(".py")
-                and not _real(path).startswith(libraries)):
+        path = _file_of(module)
+        if not isinstance(path, str):
+            continue
+        if path.endswith(".py"):
+            if _is_user_file(name, path, installed):
+                users.append(name)
+        elif os.path.isabs(path) and not installed.hold(path):
             parts = name.split(".")
             native_parents.update(".".join(parts[:end]) for end in range(1, len(parts)))
-    return [name for name in user_modules() if name not in native_parents]
+    return sorted(users), native_parents
