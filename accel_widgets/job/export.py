@@ -33,8 +33,9 @@ seed, weights and data order). Edit the knob values below to change the job.
 One machine, {nproc} process(es):
     torchrun --standalone --nproc-per-node {nproc} {name} --steps 1000 --checkpoint-dir ckpt --checkpoint-every 200
 {multinode_block}After a stop (SIGTERM, preemption) or a crash, the same command with --resume carries on from the
-newest checkpoint, exactly; with no checkpoint yet --resume starts at step 0, so pass it from the start and
-torchrun's restarts (--max-restarts) carry on by themselves. Each log line is JSON (step, loss, lr,
+newest checkpoint, exactly (one that is damaged is moved aside, said, and the one before it used); with
+no checkpoint yet --resume starts at step 0, so pass it from the start and torchrun's restarts
+(--max-restarts) carry on by themselves. Each log line is JSON (step, loss, lr,
 samples_per_s, ...); the last line holds every loss this process trained.
 """
 
@@ -44,6 +45,7 @@ import os
 os.environ.setdefault("ACCEL_WIDGETS_PRESTART", "0")  # this process trains itself: no burst forkserver needed
 
 from accel_widgets import Config  # noqa: E402
+from accel_widgets.job.checkpoint import NoUsableCheckpoint  # noqa: E402
 from accel_widgets.job.run import JobOptions, train  # noqa: E402
 
 WORKLOAD = {workload_ref!r}
@@ -58,7 +60,10 @@ if __name__ == "__main__":
         options = JobOptions(**vars(parser.parse_args()))
     except ValueError as exc:  # a flag that makes no sense: said before anything starts
         parser.error(str(exc))
-    train(WORKLOAD, CONFIG, options)
+    try:
+        train(WORKLOAD, CONFIG, options)
+    except NoUsableCheckpoint as exc:  # one line, not a traceback: what is wrong is said, nothing to debug
+        raise SystemExit(f"error: {{exc}}") from None
 '''
 
 

@@ -48,7 +48,9 @@ def train(workload_ref: str, config: Config, options: JobOptions | int) -> list[
     steps and nothing else); returns the losses of the steps this process trained.
 
     Rank 0 logs (:mod:`~accel_widgets.job.log`); a SIGTERM ends the job at the next step boundary with a
-    checkpoint, and the call returns normally, so the script exits 0.
+    checkpoint, and the call returns normally, so the script exits 0. ``--resume`` carries on from the newest
+    checkpoint that reads through, naming the damaged ones it moved aside; with checkpoints and none usable it
+    raises :class:`~accel_widgets.job.checkpoint.NoUsableCheckpoint` (the exported script exits with its message).
     """
     options = options if isinstance(options, JobOptions) else JobOptions(steps=options)
     keep_freed_memory()  # as a burst's rank does, so the job's steps run as the burst measured them
@@ -68,10 +70,13 @@ def train(workload_ref: str, config: Config, options: JobOptions | int) -> list[
             global_flags(plan.config),
             joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
         ):
-            newest = checkpoints.newest() if options.resume and checkpoints is not None else None
+            newest, damaged = (checkpoints.resume_point(plan.ranks) if options.resume and checkpoints is not None
+                               else (None, []))
             saved = (checkpoints.read_states(newest, plan.ranks)
                      if checkpoints is not None and newest is not None else None)
             log = JobLog(rank, options.log_path, options.tensorboard, first_step=saved[0].step if saved else 0)
+            for note in damaged:
+                log.note(note)
             try:
                 loop, raw = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
                                        clock_origin=time.perf_counter(), resume_at=saved[1].data if saved else None)
