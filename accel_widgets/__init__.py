@@ -32,6 +32,7 @@ from .engine.launcher import (
     run_burst,
     warm_up,
 )
+from .engine.payload import UserCodeWarning
 from .engine.request import BurstRequestError
 from .inputs.device import DeviceInfo, probe_device
 from .inputs.workload import Workload
@@ -97,6 +98,7 @@ __all__ = [
     "TelemetrySample",
     "TuneResult",
     "TuneStep",
+    "UserCodeWarning",
     "WorkerCrashed",
     "WorkerError",
     "WorkerOutOfMemory",

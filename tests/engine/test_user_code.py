@@ -23,7 +23,9 @@ def test_libraries_this_package_and_main_are_not_user_modules_the_users_files_ar
 
 
 def test_a_folder_of_installed_distributions_on_sys_path_is_a_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """``pip install --target DIR`` and DIR on PYTHONPATH: its packages are libraries, not the user's code."""
+    """``pip install --target DIR`` and DIR on PYTHONPATH: its packages are libraries, not the user's code. A source
+    folder on the path is the user's, as is a package installed in editable mode (its ``.dist-info`` goes to
+    site-packages, its files stay in the source folder, which its ``.pth`` puts on the path)."""
     for folder in ("target", "mine"):
         (tmp_path / folder).mkdir()
         monkeypatch.syspath_prepend(str(tmp_path / folder))
