@@ -73,7 +73,8 @@ def pickle_for_ranks(obj: Any) -> tuple[bytes, list[str]]:
             while attempt.error is not None:
                 culprit = attempt.last_by_value or by_value[-1]
                 refused[culprit] = f"{type(attempt.error).__name__}: {attempt.error}"
-                by_value = [name for name in by_value if name != culprit]
+                # The culprit and the packages above it: any of them registered sends it by value still.
+                by_value = [name for name in by_value if not _within(culprit, frozenset([name]))]
                 attempt = _Attempt.run(obj, by_value)
         if attempt.error is not None:
             raise attempt.error

@@ -57,7 +57,7 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "dont_write_bytecode", True)  # two edits within one second must both be seen
     yield tmp_path
-    for name in ("models", "layers", "locked"):
+    for name in ("models", "layers", "tools", "tools.locked"):
         sys.modules.pop(name, None)
 
 
@@ -87,16 +87,20 @@ def test_a_reloaded_module_travels_as_it_is_now_with_its_file_name_and_its_modul
 
 
 def test_a_module_whose_code_cannot_be_pickled_travels_by_name_and_is_named_before_the_burst(user_dir):
+    """The module that cannot travel sits in a package of the user's: both leave the by-value registry (the
+    package's registration would cover it), the rest of the user's code still travels by value."""
     _write(user_dir, "layers", LAYERS)
     _write(user_dir, "models", MODELS.format(scale=1.0))
-    _write(user_dir, "locked", LOCKED)
-    import locked
+    (user_dir / "tools").mkdir()
+    _write(user_dir / "tools", "__init__", "")
+    _write(user_dir / "tools", "locked", LOCKED)
     import models
+    from tools import locked
 
-    with pytest.warns(UserCodeWarning, match=r"locked \(locked.py\) travels to the ranks by name.*cannot be pickled "
-                                             r"\(TypeError: cannot pickle '_thread.lock' object\)"):
+    with pytest.warns(UserCodeWarning, match=r"tools.locked \(locked.py\) travels to the ranks by name.*cannot be "
+                                             r"pickled \(TypeError: cannot pickle '_thread.lock' object\)"):
         payload, notes = pickle_for_ranks((models.Net, locked.loss))
-    assert len(notes) == 1 and notes[0].startswith("locked (locked.py)")
+    assert len(notes) == 1 and notes[0].startswith("tools.locked (locked.py)")
     assert b"_make_skeleton_class" in payload  # Net: by value, still
     assert cloudpickle.loads(payload)[1] is locked.loss  # the refused one: by name
 
