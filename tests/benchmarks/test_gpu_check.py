@@ -473,7 +473,8 @@ def test_a_required_piece_the_budget_cannot_hold_fails_the_call(monkeypatch, tmp
 
 
 @pytest.mark.parametrize("error", [f"{gc.CUDA_REINIT}. To use CUDA with multiprocessing, you must use the 'spawn' "
-                                   "start method", f"{gc.CUDA_INIT_ERROR}\nSearch for `cudaErrorInitializationError'"])
+                                   "start method", f"{gc.CUDA_INIT_ERROR}\nSearch for `cudaErrorInitializationError'"],
+                         ids=["a CUDA context", "only the driver"])
 def test_a_broken_start_stops_the_call_at_once_and_the_json_was_there_from_the_start(monkeypatch, tmp_path, error):
     """The forkserver held CUDA (a context, or only the driver that is_available() initialised): every rank would
     fail the same way, so the call stops at fail fast."""
