@@ -215,14 +215,18 @@ def math_precision(config: Config, device_kind: str) -> str:
     return config.precision
 
 
-_DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+#: The peak table's name for the math of each dtype an op can run in; the float8 formats are one rate on the tensor
+#: cores that have them (the float8 owner's torchao layers multiply e4m3 forward and e5m2 gradients).
+_DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "float8_e4m3fn": "fp8",
+               "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8"}
 
 
 def op_math(config: Config, device_kind: str, op_class: str, dtype: str) -> str:
     """The arithmetic one counted op ran in, from its class ("conv" or "matmul") and its inputs' dtype.
 
-    Autocast casts before an op runs, so bf16/fp16 inputs mean bf16/fp16 math. A float32 convolution on a
-    GPU runs on cuDNN with TF32 allowed in every burst (:func:`global_flags` keeps stock PyTorch's
+    Autocast casts before an op runs, so bf16/fp16 inputs mean bf16/fp16 math; float8 inputs (the FLOP counter
+    reads the float8 data inside torchao's tensors) mean the float8 tensor cores' math, "fp8". A float32
+    convolution on a GPU runs on cuDNN with TF32 allowed in every burst (:func:`global_flags` keeps stock PyTorch's
     setting), so it counts as TF32, the peak it may reach; a float32 matmul (attention included) is TF32
     only with ``tf32=True``. On a CPU float32 is fp32. Other dtypes keep their own name (no peak for them).
     """
