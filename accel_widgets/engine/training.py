@@ -475,7 +475,7 @@ class TrainingLoop:
                 with self.mixed_precision.autocast(), attention.forward_context(config):
                     loss = self._loss(self.model, moved)
                 self.mixed_precision.backward(batch.scale_for_accumulation(loss, config))
-            detached = loss.detach()
+            detached = compiling.held_loss(loss, config)
             step_loss = detached if step_loss is None else step_loss + detached
         self.mixed_precision.optimizer_step(self.optimizer, self.max_grad_norm)
         if self.scheduler is not None:

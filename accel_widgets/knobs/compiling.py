@@ -254,6 +254,19 @@ def compiled(config: Config) -> bool:
     return config.compile_mode != "off"
 
 
+def held_loss(loss: torch.Tensor, config: Config) -> torch.Tensor:
+    """The micro-batch's loss, detached, in memory of its own when the step holds it past the next forward.
+
+    Under the CUDA-graph modes a compiled model's outputs live in the graph's static memory, which the next replay
+    overwrites: a model that computes its own loss (a Hugging Face model given labels) returns the loss there, and a
+    loss held for a later read (``sync_every`` other than 1) would read the last step's value, or raise "accessing
+    tensor output of CUDAGraphs that has been overwritten by a subsequent run". A one-element copy costs nothing
+    measurable; the other modes hold the detached tensor itself.
+    """
+    detached = loss.detach()
+    return detached.clone() if config.compile_mode in CUDA_GRAPH_COMPILE_MODES else detached
+
+
 def default_warmup_steps(config: Config) -> int:
     """Unmeasured steps before the window: one more when compiling (recompiles can follow the first)."""
     return 3 if compiled(config) else 2
