@@ -16,6 +16,7 @@ from typing import Literal
 from ..knobs import KNOBS, Symptom, remedy
 from ..knobs.config import Config
 from ..knobs.data import readers_per_rank
+from ..knobs.memory import allocator_not_in_effect
 from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import si
 from ..results.burst import BROWSERS, BurstResult
@@ -240,8 +241,16 @@ def _memory(result: BurstResult) -> list[Finding]:
     share = peak / total
     numbers = f"peak {peak / 2**20:,.0f} MiB of {total / 2**20:,.0f} MiB ({share:.0%})"
     if share >= THRESHOLDS.memory_full_share:
-        return [_advised("warn", "Memory nearly full", numbers, "memory_full", result.config), *_slack(result)]
-    return [_advised("good", "Memory headroom", numbers, "memory_headroom", result.config), *_slack(result)]
+        return [_advised("warn", "Memory nearly full", numbers, "memory_full", result.config), *_slack(result),
+                *_allocator(result)]
+    return [_advised("good", "Memory headroom", numbers, "memory_headroom", result.config), *_slack(result),
+            *_allocator(result)]
+
+
+def _allocator(result: BurstResult) -> list[Finding]:
+    """The allocator's own word on its segments against what the memory owner's knob asked for."""
+    why = allocator_not_in_effect(result.config, result.allocator_expandable)
+    return [] if why is None else [Finding("warn", "Expandable segments not in effect", f"{why.text}.", why.knob)]
 
 
 def _slack(result: BurstResult) -> list[Finding]:

@@ -309,6 +309,7 @@ class MeasuredWindow:
     tokens: int | None = None  # real (unpadded) tokens, when batches carry an attention mask
     peak_reserved_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
     model_state_bytes: int | None = None  # parameters, gradients and optimizer state this rank holds
+    allocator_expandable: bool | None = None  # CUDA only: the allocator's segments expandable, read from it
 
 
 @dataclass
@@ -629,7 +630,7 @@ class TrainingLoop:
         window_tokens = self._tokens[len(self._tokens) - measured_steps:] if measured_steps else []
         tokens = sum(t for t in window_tokens if t) if any(window_tokens) else None
         return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens, reserved,
-                              model_state_bytes(self.model, self.optimizer))
+                              model_state_bytes(self.model, self.optimizer), memory.segments_expandable(devices))
 
 
 _CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
@@ -715,6 +716,7 @@ def rank_summary(
         peak_memory_bytes=window.peak_memory_bytes,
         peak_reserved_bytes=window.peak_reserved_bytes,
         model_state_bytes=window.model_state_bytes,
+        allocator_expandable=window.allocator_expandable,
         memory_kind="cuda_allocator" if device.type == "cuda" else "rss",
         setup_s=setup_s,
         first_step_s=window.first_step_s,

@@ -172,6 +172,9 @@ class RankSummary:
     # parameters, a gradient per trainable one and the optimizer's state this rank held (its shards under FSDP)
     model_state_bytes: int | None = None
     compile_report: CompileReport | None = None
+    # CUDA only: whether the caching allocator's segments were expandable, as its snapshot said (None: no CUDA, no
+    # segment, or a result recorded before it was read)
+    allocator_expandable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,14 @@ class BurstResult:
         caching. None for a result recorded before it was."""
         counted = [r.model_state_bytes for r in self.ranks if r.model_state_bytes is not None]
         return max(counted) if counted and len(counted) == len(self.ranks) else None
+
+    @property
+    def allocator_expandable(self) -> bool | None:
+        """Whether every rank's CUDA allocator had expandable segments, read from the allocator itself (what the
+        expandable_segments knob asked for, or a setting of the user's own): False when any rank's were fixed, None
+        where no rank could say."""
+        read = [r.allocator_expandable for r in self.ranks if r.allocator_expandable is not None]
+        return all(read) if read else None
 
     @property
     def allocator_slack_share(self) -> float | None:
@@ -724,6 +735,8 @@ class BurstResult:
         reserved, slack = self.peak_reserved_bytes, self.allocator_slack_share
         if reserved is not None and slack is not None:
             text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
+        if self.allocator_expandable is not None:
+            text += f"; {'expandable' if self.allocator_expandable else 'fixed'} allocator segments"
         if self.model_state_bytes is not None:
             text += f"; model state {self.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
         return text

@@ -318,6 +318,19 @@ def test_an_allocator_holding_a_quarter_of_its_memory_unused_points_at_expandabl
     assert "Allocator holds unused memory" not in titles(diagnose(dataclasses.replace(result, ranks=[tight])))
 
 
+def test_expandable_segments_asked_for_but_fixed_in_the_allocator_is_a_warning() -> None:
+    """The rank read its allocator's snapshot: fixed segments under expandable_segments=True mean the knob did not
+    act (the setting came after CUDA started, or another setting won)."""
+    result = synthetic_result(Config(expandable_segments=True), peak_mib=70_000, total_mib=143_771)
+    fixed = dataclasses.replace(result, ranks=[dataclasses.replace(result.ranks[0], allocator_expandable=False)])
+    finding = by_title(diagnose(fixed), "Expandable segments not in effect")
+    assert finding.severity == "warn" and finding.knob == "expandable_segments"
+    assert finding.detail.startswith("expandable_segments=True did not act: the CUDA allocator's segments were fixed")
+    grew = dataclasses.replace(result, ranks=[dataclasses.replace(result.ranks[0], allocator_expandable=True)])
+    assert "Expandable segments not in effect" not in titles(diagnose(grew))
+    assert "expandable allocator segments" in grew.summary()
+
+
 def test_findings_carry_the_symptom_a_ladder_can_be_asked_to_address() -> None:
     finding = by_title(diagnose(synthetic_result(peak_mib=950, total_mib=1000)), "Memory nearly full")
     assert finding.symptom == "memory_full"
