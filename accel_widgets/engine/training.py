@@ -357,7 +357,8 @@ class TrainingLoop:
             return None
         batch = self.last_micro_batch
         try:
-            with compiling.eager():  # blocks compiled in place run as the counter sees them, with no recompile
+            # blocks compiled in place run as the counter sees them, with no recompile; checkpointed ones run once
+            with compiling.eager(), memory.forward_once(raw_model):
                 flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
                                              self.mixed_precision.autocast)
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst

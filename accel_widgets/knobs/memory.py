@@ -167,6 +167,27 @@ def checkpoint_blocks(model: nn.Module, config: Config, blocks_path: str | None 
     return model
 
 
+def _checkpointed_forward(module: nn.Module) -> functools.partial | None:
+    """The forward :func:`checkpoint_blocks` set on ``module``'s instance, or None."""
+    forward = module.__dict__.get("forward")
+    return forward if isinstance(forward, functools.partial) and forward.func is checkpoint else None
+
+
+@contextlib.contextmanager
+def forward_once(model: nn.Module) -> Iterator[None]:
+    """Each checkpointed block runs its own forward, once, for the duration: the FLOPs MFU counts are the model's
+    (PaLM's model FLOPs), not the forward checkpointing runs again in backward (hardware FLOPs), which would raise
+    MFU by about a third for the same training done."""
+    wrapped = [(module, forward) for module in model.modules() if (forward := _checkpointed_forward(module))]
+    for module, forward in wrapped:
+        module.forward = forward.args[0]
+    try:
+        yield
+    finally:
+        for module, forward in wrapped:
+            module.forward = forward
+
+
 # -- the allocator --------------------------------------------------------------------------------------------------
 #: Where torch reads the CUDA allocator's settings, in the order it reads them: c10's ``AllocatorConfig`` (torch 2.9
 #: on) parses ``PYTORCH_ALLOC_CONF`` when it is set and the deprecated ``PYTORCH_CUDA_ALLOC_CONF`` (with a warning)
