@@ -142,12 +142,14 @@ def prepare_model(model: nn.Module, config: Config, device: torch.device,
     works per block).
 
     In torchtitan's order: float8 swaps the linear layers before anything holds them, checkpointing replaces the
-    blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), and
-    compile comes last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped"
-    model is the sharded one (its parameters are what the optimizer steps).
+    blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), the
+    blocks are compiled (``compile_scope='blocks'``) before DDP or FSDP takes them, and a whole-model compile comes
+    last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped" model is the
+    sharded one (its parameters are what the optimizer steps).
     """
     raw = memory.checkpoint_blocks(float8.convert(system.prepare_model(model.to(device), config), config), config,
                                    blocks)
+    compiling.compile_blocks(raw, config, blocks)
     model, compiled = compiling.compile_model(parallel.wrap_model(raw, config, device, blocks), raw, config, blocks)
     return model, raw, compiled
 

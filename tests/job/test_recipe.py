@@ -155,7 +155,7 @@ def test_the_snippet_compiles_block_by_block_as_the_burst_did(monkeypatch: pytes
     config = Config(compile_mode="default", compile_scope="blocks")
     workload = matmul_workload(MatmulStack)
     code = aw.recipe(config, workload).code
-    assert "for block in raw.get_submodule('blocks'):\n        block.compile()" in code
+    assert "for block in model.get_submodule('blocks'):\n        block.compile()" in code
     assert snippet_losses(config, workload) == burst_losses(config, workload)
 
 

@@ -239,3 +239,28 @@ def test_a_held_loss_is_copied_only_under_the_cuda_graph_modes():
         assert held.untyped_storage().data_ptr() != loss.untyped_storage().data_ptr() and not held.requires_grad
     plain = compiling.held_loss(loss, Config(compile_mode="default"))
     assert plain.untyped_storage().data_ptr() == loss.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_blocks_are_compiled_before_ddp_or_fsdp_takes_them(monkeypatch, parallel):
+    """torchtitan's order: checkpointing, then each block compiled, then fully_shard per block (or DDP's wrapper).
+    What the wrapper is handed is read at the moment it is called (the wrapper itself is replaced: no process group
+    here), and the compile after it leaves the compiled blocks as they are."""
+    from accel_widgets.engine import training
+    from accel_widgets.knobs import parallel as parallel_owner
+
+    handed: list[list[bool]] = []
+
+    def wrap_model(model, config, device, blocks_path=None):
+        handed.append([layer._compiled_call_impl is not None for layer in model.layers])
+        return model
+
+    monkeypatch.setattr(parallel_owner, "wrap_model", wrap_model)
+    config = Config(compile_mode="default", compile_scope="blocks", parallel=parallel, world_size=2)
+    model = Stack()
+    called, raw, scope = training.prepare_model(model, config, torch.device("cpu"))
+    compiled = [layer._compiled_call_impl for layer in model.layers]
+    assert handed == [[True, True, True]] and called is raw is model
+    assert scope == "3 x Sequential at layers (88% of the parameters), each compiled; the code between them eager"
+    called, _ = compiling.compile_model(model, model, config, None)
+    assert [layer._compiled_call_impl for layer in model.layers] == compiled  # not compiled a second time
