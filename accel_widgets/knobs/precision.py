@@ -139,6 +139,12 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
 LOSS_TOLERANCE_AT_START: dict[str, float] = {"fp32": 0.01, "tf32": 0.02, "fp16": 0.03, "bf16": 0.04}
 
 
+def autocasts_to_half(config: Config) -> bool:
+    """Whether the forward runs under autocast to bf16 or fp16: what half-precision-only kernels (flash and cuDNN
+    attention) need of their inputs."""
+    return config.precision in _AUTOCAST_DTYPES
+
+
 def needs_loss_scaling(config: Config) -> bool:
     """fp16 scales the loss (GradScaler); bf16 has fp32's exponent range and needs none."""
     return config.precision == "fp16"
