@@ -26,8 +26,8 @@ H200_BF16_ACTIVITY = {"sm_active_pct": 78.0, "sm_occupancy_pct": 31.0, "tensor_a
 def h200_result(config: Config | None = None, *, activity: dict[str, float] | None = None, util: float = 98.0,
                 steps: int = 60, step_s: float = 0.05) -> BurstResult:
     """A one-rank burst on an H200 (a 124M GPT at batch 16: 50 ms steps, 3 s measured after 2 warm-up steps) with
-    NVML samples every 0.2 s from launch to past the window, each with ``activity``'s GPM readings (none: a GPU or a
-    pynvml without GPM)."""
+    NVML samples every 0.2 s from launch to past the window (650 W, the energy counter rising with it), each with
+    ``activity``'s GPM readings (none: a GPU or a pynvml without GPM)."""
     from accel_widgets.results.burst import RankSummary, StepRecord, TelemetrySample
 
     config = config or Config()
@@ -36,7 +36,8 @@ def h200_result(config: Config | None = None, *, activity: dict[str, float] | No
                           warmup=i < warmup) for i in range(warmup + steps)]
     end = records[-1].t + 0.5
     telemetry = [TelemetrySample(round(0.2 * k, 3), "nvml", util, 60 << 30, "cuda:0", mem_total_bytes=143_771 << 20,
-                                 power_w=650.0, sm_clock_mhz=1980.0, **(activity or {}))
+                                 power_w=650.0, sm_clock_mhz=1980.0, energy_j=7_000.0 + 650.0 * 0.2 * k,
+                                 energy_scope="gpu", **(activity or {}))
                  for k in range(int(end / 0.2) + 1)]
     rank = RankSummary(0, 16 * steps, steps * step_s, 60 << 30, "cuda_allocator", 0.5, 1.2, "NVIDIA H200")
     return as_measured(BurstResult(workload="gpt-124m", config=config, status="ok", warmup_steps=warmup,
