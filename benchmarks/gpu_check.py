@@ -429,14 +429,17 @@ def summarise_tests(outcomes: dict[str, str], returncode: int | None, timed_out:
     return ("PASS" if counts["PASSED"] else "SKIP"), detail
 
 
-def run_in_group(command: list[str], log_path: Path, timeout_s: float, cwd: Path = ROOT) -> tuple[int, bool]:
-    """Run ``command`` in its own session, output to ``log_path``; ``(exit code, timed out)``.
+def run_in_group(command: list[str], log_path: Path, timeout_s: float, cwd: Path = ROOT,
+                 env: dict[str, str] | None = None) -> tuple[int, bool]:
+    """Run ``command`` in its own session (with ``env``, else this process's environment), output to ``log_path``;
+    ``(exit code, timed out)``.
 
     Its whole process group (pytest, its forkserver, the ranks and their loader workers) is killed at
     the end, so nothing it started can outlive it and hold the GPU while the ladders run.
     """
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=env)
         try:
             process.wait(timeout=timeout_s)
             timed_out = False
