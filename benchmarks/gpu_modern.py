@@ -84,6 +84,8 @@ LM_BATCH = 16  # the GPU check's LM reference batch: GPT-2 small at sequence 102
 #: The float8 rungs measure the matmuls only while the step waits on data and copies for less than this share of it.
 MAX_DATA_SHARE = 0.05
 TORCHAO_IMPORT_TIMEOUT_S = 60.0
+#: The torchao the call carries (benchmarks/README.md's wheel): the release built against torch 2.11, the image's.
+TORCHAO_VERSION = "0.17.0"
 
 #: Seconds each piece should take on one H200, from the GPU check's measured ones (benchmarks/gpu_check.py's
 #: H200_SECONDS: fail fast 10 s, an eager LM rung 6-9 s, a cold compile 25-60 s); the float8 MLP stack is smaller
@@ -452,9 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     reading.join(timeout=TORCHAO_IMPORT_TIMEOUT_S)
     report.data["torchao"] = torchao or {"found": True, "error": "the import did not answer in time"}
     if torchao.get("found"):
-        report.line("INFO", "torchao", f"{torchao.get('version', '?')} under torch {torchao.get('torch', '?')}; "
-                    f"{len(torchao.get('warnings', []))} warnings, {len(torchao.get('log', []))} log lines on import"
-                    + (f"; {torchao['error']}" if torchao.get("error") else ""))
+        carried = torchao.get("version") == TORCHAO_VERSION and not torchao.get("error")
+        report.check("torchao", "PASS" if carried else "FAIL", f"{torchao.get('version', '?')} (carried: "
+                     f"{TORCHAO_VERSION}) under torch {torchao.get('torch', '?')}; {len(torchao.get('warnings', []))} "
+                     f"warnings, {len(torchao.get('log', []))} log lines on import"
+                     + (f"; {torchao['error']}" if torchao.get("error") else ""))
     call.finish()
     report.save()
     print(f"{'FAIL' if report.failed else 'PASS'}  overall in {budget.elapsed():.0f} s; wrote {report.path}",
