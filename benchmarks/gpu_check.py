@@ -1,9 +1,8 @@
-"""The project's GPU check: the one call a session makes when it is lent a GPU.
+"""The project's GPU check: the first of the two runs a session makes when it is lent a GPU.
 
-A lent GPU is scarce: one H200 for 15 minutes of device time, machine start-up included, and one call of
-this script, ``run(command="PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py", timeout_s=420)``
-(the first of the two runs of benchmarks/README.md's device plan; ``gpu_probes.py`` and ``gpu_modern.py`` share the
-second).
+A lent GPU is scarce: one H200 for 15 minutes of device time, machine start-up included. This script is the
+device plan's first run, ``run(command="PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py",
+timeout_s=420)``; ``gpu_probes.py`` and ``gpu_modern.py`` share the second (benchmarks/README.md).
 So the call is planned before anything runs. Every piece of work has the seconds it should take on an H200
 (:data:`H200_SECONDS`, from the measurements it cites), the least time worth starting it with and a cap;
 the work runs in the order of what the call must answer, each piece with the time the plan can spare it
