@@ -1,7 +1,8 @@
-"""The project's GPU check: the one call a session makes when it is lent a GPU.
+"""The project's GPU check: the first of the two runs a session makes when it is lent a GPU.
 
-A lent GPU is scarce: one H200 for 15 minutes of device time, machine start-up included, and one call of
-this script, ``run(command="PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py", timeout_s=480)``.
+A lent GPU is scarce: one H200 for 15 minutes of device time, machine start-up included. This script is the
+device plan's first run, ``run(command="PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py",
+timeout_s=420)``; ``gpu_probes.py`` and ``gpu_modern.py`` share the second (benchmarks/README.md).
 So the call is planned before anything runs. Every piece of work has the seconds it should take on an H200
 (:data:`H200_SECONDS`, from the measurements it cites), the least time worth starting it with and a cap;
 the work runs in the order of what the call must answer, each piece with the time the plan can spare it
@@ -33,7 +34,10 @@ without a GPU (unless ``--allow-cpu``: the plumbing on a CPU, where the GPU-only
 
 Writes ``$OUT/gpu_check.json`` (``benchmarks/results/gpu_check.json`` when ``$OUT`` is unset) at once and
 after every piece of work, with the plan and its timeline (planned against spent seconds, per piece and
-per phase), the test log next to it, and the profiler trace when it is small.
+per phase), the host's memory and /dev/shm in its header, the test log next to it, the profiler trace when it is
+small, ``environment.txt`` (nvidia-smi, pip list, /proc/meminfo, the CUDA/torch/NCCL variables) and ``dmon.txt``
+(``nvidia-smi dmon -s pucm`` run beside the call; its utilisation and power are compared with the package's NVML
+readings of every burst, in the JSON's ``dmon``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ if "--dry-run" in sys.argv:  # a plan launches nothing: no forkserver to start o
 import psutil
 import torch
 from _common import environment
+from _device import Sidecars, compare_with_dmon, host_memory
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
@@ -83,7 +88,7 @@ PhaseName = Literal["start", "fail fast", "gpu tests", "checks", "eager rungs", 
 
 #: The device call's limit (``timeout_s`` in benchmarks/README.md) and what the plan keeps of it for the last
 #: burst's teardown, the last JSON write and the interpreter's exit.
-CALL_LIMIT_S, CALL_RESERVE_S = 480.0, 20.0
+CALL_LIMIT_S, CALL_RESERVE_S = 420.0, 20.0
 DEFAULT_BUDGET_S = CALL_LIMIT_S - CALL_RESERVE_S
 FAIL_FAST_S = 20.0
 TESTS_FLOOR_S, TESTS_CAP_S = 30.0, 120.0
@@ -92,6 +97,9 @@ CHECK_STEPS = 50
 CHECK_FLOOR_S, CHECK_CAP_S = 15.0, 60.0
 RUNG_SETUP_S, RUNG_CAP_S = 15.0, 60.0  # an eager rung's floor is its measured seconds + setup
 COMPILE_FLOOR_S, COMPILE_CAP_S = 100.0, 150.0  # a cold compile takes 25-60 s on these models
+#: A Hopper's GPM: SM activity is a share of the time a kernel ran, so it cannot pass utilisation by more than the two
+#: readings' different windows allow (NVML's utilisation averages up to 1 s, GPM the 0.2 s tick).
+ACTIVITY_OVER_UTIL_PTS = 10.0
 # Timing consistency: a step's parts must add up to its total, and rank 0's steps must tile its window.
 STEP_SUM_TOLERANCE, WINDOW_TOLERANCE = 0.01, 0.02
 MAX_SKIPPED_SHARE, MAX_SKIPPED_STEPS = 0.1, 5  # fp16: GradScaler skips allowed (the larger of the two)
@@ -328,6 +336,22 @@ def check_telemetry(result: aw.BurstResult, devices: set[str]) -> Outcome:
                f"{','.join(sorted(devices))})"
 
 
+def check_activity(result: aw.BurstResult) -> tuple[Status, str]:
+    """On Hopper and newer the telemetry carries NVML's GPM metrics beside utilisation: SM active and tensor active
+    read, each in [0, 100], SM active no more than utilisation (both are shares of time; GPM's also of the SMs).
+    SKIP before Hopper, where NVML has no GPM."""
+    capability = str(result.environment.get("capability") or "")
+    if not capability or float(capability) < 9.0:
+        return "SKIP", f"no GPM before Hopper (compute capability {capability or 'unknown'})"
+    util, sm, tensor = result.mean_utilisation_pct, result.mean_sm_active_pct, result.mean_tensor_active_pct
+    if sm is None or tensor is None:
+        return "FAIL", "no GPM readings from a Hopper GPU (nvmlGpmMetricsGet): SM and tensor activity unknown"
+    text = f"utilisation {util if util is not None else float('nan'):.0f}%; {result.activity_text()}"
+    in_range = all(0.0 <= value <= 100.0 for value in (sm, tensor))
+    below = util is None or sm <= util + ACTIVITY_OVER_UTIL_PTS
+    return ("PASS" if in_range and below else "FAIL"), text
+
+
 def check_trains(result: aw.BurstResult) -> Outcome:
     """The loss falls (mean of the last quarter of steps under the first) and GradScaler rarely skips."""
     losses = [v for v in result.losses() if v is not None]
@@ -406,14 +430,17 @@ def summarise_tests(outcomes: dict[str, str], returncode: int | None, timed_out:
     return ("PASS" if counts["PASSED"] else "SKIP"), detail
 
 
-def run_in_group(command: list[str], log_path: Path, timeout_s: float, cwd: Path = ROOT) -> tuple[int, bool]:
-    """Run ``command`` in its own session, output to ``log_path``; ``(exit code, timed out)``.
+def run_in_group(command: list[str], log_path: Path, timeout_s: float, cwd: Path = ROOT,
+                 env: dict[str, str] | None = None) -> tuple[int, bool]:
+    """Run ``command`` in its own session (with ``env``, else this process's environment), output to ``log_path``;
+    ``(exit code, timed out)``.
 
     Its whole process group (pytest, its forkserver, the ranks and their loader workers) is killed at
     the end, so nothing it started can outlive it and hold the GPU while the ladders run.
     """
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=env)
         try:
             process.wait(timeout=timeout_s)
             timed_out = False
@@ -537,6 +564,9 @@ class BurstOutcome:
     result: aw.BurstResult | None
     status: Literal["ok", "failed", "skipped", "cut"]
     message: str = ""
+    #: This machine's clock (time.time) when the burst was called, where its own clock starts within the checks
+    #: before launch (tens of ms): what lines its readings up with nvidia-smi dmon's.
+    wall_origin: float | None = None
 
 
 def first_line(text: str) -> str:
@@ -550,20 +580,21 @@ def run_budgeted(workload: aw.Workload, config: aw.Config, *, timeout_s: float, 
     Anything else that keeps the burst from a valid measurement -- a BurstError, a refused config, a
     diverged loss, an engine API that changed under the script -- is a failure with its first line.
     """
+    wall = time.time()
     try:
         result = aw.run_burst(workload, config, label=label, timeout_s=timeout_s, **burst_kwargs)
     except aw.BurstTimeout as exc:
         if timeout_s < cap_s:
-            return BurstOutcome(exc.result, "cut", f"cut by the plan after {timeout_s:.0f} s")
-        return BurstOutcome(exc.result, "failed", first_line(str(exc)))
+            return BurstOutcome(exc.result, "cut", f"cut by the plan after {timeout_s:.0f} s", wall)
+        return BurstOutcome(exc.result, "failed", first_line(str(exc)), wall)
     except aw.BurstError as exc:
-        return BurstOutcome(exc.result, "failed", first_line(str(exc)))
+        return BurstOutcome(exc.result, "failed", first_line(str(exc)), wall)
     except Exception as exc:
-        return BurstOutcome(None, "failed", f"{type(exc).__name__}: {first_line(str(exc))}")
+        return BurstOutcome(None, "failed", f"{type(exc).__name__}: {first_line(str(exc))}", wall)
     if not result.ok:
         why = first_line(result.error.message) if result.error is not None else ""
-        return BurstOutcome(result, "failed", f"status {result.status}: {why}")
-    return BurstOutcome(result, "ok")
+        return BurstOutcome(result, "failed", f"status {result.status}: {why}", wall)
+    return BurstOutcome(result, "ok", wall_origin=wall)
 
 
 def verdict(outcome: BurstOutcome, check: Callable[[aw.BurstResult], Outcome]) -> tuple[Status, str]:
@@ -576,6 +607,13 @@ def verdict(outcome: BurstOutcome, check: Callable[[aw.BurstResult], Outcome]) -
     return ("PASS" if ok else "FAIL"), message
 
 
+def graded_verdict(outcome: BurstOutcome, check: Callable[[aw.BurstResult], tuple[Status, str]]) -> tuple[Status, str]:
+    """As :func:`verdict`, for a check that grades a finished burst itself (it may SKIP what the GPU cannot show)."""
+    if outcome.status != "ok" or outcome.result is None:
+        return verdict(outcome, lambda result: (False, ""))
+    return check(outcome.result)
+
+
 # -- the report -------------------------------------------------------------------------------------
 class Report:
     """Everything measured so far, with the plan and its timeline, rewritten to disk after every change."""
@@ -585,6 +623,7 @@ class Report:
         self.data: dict[str, Any] = {**header, "plan": [], "timeline": [], "phases": {}, "checks": [],
                                      "ladders": {}, "bursts": {}}
         self.steps: list[Step] = []
+        self.outcomes: dict[str, BurstOutcome] = {}
         self.failed = self.passed = False
 
     def save(self) -> None:
@@ -622,9 +661,30 @@ class Report:
         self.save()
 
     def burst(self, key: str, outcome: BurstOutcome) -> None:
+        self.outcomes[key] = outcome
         self.data["bursts"][key] = {"status": outcome.status, "message": outcome.message,
+                                    "wall_origin": outcome.wall_origin,
                                     "result": outcome.result.to_dict() if outcome.result is not None else None}
         self.save()
+
+    def dmon(self, rows: list[Any], started: bool) -> None:
+        """Each finished burst's NVML utilisation and energy beside nvidia-smi dmon's over the same seconds (in the
+        JSON's ``dmon``), and one line saying how far apart they were."""
+        if not started:
+            self.check("dmon vs NVML", "SKIP", "nvidia-smi dmon did not run (no nvidia-smi here)")
+            return
+        compared = {key: found for key, outcome in self.outcomes.items()
+                    if outcome.result is not None and outcome.wall_origin is not None
+                    and (found := compare_with_dmon(outcome.result, outcome.wall_origin, rows)) is not None}
+        self.data["dmon"] = compared
+        gaps = [abs(c["util_gap_pts"]) for c in compared.values() if c["util_gap_pts"] is not None]
+        ratios = [c["energy_ratio"] for c in compared.values() if c["energy_ratio"] is not None]
+        if not compared:
+            self.check("dmon vs NVML", "INFO", f"{len(rows)} dmon rows, none wholly inside a measured window")
+            return
+        util = f"utilisation gap at most {max(gaps):.0f} pts" if gaps else "no utilisation to compare"
+        energy = (f"energy NVML/dmon {min(ratios):.2f}-{max(ratios):.2f}" if ratios else "no energy to compare")
+        self.check("dmon vs NVML", "INFO", f"{len(compared)} bursts against {len(rows)} dmon rows: {util}; {energy}")
 
 
 # -- the call's work --------------------------------------------------------------------------------
@@ -820,6 +880,7 @@ class Call:
             verdicts += [("peak memory", verdict(outcome, lambda r: check_peak_memory(r, total)), {}),
                          ("mfu", verdict(outcome, check_mfu), {}),
                          ("telemetry", verdict(outcome, lambda r: check_telemetry(r, labels)), {}),
+                         ("gpm activity", graded_verdict(outcome, check_activity), {}),
                          ("profile", verdict(outcome, check_profile),
                           {"trace": copy_small_trace(outcome, self.report.path.parent)})]
         elif key == "no host sync":
@@ -986,6 +1047,7 @@ def header(args: argparse.Namespace, device: aw.DeviceInfo) -> dict[str, Any]:
         "environment": environment(),
         "device": {"name": device.name, "driver": device.driver,
                    "gpus": [{"index": g.index, "name": g.name, "memory_bytes": g.memory_bytes} for g in device.gpus]},
+        "host": host_memory(),  # the VM's RAM starts small and grows: MemTotal at the start, /dev/shm's size
         "budget_s": args.budget_s, "call_limit_s": CALL_LIMIT_S, "size": args.size, "seconds_per_rung": args.seconds,
         "reference_batch_sizes": REFERENCE_BATCH, "planned_on": "H200_SECONDS (one H200, torch 2.11)",
     }
@@ -1014,6 +1076,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan for one H200 (fakes of its size, its planned seconds as the clock) "
                              "and exit 0 only when it fits; runs nothing")
+    parser.add_argument("--no-dmon", action="store_true", help="do not run nvidia-smi dmon beside the call")
     return parser.parse_args(argv)
 
 
@@ -1038,8 +1101,10 @@ def main(argv: list[str] | None = None) -> int:
                      "python, imports, the plan"))
     for status, name, message in preflight(device, ladders):
         report.check(f"preflight {name}", status, message)
-    steps = execute(plan, budget, call.run, on_step=report.step)
-    call.finish()
+    with Sidecars(report.path.parent, dmon=not args.no_dmon) as sidecars:
+        steps = execute(plan, budget, call.run, on_step=report.step)
+        call.finish()
+        report.dmon(sidecars.dmon_rows(), sidecars.dmon_started)
     report.save()
     stopped = steps and steps[-1].status == "STOP"
     overall = "FAIL" if report.failed else "PASS" if report.passed else "SKIP"

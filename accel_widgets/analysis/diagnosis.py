@@ -16,6 +16,7 @@ from typing import Literal
 from ..knobs import KNOBS, Symptom, remedy
 from ..knobs.config import Config
 from ..knobs.data import readers_per_rank
+from ..knobs.memory import allocator_not_in_effect
 from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import si
 from ..results.burst import BROWSERS, BurstResult
@@ -217,9 +218,26 @@ def _device(result: BurstResult) -> list[Finding]:
         findings.append(Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%)."))
     elif result.utilisation_note.startswith("too short"):
         findings.append(Finding("info", "Utilisation not read", f"{result.utilisation_note}."))
+    findings += _tensor_cores(result, util)
     if compute is not None and compute >= THRESHOLDS.compute_ok_share:
         findings.append(_compute_bound(result, compute))
     return findings
+
+
+def _tensor_cores(result: BurstResult, util: float | None) -> list[Finding]:
+    """Utilisation says a kernel ran; GPM says whether the tensor cores did the work. A busy GPU whose tensor cores
+    idle runs its math elsewhere: fp32 matmuls, or a step of elementwise and memory-bound kernels."""
+    tensor = result.mean_tensor_active_pct
+    if util is None or tensor is None or util < THRESHOLDS.util_ok_pct or tensor >= THRESHOLDS.tensor_active_low_pct:
+        return []
+    sm = result.mean_sm_active_pct
+    sms = f", SMs active {sm:.0f}%" if sm is not None else ""
+    head = f"utilisation {util:.0f}% but tensor cores active {tensor:.0f}%{sms} (NVML GPM)"
+    if remedy("tensor_cores_idle", result.config) is None:
+        return [Finding("info", "Tensor cores mostly idle", f"{head}: the step's time goes to work off the tensor "
+                        "cores (elementwise ops, memory traffic); the profile's top operators say which.",
+                        symptom="tensor_cores_idle")]
+    return [_advised("warn", "Tensor cores mostly idle", head, "tensor_cores_idle", result.config)]
 
 
 def _compute_bound(result: BurstResult, compute: float) -> Finding:
@@ -240,8 +258,16 @@ def _memory(result: BurstResult) -> list[Finding]:
     share = peak / total
     numbers = f"peak {peak / 2**20:,.0f} MiB of {total / 2**20:,.0f} MiB ({share:.0%})"
     if share >= THRESHOLDS.memory_full_share:
-        return [_advised("warn", "Memory nearly full", numbers, "memory_full", result.config), *_slack(result)]
-    return [_advised("good", "Memory headroom", numbers, "memory_headroom", result.config), *_slack(result)]
+        return [_advised("warn", "Memory nearly full", numbers, "memory_full", result.config), *_slack(result),
+                *_allocator(result)]
+    return [_advised("good", "Memory headroom", numbers, "memory_headroom", result.config), *_slack(result),
+            *_allocator(result)]
+
+
+def _allocator(result: BurstResult) -> list[Finding]:
+    """The allocator's own word on its segments against what the memory owner's knob asked for."""
+    why = allocator_not_in_effect(result.config, result.allocator_expandable)
+    return [] if why is None else [Finding("warn", "Expandable segments not in effect", f"{why.text}.", why.knob)]
 
 
 def _slack(result: BurstResult) -> list[Finding]:

@@ -7,6 +7,11 @@ objects cost several times that, and every microsecond here is taken from cores 
 ``time.perf_counter()`` minus the burst's ``clock_origin``; on Linux perf_counter is CLOCK_MONOTONIC, shared by
 every process on the machine, so samples line up with the step events the workers stamp on the same clock.
 
+Where the GPU has them (Hopper and newer), NVML's GPM metrics ride along too: the share of the interval since the
+previous tick that the SMs were busy ("SM active"), their warps' occupancy, the share the tensor cores were busy and
+the DRAM bandwidth used, each from two GPM samples (``nvmlGpmMetricsGet``), without a DCGM daemon. Utilisation
+alone is the share of time any kernel ran: it reads 100% for a GPU spinning in an NCCL wait or one tiny kernel.
+
 Energy rides along as raw readings: each GPU sample carries NVML's total energy counter (Volta and newer)
 and its power, each CPU sample the RAPL packages' counter where it is readable; the result turns them into
 joules over its measured window (:mod:`accel_widgets.metrics.energy`).
@@ -14,6 +19,7 @@ joules over its measured window (:mod:`accel_widgets.metrics.energy`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
@@ -107,6 +113,7 @@ class TelemetrySampler:
         # NVML state: a module with NVML open, and the (CUDA ordinal, handle) pairs to read.
         self._nvml: Any | None = None
         self._handles: list[tuple[int, Any]] = []
+        self._gpm: dict[int, GpmReader] = {}  # CUDA ordinal -> its GPM reader, where the GPU has GPM
         self._mig = {ordinal for ordinal, key in gpus if isinstance(key, str) and key.startswith("MIG-")}
         self._rapl = None if gpus else RaplCounter.open(powercap)
         use_nvml = bool(gpus) and self._open_nvml(nvml, gpus)
@@ -139,6 +146,9 @@ class TelemetrySampler:
         self._stop_event.set()
         if self._thread is not None:
             self._thread.join()
+        for reader in self._gpm.values():
+            reader.close()
+        self._gpm = {}
         if self._nvml is not None:
             nvml, self._nvml = self._nvml, None
             try:
@@ -177,6 +187,9 @@ class TelemetrySampler:
             self._record(f"NVML device lookup failed ({_describe(exc)}); sampling worker processes with psutil")
             return False
         self._nvml = nvml
+        # A MIG instance's GPM is read per GPU instance (nvmlGpmMigSampleGet): left out, as its utilisation is.
+        self._gpm = {ordinal: reader for ordinal, handle in self._handles if ordinal not in self._mig
+                     and (reader := GpmReader.open(nvml, handle)) is not None}
         return True
 
     # -- sampler thread ---------------------------------------------------------------------------
@@ -221,6 +234,7 @@ class TelemetrySampler:
                 sm_clock = _unless_unsupported(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
                 energy_mj = None if mig else _unless_unsupported(nvml, nvml.nvmlDeviceGetTotalEnergyConsumption,
                                                                  handle)
+                activity = self._read_gpm(ordinal, device)
                 readings.append(
                     TelemetrySample(
                         t=t,
@@ -233,12 +247,26 @@ class TelemetrySampler:
                         device=device,
                         energy_j=None if energy_mj is None else energy_mj / 1000.0,
                         energy_scope="mig" if mig else "gpu",
+                        **activity,
                         **host,
                     )
                 )
             except nvml.NVMLError as exc:
                 self._record(f"{device}: {_describe(exc)}")
         return readings
+
+    def _read_gpm(self, ordinal: int, device: str) -> dict[str, float | None]:
+        """The GPU's GPM metrics since the last tick, or nothing where it has no reader; a reader that fails is
+        dropped (said once in ``errors``), so a GPU without them costs no call a tick."""
+        reader = self._gpm.get(ordinal)
+        if reader is None:
+            return {}
+        try:
+            return reader.read()
+        except self._nvml.NVMLError as exc:
+            self._record(f"{device}: GPM metrics stopped ({_describe(exc)}); utilisation still read")
+            self._gpm.pop(ordinal).close()
+            return {}
 
     def _read_psutil(self, t: float) -> list[TelemetrySample]:
         """One sample for the watched processes and all their descendants, or none before any has a rate.
@@ -536,6 +564,67 @@ def _counted(times: Any) -> tuple[float, float, float]:
 def _share(part: float, whole: float) -> float:
     """``part`` as a percentage of ``whole``, clipped to 0-100 (counters read a moment apart can overshoot)."""
     return 0.0 if whole <= 0 else min(100.0, max(0.0, 100.0 * part / whole))
+
+
+#: The GPM metrics sampled beside utilisation, by the telemetry field each fills, as pynvml names their ids.
+GPM_METRICS = {
+    "sm_active_pct": "NVML_GPM_METRIC_SM_UTIL",  # share of SMs busy, averaged over the interval (DCGM's SM active)
+    "sm_occupancy_pct": "NVML_GPM_METRIC_SM_OCCUPANCY",  # resident warps against the SMs' maximum
+    "tensor_active_pct": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",  # share of time the tensor cores were busy
+    "dram_bw_pct": "NVML_GPM_METRIC_DRAM_BW_UTIL",  # DRAM bandwidth used against its peak
+}
+
+
+class GpmReader:
+    """One GPU's GPM metrics over the interval between two reads: it keeps the last GPM sample and, at each read,
+    takes the next and asks NVML for the metrics between them (two samples, reused in turn, freed by :meth:`close`).
+    """
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml, self._handle = nvml, handle
+        self._ids = [getattr(nvml, name) for name in GPM_METRICS.values()]
+        self._samples = [nvml.nvmlGpmSampleAlloc()]
+        try:
+            self._samples.append(nvml.nvmlGpmSampleAlloc())
+            nvml.nvmlGpmSampleGet(handle, self._samples[0])
+        except nvml.NVMLError:
+            self.close()
+            raise
+
+    @classmethod
+    def open(cls, nvml: Any, handle: Any) -> GpmReader | None:
+        """A reader where this GPU and this pynvml have GPM (Hopper and newer, nvidia-ml-py 11.525 on); None where
+        either has not: utilisation is then what there is."""
+        if not hasattr(nvml, "nvmlGpmQueryDeviceSupport") or not all(hasattr(nvml, n) for n in GPM_METRICS.values()):
+            return None
+        try:
+            if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                return None
+            return cls(nvml, handle)
+        except nvml.NVMLError:
+            return None
+
+    def read(self) -> dict[str, float | None]:
+        """The metrics since the previous read, in %; a metric NVML could not compute is None."""
+        nvml = self._nvml
+        previous, current = self._samples
+        nvml.nvmlGpmSampleGet(self._handle, current)
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self._ids)
+        request.sample1, request.sample2 = previous, current
+        for index, metric in enumerate(self._ids):
+            request.metrics[index].metricId = metric
+        nvml.nvmlGpmMetricsGet(request)
+        self._samples = [current, previous]
+        return {field: float(request.metrics[index].value) if request.metrics[index].nvmlReturn == nvml.NVML_SUCCESS
+                else None for index, field in enumerate(GPM_METRICS)}
+
+    def close(self) -> None:
+        for sample in self._samples:
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlGpmSampleFree(sample)
+        self._samples = []
 
 
 def _handle(nvml: Any, key: int | str) -> Any:

@@ -142,12 +142,14 @@ def prepare_model(model: nn.Module, config: Config, device: torch.device,
     works per block).
 
     In torchtitan's order: float8 swaps the linear layers before anything holds them, checkpointing replaces the
-    blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), and
-    compile comes last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped"
-    model is the sharded one (its parameters are what the optimizer steps).
+    blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), the
+    blocks are compiled (``compile_scope='blocks'``) before DDP or FSDP takes them, and a whole-model compile comes
+    last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped" model is the
+    sharded one (its parameters are what the optimizer steps).
     """
     raw = memory.checkpoint_blocks(float8.convert(system.prepare_model(model.to(device), config), config), config,
                                    blocks)
+    compiling.compile_blocks(raw, config, blocks)
     model, compiled = compiling.compile_model(parallel.wrap_model(raw, config, device, blocks), raw, config, blocks)
     return model, raw, compiled
 
@@ -309,6 +311,7 @@ class MeasuredWindow:
     tokens: int | None = None  # real (unpadded) tokens, when batches carry an attention mask
     peak_reserved_bytes: int | None = None  # CUDA only: the caching allocator's reserved peak
     model_state_bytes: int | None = None  # parameters, gradients and optimizer state this rank holds
+    allocator_expandable: bool | None = None  # CUDA only: the allocator's segments expandable, read from it
 
 
 @dataclass
@@ -356,7 +359,8 @@ class TrainingLoop:
             return None
         batch = self.last_micro_batch
         try:
-            with compiling.eager():  # blocks compiled in place run as the counter sees them, with no recompile
+            # blocks compiled in place run as the counter sees them, with no recompile; checkpointed ones run once
+            with compiling.eager(), memory.forward_once(raw_model):
                 flops = count_training_flops(raw_model, lambda model: self._loss(model, batch),
                                              self.mixed_precision.autocast)
         except Exception as exc:  # an op the counter cannot trace must not fail a finished burst
@@ -475,7 +479,7 @@ class TrainingLoop:
                 with self.mixed_precision.autocast(), attention.forward_context(config):
                     loss = self._loss(self.model, moved)
                 self.mixed_precision.backward(batch.scale_for_accumulation(loss, config))
-            detached = loss.detach()
+            detached = compiling.held_loss(loss, config)
             step_loss = detached if step_loss is None else step_loss + detached
         self.mixed_precision.optimizer_step(self.optimizer, self.max_grad_norm)
         if self.scheduler is not None:
@@ -629,7 +633,7 @@ class TrainingLoop:
         window_tokens = self._tokens[len(self._tokens) - measured_steps:] if measured_steps else []
         tokens = sum(t for t in window_tokens if t) if any(window_tokens) else None
         return MeasuredWindow(measured_samples, measured_steps, window_s, first_step_s, peak, tokens, reserved,
-                              model_state_bytes(self.model, self.optimizer))
+                              model_state_bytes(self.model, self.optimizer), memory.segments_expandable(devices))
 
 
 _CONVOLUTIONS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
@@ -715,6 +719,7 @@ def rank_summary(
         peak_memory_bytes=window.peak_memory_bytes,
         peak_reserved_bytes=window.peak_reserved_bytes,
         model_state_bytes=window.model_state_bytes,
+        allocator_expandable=window.allocator_expandable,
         memory_kind="cuda_allocator" if device.type == "cuda" else "rss",
         setup_s=setup_s,
         first_step_s=window.first_step_s,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import precision
 from .base import Climb, Code, Knob, RecipeContext, RecipeEntry, RecipePart, Remedy, Rule, Style, Symptom
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ TITLE = "Attention kernels"
 _BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
              "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
 _CUDA_ONLY = ("efficient", "cudnn")
+#: The CUDA kernels that take fp16/bf16 inputs only: given fp32 ones, a pinned backend has no kernel to run.
+_HALF_ONLY_ON_CUDA = ("flash", "cudnn")
 
 KNOBS = [
     Knob(
@@ -44,6 +47,13 @@ RULES = [
         lambda c, d: not d.has_cuda and c.sdpa_backend in _CUDA_ONLY,
         lambda c, d: f"sdpa_backend={c.sdpa_backend!r} is a CUDA kernel; on this CPU only 'auto', 'flash' "
         "or 'math' can run.",
+    ),
+    Rule(
+        ("sdpa_backend", "precision"), "error",
+        lambda c, d: d.has_cuda and c.sdpa_backend in _HALF_ONLY_ON_CUDA and not precision.autocasts_to_half(c),
+        lambda c, d: f"sdpa_backend={c.sdpa_backend!r} on a GPU takes fp16/bf16 inputs only, and precision='fp32' "
+        "gives scaled_dot_product_attention fp32 ones: the first step would fail with 'No available kernel'. Use "
+        "precision='bf16' with it, or sdpa_backend='efficient' (which takes fp32) or 'auto'.",
     ),
 ]
 

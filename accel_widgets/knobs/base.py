@@ -94,6 +94,7 @@ Symptom = Literal[
     "sync_bound",  # the device idles while the host waits for it
     "compute_bound",  # compute dominates the step
     "fp32_on_tensor_cores",  # fp32 math on a GPU with bf16/fp16 tensor cores
+    "tensor_cores_idle",  # the GPU busy (utilisation) but its tensor cores mostly idle (NVML GPM)
     "memory_full",  # the peak is close to the device's memory
     "allocator_slack",  # the CUDA caching allocator reserved far more than it ever handed out (fragmentation)
     "memory_headroom",  # the peak leaves room

@@ -187,15 +187,16 @@ def _stackless(context: RecipeContext) -> bool:
 _WHOLE = "the model has no stack of alike blocks: the whole model is compiled, as the burst did"
 
 
-def _block_compile(slot: str, model: str, where: str = "") -> RecipeEntry:
+def _block_compile(slot: str, model: str, where: str = "", whole_slot: str = "") -> RecipeEntry:
     """Each block compiled in place (``module.compile()``, so wrappers and hooks around it stay), as
-    :func:`compile_model` does; a model without blocks compiled whole."""
+    :func:`compile_blocks` does: in the plain loop in the ``wrap`` slot, ahead of DDP's or FSDP's lines (torchtitan's
+    order); a model without blocks compiled whole, where the whole model is (``whole_slot``, else ``slot``)."""
 
     def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
         if not _by_blocks(config):
             return []
         if _stackless(context):
-            return [Code("compile_scope", slot, f"model = {_compile_call(config)}{where}", _WHOLE)]
+            return [Code("compile_scope", whole_slot or slot, f"model = {_compile_call(config)}{where}", _WHOLE)]
         blocks, helper = blocks_code(context, model, one_stack=True)
         mode = "" if config.compile_mode == "default" else f"mode={config.compile_mode!r}"
         loop = f"for block in {blocks}:{where}\n    block.compile({mode})"
@@ -232,7 +233,7 @@ RECIPE: dict[str, dict[Style, RecipeEntry]] = {
         "accelerate": _compile_line("code", "  # before accelerator.prepare"),
     },
     "compile_scope": {
-        "pytorch": _block_compile("compile", "raw"),
+        "pytorch": _block_compile("wrap", "model", whole_slot="compile"),
         "hf": lambda config, context: [Code("compile_scope", "code", "import os"),
                                        Code("compile_scope", "code", _HF_REGIONAL, _HF_REGIONAL_WHY)]
         if _by_blocks(config) else [],
@@ -254,9 +255,35 @@ def compiled(config: Config) -> bool:
     return config.compile_mode != "off"
 
 
+def held_loss(loss: torch.Tensor, config: Config) -> torch.Tensor:
+    """The micro-batch's loss, detached, in memory of its own when the step holds it past the next forward.
+
+    Under the CUDA-graph modes a compiled model's outputs live in the graph's static memory, which the next replay
+    overwrites: a model that computes its own loss (a Hugging Face model given labels) returns the loss there, and a
+    loss held for a later read (``sync_every`` other than 1) would read the last step's value, or raise "accessing
+    tensor output of CUDAGraphs that has been overwritten by a subsequent run". A one-element copy costs nothing
+    measurable; the other modes hold the detached tensor itself.
+    """
+    detached = loss.detach()
+    return detached.clone() if config.compile_mode in CUDA_GRAPH_COMPILE_MODES else detached
+
+
 def default_warmup_steps(config: Config) -> int:
     """Unmeasured steps before the window: one more when compiling (recompiles can follow the first)."""
     return 3 if compiled(config) else 2
+
+
+def _mode(config: Config) -> str | None:
+    return None if config.compile_mode == "default" else config.compile_mode
+
+
+def compile_blocks(raw: nn.Module, config: Config, blocks_path: str | None) -> None:
+    """Under ``compile_scope='blocks'``, compile each repeated block of ``raw`` in place, before anything wraps or
+    shards it: torchtitan's order (checkpointing, then compile, then FSDP's ``fully_shard`` per block), so what
+    compiles is the block's own code and FSDP's units are made of compiled blocks. A model without blocks is compiled
+    whole, after wrapping, by :func:`compile_model`."""
+    if _by_blocks(config) and (blocks := find_blocks(raw, blocks_path)) is not None:
+        _compile_blocks(blocks, _mode(config))
 
 
 def compile_model(model: nn.Module, raw: nn.Module, config: Config, blocks_path: str | None) -> tuple[nn.Module, str]:
@@ -265,15 +292,17 @@ def compile_model(model: nn.Module, raw: nn.Module, config: Config, blocks_path:
 
     Why: inductor fuses elementwise ops and strips Python overhead, paying a compile on step one. By blocks, each
     block is compiled in place (``module.compile()``, so wrappers and hooks around it stay as they were): alike
-    blocks share one graph, compiled once.
+    blocks share one graph, compiled once. Blocks :func:`compile_blocks` compiled before the wrapping are left as
+    they are.
     """
     if not compiled(config):
         return model, ""
-    mode = None if config.compile_mode == "default" else config.compile_mode
+    mode = _mode(config)
     if config.compile_scope == "blocks":
         blocks = find_blocks(raw, blocks_path)
         if blocks is not None:
-            _compile_blocks(blocks, mode)
+            if not all(block._compiled_call_impl is not None for block in blocks.modules):
+                _compile_blocks(blocks, mode)
             return model, f"{blocks.text()}, each compiled; the code between them eager"
         warnings.warn(f"compile_scope='blocks': {type(raw).__name__} has no stack of alike blocks (an nn.ModuleList or "
                       "nn.Sequential of two or more modules of one class and shape), so the whole model was compiled. "

@@ -68,8 +68,9 @@ KNOBS = [
     ),
     Knob(
         "expandable_segments", GROUP, bool, False, applies_to=("cuda",),
-        what="CUDA caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
-        "set in each rank before it initialises CUDA.",
+        what="CUDA caching allocator with expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True, merged "
+        "into whichever of it and PYTORCH_CUDA_ALLOC_CONF torch reads), set in each rank before it initialises CUDA; "
+        "the rank reads back from the allocator whether its segments are expandable.",
         why="The default allocator carves fixed-size segments: memory freed by one tensor shape often cannot hold "
         "the next, so it reserves more than it allocates and can run out with free memory left in pieces. "
         "Expandable segments map more memory into the same segment as it grows.",
@@ -166,9 +167,33 @@ def checkpoint_blocks(model: nn.Module, config: Config, blocks_path: str | None 
     return model
 
 
+def _checkpointed_forward(module: nn.Module) -> functools.partial | None:
+    """The forward :func:`checkpoint_blocks` set on ``module``'s instance, or None."""
+    forward = module.__dict__.get("forward")
+    return forward if isinstance(forward, functools.partial) and forward.func is checkpoint else None
+
+
+@contextlib.contextmanager
+def forward_once(model: nn.Module) -> Iterator[None]:
+    """Each checkpointed block runs its own forward, once, for the duration: the FLOPs MFU counts are the model's
+    (PaLM's model FLOPs), not the forward checkpointing runs again in backward (hardware FLOPs), which would raise
+    MFU by about a third for the same training done."""
+    wrapped = [(module, forward) for module in model.modules() if (forward := _checkpointed_forward(module))]
+    for module, forward in wrapped:
+        module.forward = forward.args[0]
+    try:
+        yield
+    finally:
+        for module, forward in wrapped:
+            module.forward = forward
+
+
 # -- the allocator --------------------------------------------------------------------------------------------------
-#: Where torch reads the CUDA allocator's settings; in torch 2.13 the first wins where both are set.
-ALLOCATOR_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+#: Where torch reads the CUDA allocator's settings, in the order it reads them: c10's ``AllocatorConfig`` (torch 2.9
+#: on) parses ``PYTORCH_ALLOC_CONF`` when it is set and the deprecated ``PYTORCH_CUDA_ALLOC_CONF`` (with a warning)
+#: only when it is not. So the setting joins the first one set, and goes into the first where neither is: written
+#: into the other, it would be ignored without a word.
+ALLOCATOR_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 _EXPANDABLE = "expandable_segments"
 
 
@@ -207,6 +232,28 @@ def allocator(config: Config, device_kind: str) -> Iterator[None]:
         else:
             os.environ[name] = saved
 
+
+def segments_expandable(devices: list[torch.device]) -> bool | None:
+    """Whether the CUDA caching allocator's segments are expandable, as its snapshot says of each one: the knob's
+    proof that it acted. The allocator reads its settings once, when CUDA starts, so a setting made too late or in a
+    variable torch does not read leaves them fixed without a word. None on a CPU, or before any segment exists."""
+    if devices[0].type != "cuda":
+        return None
+    used = {device.index for device in devices}
+    found = [bool(segment.get("is_expandable")) for segment in torch.cuda.memory_snapshot()
+             if segment.get("device") in used]
+    return all(found) if found else None
+
+
+def allocator_not_in_effect(config: Config, expandable: bool | None) -> Remedy | None:
+    """Why a burst that asked for expandable segments ran without them (``expandable``: what its allocator said), as
+    the knob and its words; None where the allocator did as the knob asked or could not say."""
+    if not config.expandable_segments or expandable is not False:
+        return None
+    return Remedy("expandable_segments", "expandable_segments=True did not act: the CUDA allocator's segments were "
+                  "fixed. The allocator reads its settings once, when CUDA starts, so CUDA was started in the rank "
+                  "before the setting was made (an import that touches CUDA at the top of the workload's module), or a "
+                  "setting of yours overrides it")
 
 
 # -- recipes --------------------------------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "compute_bound": lambda c: Remedy("precision", "try mixed precision (bf16)") if c.precision == "fp32" else None,
     "fp32_on_tensor_cores": lambda c: Remedy("precision", "bf16/fp16 matmuls run on tensor cores several times "
                                              "faster than fp32") if c.precision == "fp32" else None,
+    "tensor_cores_idle": lambda c: Remedy("precision", "the math is not on the tensor cores: try bf16, whose matmuls "
+                                          "run there (fp32 ones do not)") if c.precision == "fp32" else None,
     "diverged": lambda c: Remedy("precision", f"precision={c.precision!r} may overflow (fp16 past 65504): compare "
                                  "with fp32 or bf16") if c.precision != "fp32" else None,
 }
@@ -137,6 +139,12 @@ REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
 #: that matter (NaN, a stalled or blown-up loss) sit far outside it. The GPU's bf16 kernels round like the
 #: CPU's (fp32 accumulation), but bigger models drift more: the margin is left for them.
 LOSS_TOLERANCE_AT_START: dict[str, float] = {"fp32": 0.01, "tf32": 0.02, "fp16": 0.03, "bf16": 0.04}
+
+
+def autocasts_to_half(config: Config) -> bool:
+    """Whether the forward runs under autocast to bf16 or fp16: what half-precision-only kernels (flash and cuDNN
+    attention) need of their inputs."""
+    return config.precision in _AUTOCAST_DTYPES
 
 
 def needs_loss_scaling(config: Config) -> bool:
@@ -215,14 +223,18 @@ def math_precision(config: Config, device_kind: str) -> str:
     return config.precision
 
 
-_DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+#: The peak table's name for the math of each dtype an op can run in; the float8 formats are one rate on the tensor
+#: cores that have them (the float8 owner's torchao layers multiply e4m3 forward and e5m2 gradients).
+_DTYPE_MATH = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "float8_e4m3fn": "fp8",
+               "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2fnuz": "fp8"}
 
 
 def op_math(config: Config, device_kind: str, op_class: str, dtype: str) -> str:
     """The arithmetic one counted op ran in, from its class ("conv" or "matmul") and its inputs' dtype.
 
-    Autocast casts before an op runs, so bf16/fp16 inputs mean bf16/fp16 math. A float32 convolution on a
-    GPU runs on cuDNN with TF32 allowed in every burst (:func:`global_flags` keeps stock PyTorch's
+    Autocast casts before an op runs, so bf16/fp16 inputs mean bf16/fp16 math; float8 inputs (the FLOP counter
+    reads the float8 data inside torchao's tensors) mean the float8 tensor cores' math, "fp8". A float32
+    convolution on a GPU runs on cuDNN with TF32 allowed in every burst (:func:`global_flags` keeps stock PyTorch's
     setting), so it counts as TF32, the peak it may reach; a float32 matmul (attention included) is TF32
     only with ``tf32=True``. On a CPU float32 is fp32. Other dtypes keep their own name (no peak for them).
     """

@@ -9,6 +9,10 @@ FLOP the time it needs at the peak of its own math, ``sum(flops_i / peak_i) / st
 op ran in being the precision knob's answer (:func:`~accel_widgets.knobs.precision.op_math`).
 Peaks are the vendors' dense (not 2:4 sparse) tensor-core figures per GPU, in TFLOP/s. On a CPU, or a
 GPU not in the table, only the achieved FLOP/s is reported.
+
+Float8 training (torchao) multiplies tensor subclasses that hold float8 data and a scale but report the
+high-precision dtype they stand in for (bf16): read by that dtype, their FLOPs would be charged the bf16 peak,
+half the float8 one, and MFU could pass 1. An op is charged the float8 dtype any of its arguments holds.
 """
 
 from __future__ import annotations
@@ -32,16 +36,17 @@ CONV_OPS = frozenset({_aten.convolution, _aten._convolution, _aten.cudnn_convolu
 
 # name fragment -> {precision: dense TFLOP/s}. Order matters: the first fragment found in the
 # device name wins, so more specific names ("H200 NVL", "H100 PCIe", "L40S") come before their prefixes.
-# The NVL cards (PCIe, 350-400 W) are slower than the SXM parts whose names they contain.
+# The NVL cards (PCIe, 350-400 W) are slower than the SXM parts whose names they contain. "fp8": the float8
+# tensor cores of Ada and Hopper (e4m3 and e5m2 alike), twice the bf16 rate; the datasheets' sparse figures halved.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    ("H200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
-    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    ("H100", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
+    ("H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.0}),
+    ("H200", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1979.0}),
+    ("H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5, "fp8": 1670.0}),
+    ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0}),
+    ("H100", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1979.0}),
     ("A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
-    ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0, "fp8": 733.0}),
+    ("L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5}),
     ("A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
     ("V100", {"fp32": 15.7, "fp16": 125.0}),
     ("T4", {"fp32": 8.1, "fp16": 65.0}),
@@ -49,7 +54,7 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 
 
 def peak_flops(device_name: str, math_mode: str) -> float | None:
-    """Dense peak FLOP/s of one GPU for the arithmetic matmuls ran in ("fp32", "tf32", "bf16", "fp16")."""
+    """Dense peak FLOP/s of one GPU for the arithmetic matmuls ran in ("fp32", "tf32", "bf16", "fp16", "fp8")."""
     for fragment, peaks in PEAK_TFLOPS:
         if fragment in device_name:
             value = peaks.get(math_mode) or (peaks.get("fp32") if math_mode == "tf32" else None)
@@ -93,14 +98,34 @@ class _ByOpAndDtype(TorchDispatchMode):
         return out
 
 
+#: The float8 formats of the tensor cores that multiply them (e4m3 for weights and activations, e5m2 for gradients).
+FLOAT8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
+
+
 def _dtype_name(args: Any) -> str:
-    """The dtype of an op's first floating-point tensor argument ("float32", "bfloat16", ...)."""
+    """The dtype an op's math ran in ("float32", "bfloat16", "float8_e4m3fn", ...): the float8 dtype any of its
+    tensor arguments holds, else its first floating-point tensor argument's dtype."""
+    dtypes = [_math_dtype(tensor) for tensor in _tensors(args)]
+    chosen = next((d for d in dtypes if d in FLOAT8_DTYPES), None) or next(
+        (d for d in dtypes if d.is_floating_point), None)
+    return str(chosen).removeprefix("torch.") if chosen is not None else ""
+
+
+def _tensors(args: Any) -> list[torch.Tensor]:
     if isinstance(args, torch.Tensor):
-        return str(args.dtype).removeprefix("torch.") if args.is_floating_point() else ""
-    for arg in args if isinstance(args, (list, tuple)) else ():
-        if name := _dtype_name(arg):
-            return name
-    return ""
+        return [args]
+    return [t for arg in args for t in _tensors(arg)] if isinstance(args, (list, tuple)) else []
+
+
+def _math_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """A tensor's dtype, or for a tensor subclass that wraps float8 data (torchao's float8 training tensors, whose
+    ``dtype`` is the high-precision one they stand in for) the float8 dtype inside: what the tensor cores multiply.
+    A traceable subclass names its inner tensors in ``__tensor_flatten__``."""
+    if type(tensor) is torch.Tensor or not hasattr(tensor, "__tensor_flatten__"):
+        return tensor.dtype
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return next((t.dtype for t in inner if isinstance(t, torch.Tensor) and t.dtype in FLOAT8_DTYPES), tensor.dtype)
 
 
 def count_training_flops(

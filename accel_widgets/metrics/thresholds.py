@@ -36,6 +36,10 @@ class Thresholds:
     host_saturated_pct: float = 90.0  # the whole machine's CPU this busy: the loader has no cores left
     iowait_notice_pct: float = 10.0  # CPU time waiting on the disk: the data source is the limit
     tensor_core_capability: float = 7.0  # Volta and newer run fp16/bf16 matmuls on tensor cores
+    # Tensor cores busy less than this share of a busy GPU's time (NVML GPM, Hopper and newer): the step's math runs
+    # elsewhere. A rule of thumb, not yet calibrated on a GPU (a bf16 transformer step keeps them busy several times
+    # this; an fp32 one, whose matmuls never reach them, well under it).
+    tensor_active_low_pct: float = 20.0
     read_amplification_notice: float = 1.5  # a stream read this many times per item kept is worth a note
     read_amplification_bound: float = 2.0  # ... and a warning from here: half or more of every read is dropped
     # -- can the numbers be trusted ------------------------------------------------------------------

@@ -8,6 +8,7 @@ the same numbers as the live one, and ranks merge by concatenation.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -79,6 +80,9 @@ class TelemetrySample:
     energy readings cover: "gpu" this GPU; "mig" a MIG instance, for which NVML's power is the whole GPU's,
     so no energy is derived from it; "cpu_package" RAPL's CPU packages, every process on them; None
     nothing (no counter readable, or a result stored before energy was measured).
+    ``sm_active_pct``, ``sm_occupancy_pct``, ``tensor_active_pct`` and ``dram_bw_pct`` say how busy the chip was
+    inside that time, where NVML has GPM metrics for it (Hopper and newer): each covers the interval since the
+    device's previous sample. None elsewhere.
     """
 
     t: float
@@ -98,6 +102,12 @@ class TelemetrySample:
     workers_util_pct: float | None = None  # the burst's ranks and loader workers, % of the machine
     caller_util_pct: float | None = None  # the process that launched the burst, % of the machine
     other_processes: dict[str, float] | None = None  # other programs' CPU since the last such reading, % of a core
+    # NVML's GPM metrics (Hopper and newer) over the interval since the GPU's previous sample, in %: the share of SMs
+    # busy, resident warps against the maximum, the tensor cores' busy share, DRAM bandwidth against its peak
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 #: What a rank is doing, as the launcher sees it: it starts, sets up (model, loader, process group), then
@@ -172,6 +182,9 @@ class RankSummary:
     # parameters, a gradient per trainable one and the optimizer's state this rank held (its shards under FSDP)
     model_state_bytes: int | None = None
     compile_report: CompileReport | None = None
+    # CUDA only: whether the caching allocator's segments were expandable, as its snapshot said (None: no CUDA, no
+    # segment, or a result recorded before it was read)
+    allocator_expandable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -312,6 +325,14 @@ class BurstResult:
         return max(counted) if counted and len(counted) == len(self.ranks) else None
 
     @property
+    def allocator_expandable(self) -> bool | None:
+        """Whether every rank's CUDA allocator had expandable segments, read from the allocator itself (what the
+        expandable_segments knob asked for, or a setting of the user's own): False when any rank's were fixed, None
+        where no rank could say."""
+        read = [r.allocator_expandable for r in self.ranks if r.allocator_expandable is not None]
+        return all(read) if read else None
+
+    @property
     def allocator_slack_share(self) -> float | None:
         """The share of the reserved peak the allocator never handed out at once: ``1 - allocated / reserved`` (peaks
         of the same rank). Reserved memory that was never allocated at the same time is held in blocks too small or
@@ -415,18 +436,52 @@ class BurstResult:
 
     @property
     def utilisation_note(self) -> str:
-        """How :attr:`mean_utilisation_pct` was read, or why it was not: the table's hover and the summary's line."""
+        """How :attr:`mean_utilisation_pct` was read, or why it was not, then what GPM says of the chip inside that
+        time (:meth:`activity_text`): the table's hover and the summary's line."""
         window = self.measured_window()
+        activity = f"; {text}" if (text := self.activity_text()) else ""
         if self._utilisation_too_short() and window is not None:
             return (f"too short to read: NVML's utilisation averages the last {NVML_UTILISATION_PERIOD_S:g} s, and "
                     f"the measured window is {window[1] - window[0]:.1f} s (measure at least "
-                    f"{MIN_PERIODS_PER_WINDOW * NVML_UTILISATION_PERIOD_S:g} s)")
+                    f"{MIN_PERIODS_PER_WINDOW * NVML_UTILISATION_PERIOD_S:g} s){activity}")
         if self.mean_utilisation_pct is None:
-            return "no utilisation readings in the measured window"
+            return f"no utilisation readings in the measured window{activity}"
         if any(t.source == "nvml" for t in self.telemetry):
             return (f"NVML's readings taken at least {NVML_UTILISATION_PERIOD_S:g} s into the measured window "
-                    "(each averages the time before it was read)")
+                    f"(each averages the time before it was read){activity}")
         return "the workers' CPU use as a share of the machine's cores (psutil)"
+
+    def mean_activity_pct(self, field: str) -> float | None:
+        """The mean of one GPM metric (``"sm_active_pct"``, ``"sm_occupancy_pct"``, ``"tensor_active_pct"``,
+        ``"dram_bw_pct"``) over the measured window, every GPU's readings together: each reading covers the time
+        since its device's previous sample, so a reading counts only when that whole interval lies in the window.
+        None where the GPUs have no GPM (before Hopper, a MIG instance) or no interval fits the window."""
+        window = self.measured_window()
+        if window is None:
+            return None
+        values = [value for samples in _by_device(self.telemetry).values()
+                  for before, after in itertools.pairwise(samples)
+                  if (value := getattr(after, field)) is not None and before.t >= window[0] and after.t <= window[1]]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def mean_sm_active_pct(self) -> float | None:
+        """The share of the GPUs' SMs busy over the measured window (GPM; DCGM's "SM active")."""
+        return self.mean_activity_pct("sm_active_pct")
+
+    @property
+    def mean_tensor_active_pct(self) -> float | None:
+        """The share of the measured window the tensor cores were busy (GPM): low with high utilisation, the math
+        runs off them (fp32, or elementwise work)."""
+        return self.mean_activity_pct("tensor_active_pct")
+
+    def activity_text(self) -> str:
+        """``SM active 61%, tensor cores active 12%, SM occupancy 25%, DRAM bandwidth 35% (NVML GPM)``; "" without."""
+        named = (("SM active", "sm_active_pct"), ("tensor cores active", "tensor_active_pct"),
+                 ("SM occupancy", "sm_occupancy_pct"), ("DRAM bandwidth", "dram_bw_pct"))
+        parts = [f"{name} {value:.0f}%" for name, field in named
+                 if (value := self.mean_activity_pct(field)) is not None]
+        return f"{', '.join(parts)} (NVML GPM)" if parts else ""
 
     def _utilisation_too_short(self) -> bool:
         nvml = any(t.source == "nvml" and t.util_pct is not None for t in self.measured_telemetry())
@@ -705,8 +760,11 @@ class BurstResult:
             frozen = f"; {self.cache.frozen_text()}" if self.cache.frozen_item is not None else ""
             lines.append(f"  data cache  {self.cache.summary()}{frozen}")
         if self.telemetry:
-            util = self.mean_utilisation_pct
-            lines.append(f"  util        {util:.0f}%" if util is not None else f"  util        {self.utilisation_note}")
+            util, activity = self.mean_utilisation_pct, self.activity_text()
+            if util is None:
+                lines.append(f"  util        {self.utilisation_note}")
+            else:
+                lines.append(f"  util        {util:.0f}%" + (f"; {activity}" if activity else ""))
         if self.joules_per_sample is not None:
             lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
         if not self.reliability.reliable:
@@ -724,6 +782,8 @@ class BurstResult:
         reserved, slack = self.peak_reserved_bytes, self.allocator_slack_share
         if reserved is not None and slack is not None:
             text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
+        if self.allocator_expandable is not None:
+            text += f"; {'expandable' if self.allocator_expandable else 'fixed'} allocator segments"
         if self.model_state_bytes is not None:
             text += f"; model state {self.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
         return text

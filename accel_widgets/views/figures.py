@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.compare import Row, comparison_rows
 from ..results.burst import BurstResult
 from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, run_colour, run_name, shorten
-from .timeline import utilisation_title
+from .timeline import has_activity, utilisation_title
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -288,21 +288,24 @@ def utilisation_figure(results: Sequence[BurstResult], rows: Sequence[Row]) -> F
     figure.update_yaxes(range=[0, 105], tickvals=[0, 50, 100])
     figure.update_annotations(font={"size": 11})
     figure.update_layout(**_LAYOUT, height=height, showlegend=False, margin={"l": 40, "r": 20, "t": 80, "b": 40},
-                         title=utilisation_title({t.source for r in results for t in r.telemetry})
+                         title=utilisation_title({t.source for r in results for t in r.telemetry},
+                                                 has_activity(t for r in results for t in r.telemetry))
                          + " per run, against time since launch (s)")
     return figure
 
 
 def _panel_title(row: Row, result: BurstResult, several: bool) -> str:
     name = run_name(int(row["run"]), str(row["label"]), str(row["workload"]) if several else None)
-    mean = result.mean_utilisation_pct
-    return shorten(name, _TITLE_CHARS) + (f" · mean {mean:.0f}%" if mean is not None else "")
+    mean, sm, tensor = result.mean_utilisation_pct, result.mean_sm_active_pct, result.mean_tensor_active_pct
+    parts = [f"mean {mean:.0f}%" if mean is not None else "", f"SM {sm:.0f}%" if sm is not None else "",
+             f"tensor {tensor:.0f}%" if tensor is not None else ""]
+    return " · ".join([shorten(name, _TITLE_CHARS), *filter(None, parts)])
 
 
 def _add_device_lines(figure: Figure, row: Row, result: BurstResult, grid_row: int, grid_col: int) -> None:
     import plotly.graph_objects as go
 
-    from .timeline import device_groups, utilisation_points
+    from .timeline import add_activity_traces, device_groups, utilisation_points
 
     run = int(row["run"])
     for index, (device, samples) in enumerate(device_groups(result.telemetry).items()):
@@ -312,6 +315,7 @@ def _add_device_lines(figure: Figure, row: Row, result: BurstResult, grid_row: i
             line={"color": run_colour(run), "width": 1.5, "dash": ("solid", "dot", "dash")[index % 3]},
             hovertemplate=f"#{run} {device}: %{{y:.0f}}%, %{{customdata:,.0f}} MiB at %{{x:.1f}} s<extra></extra>",
             meta={"run": run, "kind": "util", "device": device}), row=grid_row, col=grid_col)
+        add_activity_traces(figure, run, f"#{run}", device=device, samples=samples, row=grid_row, col=grid_col)
 
 
 # -- the workshop: folklore against this machine ---------------------------------------------------

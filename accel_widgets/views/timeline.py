@@ -34,12 +34,27 @@ _MANTISSAS = ((1.5, (1, 1.5, 2, 3, 5, 7)), (4.0, (1, 2, 5)), (math.inf, (1,)))
 STEP_AXIS = "step"  # the step subplot's x title; a note on warm-up steps off the top joins it
 
 
-def utilisation_title(sources: Collection[str]) -> str:
-    """Say what the utilisation axis measures: a GPU's busy share and a CPU share are not comparable."""
+#: NVML's GPM metrics drawn beside utilisation, thinner, in the run's colour: (trace kind, sample field, name, dash).
+ACTIVITY_TRACES = (("sm_active", "sm_active_pct", "SM active", "dot"),
+                   ("tensor_active", "tensor_active_pct", "tensor active", "dash"))
+#: The traces of the utilisation half: a device's utilisation line and its GPM lines.
+UTILISATION_KINDS = frozenset({"util", *(kind for kind, *_ in ACTIVITY_TRACES)})
+ACTIVITY_NOTE = "; dotted: SM active, dashed: tensor cores active (NVML GPM)"
+
+
+def utilisation_title(sources: Collection[str], activity: bool = False) -> str:
+    """Say what the utilisation axis measures: a GPU's busy share and a CPU share are not comparable; with
+    ``activity``, that the GPM lines beside it say how busy the SMs and tensor cores were inside that time."""
     kinds = set(sources)
+    note = ACTIVITY_NOTE if activity else ""
     if len(kinds) == 1:
-        return _UTILISATION_TITLES.get(next(iter(kinds)), "utilisation %")
-    return "utilisation % (GPU: NVML, CPU: workers' share of machine)" if kinds else "utilisation %"
+        return _UTILISATION_TITLES.get(next(iter(kinds)), "utilisation %") + note
+    return ("utilisation % (GPU: NVML, CPU: workers' share of machine)" if kinds else "utilisation %") + note
+
+
+def has_activity(samples: Iterable[TelemetrySample]) -> bool:
+    """Whether any sample carries NVML's GPM readings (a Hopper or newer GPU)."""
+    return any(getattr(s, field) is not None for s in samples for _, field, _, _ in ACTIVITY_TRACES)
 
 
 def timeline_figure(utilisation: str) -> Figure:
@@ -138,13 +153,40 @@ def add_utilisation_trace(figure: Figure, run: int, name: str, *, device: str, i
     return figure.data[-1]
 
 
+def activity_points(samples: Sequence[TelemetrySample], field: str) -> tuple[list[float], list[float | None]]:
+    """(time, GPM reading %) of each sample that has one."""
+    shown = [s for s in samples if getattr(s, field) is not None]
+    return [s.t for s in shown], [getattr(s, field) for s in shown]
+
+
+def add_activity_traces(figure: Figure, run: int, name: str, *, device: str, samples: Sequence[TelemetrySample],
+                        visible: bool = True, **at: int) -> list[Any]:
+    """One device's "SM active" and "tensor active" lines (NVML GPM), thin, dotted and dashed in the run's colour,
+    in the utilisation subplot (``at``: another figure's row and col); none for a device without GPM readings."""
+    added = []
+    for kind, field, label, dash in ACTIVITY_TRACES:
+        x, y = activity_points(samples, field)
+        if not x:
+            continue
+        figure.add_trace(_scatter(
+            x=x, y=y, mode="lines", name=f"{name} {label}", legendgroup=f"run{run}", showlegend=False,
+            visible=visible, opacity=0.8, line={"color": run_colour(run), "width": 1, "dash": dash},
+            meta={"run": run, "kind": kind, "device": device},
+            hovertemplate=f"{name} {device}: {label} %{{y:.0f}}% at %{{x:.1f}} s<extra></extra>",
+        ), **(at or _UTILISATION_AT))
+        added.append(figure.data[-1])
+    return added
+
+
 def timeline(results: Sequence[BurstResult], names: Sequence[str]) -> Figure:
     """The timeline of finished runs, named ``names``: the figure the panel builds live, built at once."""
-    figure = timeline_figure(utilisation_title({t.source for r in results for t in r.telemetry}))
+    samples = [t for r in results for t in r.telemetry]
+    figure = timeline_figure(utilisation_title({t.source for t in samples}, has_activity(samples)))
     for run, (result, name) in enumerate(zip(results, names, strict=True)):
         add_run_legend(figure, run, name)
         for index, (device, samples) in enumerate(device_groups(result.telemetry).items()):
             add_utilisation_trace(figure, run, name, device=device, index=index, samples=samples)
+            add_activity_traces(figure, run, name, device=device, samples=samples)
         for (rank, warmup), steps in step_groups(result.steps).items():
             add_step_trace(figure, run, name, rank=rank, ranks=max(1, result.world_size), warmup=warmup,
                            steps=steps)
@@ -155,7 +197,7 @@ def timeline(results: Sequence[BurstResult], names: Sequence[str]) -> Figure:
 def step_times_only(figure: Figure) -> Figure:
     """``figure`` (a :func:`timeline`) without its utilisation half, the step times across the whole width: the
     report draws utilisation per run, one small panel each, rather than every run overlaid in one."""
-    figure.data = tuple(trace for trace in figure.data if trace.meta.get("kind") != "util")
+    figure.data = tuple(trace for trace in figure.data if trace.meta.get("kind") not in UTILISATION_KINDS)
     figure.layout.annotations = [annotation for annotation in figure.layout.annotations
                                  if annotation.text == TIMELINE_TITLES[1]]
     figure.layout.annotations[0].x = 0.5

@@ -318,6 +318,35 @@ def test_an_allocator_holding_a_quarter_of_its_memory_unused_points_at_expandabl
     assert "Allocator holds unused memory" not in titles(diagnose(dataclasses.replace(result, ranks=[tight])))
 
 
+def test_expandable_segments_asked_for_but_fixed_in_the_allocator_is_a_warning() -> None:
+    """The rank read its allocator's snapshot: fixed segments under expandable_segments=True mean the knob did not
+    act (the setting came after CUDA started, or another setting won)."""
+    result = synthetic_result(Config(expandable_segments=True), peak_mib=70_000, total_mib=143_771)
+    fixed = dataclasses.replace(result, ranks=[dataclasses.replace(result.ranks[0], allocator_expandable=False)])
+    finding = by_title(diagnose(fixed), "Expandable segments not in effect")
+    assert finding.severity == "warn" and finding.knob == "expandable_segments"
+    assert finding.detail.startswith("expandable_segments=True did not act: the CUDA allocator's segments were fixed")
+    grew = dataclasses.replace(result, ranks=[dataclasses.replace(result.ranks[0], allocator_expandable=True)])
+    assert "Expandable segments not in effect" not in titles(diagnose(grew))
+    assert "expandable allocator segments" in grew.summary()
+
+
 def test_findings_carry_the_symptom_a_ladder_can_be_asked_to_address() -> None:
     finding = by_title(diagnose(synthetic_result(peak_mib=950, total_mib=1000)), "Memory nearly full")
     assert finding.symptom == "memory_full"
+
+
+def test_a_busy_gpu_whose_tensor_cores_idle_is_told_the_math_is_not_on_them() -> None:
+    """H200, fp32 GPT step: utilisation 98% (a kernel always ran) but GPM's tensor activity 12%: try bf16."""
+    from tests.measured import H200_BF16_ACTIVITY, H200_FP32_ACTIVITY, h200_result
+
+    finding = by_title(diagnose(h200_result(activity=H200_FP32_ACTIVITY)), "Tensor cores mostly idle")
+    assert finding.severity == "warn" and finding.knob == "precision" and finding.symptom == "tensor_cores_idle"
+    assert finding.detail == ("utilisation 98% but tensor cores active 12%, SMs active 61% (NVML GPM): the math is "
+                              "not on the tensor cores: try bf16, whose matmuls run there (fp32 ones do not).")
+    bf16 = Config(precision="bf16")
+    assert "Tensor cores mostly idle" not in titles(diagnose(h200_result(bf16, activity=H200_BF16_ACTIVITY)))
+    idle_in_bf16 = by_title(diagnose(h200_result(bf16, activity=H200_FP32_ACTIVITY)), "Tensor cores mostly idle")
+    assert idle_in_bf16.severity == "info" and idle_in_bf16.knob is None  # nothing the precision knob can add
+    assert "Tensor cores mostly idle" not in titles(diagnose(h200_result()))  # no GPM: nothing to read
+    assert "Tensor cores mostly idle" not in titles(diagnose(h200_result(util=60.0, activity=H200_FP32_ACTIVITY)))

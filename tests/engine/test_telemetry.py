@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 import pytest
@@ -27,6 +27,7 @@ import pytest
 from accel_widgets import BurstResult, Config, StepRecord
 from accel_widgets.engine.telemetry import MACHINE_SCAN_S, THREAD_NAME, HostCpu, TelemetrySampler
 from accel_widgets.results.burst import TelemetrySample
+from tests.measured import H200_FP32_ACTIVITY
 
 BUSY = "while True: pass"
 MiB = 2**20
@@ -184,6 +185,97 @@ def test_nvml_samples_carry_readings_each_tick_on_the_burst_clock() -> None:
     assert gpu1[0].power_w is None  # NotSupported on this board, not an error
     assert {(s.energy_j, s.energy_scope) for s in gpu1} == {(None, "gpu")}  # no counter: power is integrated
     assert (gpu1[0].util_pct, gpu1[0].mem_used_bytes, gpu1[0].sm_clock_mhz) == (41.0, 2 * MiB, 1980.0)
+
+
+# -- GPM: how busy the chip is inside "utilisation" (Hopper and newer) ------------------------------------------------
+class FakeGpmNvml(FakeNvml):
+    """pynvml's GPM calls over fake per-GPU activity counters: each GPM sample snapshots the counters (busy time per
+    metric, and time), and the metrics are the busy time over the time between two samples, as NVML computes them.
+    ``activity``: each metric's busy share in %; ``gpm_devices``: the handles with GPM (Hopper)."""
+
+    NVML_SUCCESS = 0
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL, NVML_GPM_METRIC_SM_OCCUPANCY = 2, 3
+    NVML_GPM_METRIC_ANY_TENSOR_UTIL, NVML_GPM_METRIC_DRAM_BW_UTIL = 5, 10
+    _FIELDS: ClassVar[dict[int, str]] = {2: "sm_active_pct", 3: "sm_occupancy_pct", 5: "tensor_active_pct",
+                                         10: "dram_bw_pct"}
+
+    class c_nvmlGpmMetricsGet_t:  # pynvml's name for the request
+        def __init__(self) -> None:
+            self.version = self.numMetrics = 0
+            self.sample1 = self.sample2 = None
+            self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0) for _ in range(16)]
+
+    def __init__(self, *, activity: dict[str, float] | None = None, gpm_devices: frozenset[int] = frozenset({0}),
+                 failing_gpm: frozenset[int] = frozenset(), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.activity = activity or H200_FP32_ACTIVITY
+        self.gpm_devices, self.failing_gpm = gpm_devices, failing_gpm
+        self.allocated: set[int] = set()
+        self.freed = 0
+        self.now = {handle: 0.0 for handle in range(self.device_count)}
+
+    def nvmlGpmQueryDeviceSupport(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(version=1, isSupportedDevice=int(handle in self.gpm_devices))
+
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:
+        sample = SimpleNamespace(handle=None, t=None)
+        self.allocated.add(id(sample))
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:
+        self.allocated.discard(id(sample))
+        self.freed += 1
+
+    def nvmlGpmSampleGet(self, handle: int, sample: SimpleNamespace) -> SimpleNamespace:
+        if handle in self.failing_gpm and self.now[handle] > 0:  # the reader's first sample, then lost
+            raise FakeNVMLError("GPU is lost")
+        self.now[handle] += 0.2  # the time each sample reads, on the GPU's own clock
+        sample.handle, sample.t = handle, self.now[handle]
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        first, second = request.sample1, request.sample2
+        assert request.version == 1 and first.handle == second.handle and second.t > first.t
+        elapsed = second.t - first.t
+        for metric in request.metrics[:request.numMetrics]:
+            busy = self.activity[self._FIELDS[metric.metricId]] / 100 * elapsed  # the counter's growth
+            metric.value, metric.nvmlReturn = 100 * busy / elapsed, 0
+        return request
+
+
+def test_on_a_hopper_gpu_each_sample_carries_gpm_activity_beside_utilisation() -> None:
+    nvml = FakeGpmNvml(device_count=2, gpm_devices=frozenset({0}))
+    with TelemetrySampler(clock_origin=0.0, gpus=((0, 0), (1, 1)), nvml=nvml, interval_s=0.05) as sampler:
+        time.sleep(0.3)
+    assert sampler.errors == []
+    hopper = [s for s in sampler.samples if s.device == "cuda:0"]
+    older = [s for s in sampler.samples if s.device == "cuda:1"]
+    assert len(hopper) >= 3
+    assert [(s.sm_active_pct, s.sm_occupancy_pct, s.tensor_active_pct, s.dram_bw_pct) for s in hopper] == [
+        pytest.approx((61.0, 25.0, 12.0, 35.0))] * len(hopper)
+    assert {(s.sm_active_pct, s.tensor_active_pct) for s in older} == {(None, None)}  # no GPM before Hopper
+    assert nvml.allocated == set() and nvml.freed == 2  # both samples of the one reader freed at stop
+
+
+def test_a_gpu_whose_gpm_fails_keeps_its_utilisation_and_says_so_once() -> None:
+    nvml = FakeGpmNvml(device_count=1, failing_gpm=frozenset({0}))
+    with TelemetrySampler(clock_origin=0.0, gpus=((0, 0),), nvml=nvml, interval_s=0.05) as sampler:
+        time.sleep(0.3)
+    assert sampler.errors == ["cuda:0: GPM metrics stopped (FakeNVMLError: GPU is lost); utilisation still read"]
+    assert len(sampler.samples) >= 3 and all(s.util_pct == 40.0 and s.sm_active_pct is None for s in sampler.samples)
+    assert nvml.allocated == set()
+
+
+def test_a_pynvml_without_gpm_or_a_mig_device_reads_utilisation_only() -> None:
+    with TelemetrySampler(clock_origin=0.0, gpus=((0, 0),), nvml=FakeNvml(), interval_s=0.05) as plain:
+        time.sleep(0.15)
+    mig = FakeGpmNvml(device_count=2, uuids=("GPU-aaaa", "MIG-dddd"), gpm_devices=frozenset({0, 1}))
+    with TelemetrySampler(clock_origin=0.0, gpus=((0, "MIG-dddd"),), nvml=mig, interval_s=0.05) as on_mig:
+        time.sleep(0.15)
+    assert plain.errors == on_mig.errors == []
+    assert all(s.tensor_active_pct is None for s in [*plain.samples, *on_mig.samples])
+    assert mig.allocated == set() and mig.freed == 0
 
 
 def test_samples_are_labelled_by_the_cuda_ordinal_the_rank_uses() -> None:

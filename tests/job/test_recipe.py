@@ -155,7 +155,7 @@ def test_the_snippet_compiles_block_by_block_as_the_burst_did(monkeypatch: pytes
     config = Config(compile_mode="default", compile_scope="blocks")
     workload = matmul_workload(MatmulStack)
     code = aw.recipe(config, workload).code
-    assert "for block in raw.get_submodule('blocks'):\n        block.compile()" in code
+    assert "for block in model.get_submodule('blocks'):\n        block.compile()" in code
     assert snippet_losses(config, workload) == burst_losses(config, workload)
 
 
@@ -224,6 +224,7 @@ def test_expandable_segments_join_the_allocator_settings_the_environment_has(mon
 
     config, workload = Config(expandable_segments=True), tiny_workload()
     made = aw.recipe(config, workload).code
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     for mine in ("max_split_size_mb:128,expandable_segments:False", None):
         if mine is None:
             monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
@@ -232,7 +233,10 @@ def test_expandable_segments_join_the_allocator_settings_the_environment_has(mon
         namespace: dict = {}
         exec(compile(made, "<recipe>", "exec"), namespace)
         namespace["train"](workload.model, workload.dataset, workload.loss_fn, workload.optimizer, 1)
-        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == allocator_settings_with_expandable_segments(mine)
+        # the user's variable where they set one, else the one torch reads first
+        read = "PYTORCH_CUDA_ALLOC_CONF" if mine is not None else "PYTORCH_ALLOC_CONF"
+        assert os.environ[read] == allocator_settings_with_expandable_segments(mine)
+        monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     for style in ("hf", "lightning", "accelerate"):
         assert 'os.environ[alloc] = ",".join([*kept, "expandable_segments:True"])' in aw.recipe(config,
                                                                                                  style=style).code

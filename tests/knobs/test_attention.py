@@ -42,7 +42,7 @@ def test_the_pinned_backend_is_the_kernel_that_runs():
 def test_cuda_only_kernels_are_refused_on_a_cpu_before_anything_starts():
     with pytest.raises(ConfigError, match="sdpa_backend='efficient' is a CUDA kernel"):
         check_config(Config(sdpa_backend="efficient"), CPU)
-    assert check_config(Config(sdpa_backend="cudnn"), ONE_GPU) == []
+    assert check_config(Config(sdpa_backend="cudnn", precision="bf16"), ONE_GPU) == []
 
 
 def test_a_burst_trains_with_the_pinned_kernel_and_the_same_numbers_as_the_pick():
@@ -53,3 +53,15 @@ def test_a_burst_trains_with_the_pinned_kernel_and_the_same_numbers_as_the_pick(
     picked = run_burst(workload, Config(), steps=4, isolation="inprocess", device=cpu_device())
     assert pinned.ok and picked.ok
     assert pinned.losses() == pytest.approx(picked.losses(), rel=1e-4)  # another kernel, the same attention
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn"])
+def test_flash_or_cudnn_with_fp32_on_a_gpu_is_refused_before_any_process_starts(backend):
+    """On CUDA both take fp16/bf16 only: with fp32 inputs the pinned kernel has nothing to run, at step 1."""
+    with pytest.raises(ConfigError, match=f"sdpa_backend='{backend}' on a GPU takes fp16/bf16 inputs only"):
+        check_config(Config(sdpa_backend=backend), ONE_GPU)
+    for fine in (Config(sdpa_backend=backend, precision="bf16"), Config(sdpa_backend=backend, precision="fp16"),
+                 Config(sdpa_backend="efficient"), Config(sdpa_backend="math")):
+        check_config(fine, ONE_GPU)
+    if backend == "flash":
+        check_config(Config(sdpa_backend="flash"), CPU)  # the CPU's flash kernel takes fp32

@@ -166,3 +166,101 @@ def test_reports_merge_over_ranks_and_survive_json():
     assert CompileReport.from_dict(json.loads(json.dumps(dataclasses.asdict(merged)))) == merged
     assert merged.text() == "2 graphs, 3 graph breaks, 2 recompiles; torch compiled for 7.0 s"
     assert CompileReport.merged([]) is None
+
+
+# -- the loss a model computes itself, under CUDA graphs ---------------------------------------------------------------
+class OwnLoss(nn.Module):
+    """A Hugging Face-style model: given ``labels`` it returns ``{"loss": ...}`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = TinyNet()
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": nn.functional.cross_entropy(self.net(x), labels)}
+
+
+class GraphReplayed(nn.Module):
+    """What a model compiled with CUDA graphs hands back: its outputs in the graph's static memory, which the next
+    replay overwrites in place (the copy keeps the gradient flowing, as the replayed graph's backward does)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.static: torch.Tensor | None = None
+
+    def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        loss = self.model(**batch)["loss"]
+        if self.static is None:
+            self.static = torch.zeros_like(loss.detach())
+        return {"loss": self.static.detach_().copy_(loss)}
+
+
+def own_loss_workload():
+    from accel_widgets import Workload
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(256, 16, generator=generator), torch.randint(0, 4, (256,), generator=generator)
+    items = [{"x": x[i], "labels": y[i]} for i in range(256)]
+    return Workload(model=OwnLoss, dataset=items, batch_size=32, name="own-loss")
+
+
+def losses_read(config: Config, steps: int = 8) -> list[float]:
+    """The losses a loop over the graph-replayed model reads, ``config``'s sync_every apart."""
+    import tempfile
+    import time
+
+    from accel_widgets.engine.training import build_loop
+    from accel_widgets.knobs.plan import resolve
+
+    workload = own_loss_workload()
+    with tempfile.TemporaryDirectory() as cache:
+        loop, raw = build_loop(workload, resolve(config, cpu_device(), workload), torch.device("cpu"), 0,
+                               cache_dir=cache, emit=lambda event: None, clock_origin=time.perf_counter())
+        loop.model = GraphReplayed(raw)  # instead of the compiled model, which compiles at its first call: CUDA
+        # graphs exist on a GPU only
+        return loop.losses() if loop.measure(steps, None, 0.0) else []
+
+
+@pytest.mark.parametrize("sync_every", [0, 4])
+def test_under_cuda_graphs_a_model_computed_loss_held_past_the_next_step_keeps_its_value(sync_every):
+    """reduce-overhead with sync_every != 1: each held loss is its own step's, as one read every step gives, not the
+    last replay's value in the graph's memory (on a GPU torch raises instead: pytorch/pytorch#96693's error)."""
+    replayed = Config(compile_mode="reduce-overhead", sync_every=sync_every)
+    every_step = losses_read(Config(compile_mode="reduce-overhead"))
+    held = losses_read(replayed)
+    assert len(set(every_step)) == 8 and held == pytest.approx(every_step)
+
+
+def test_a_held_loss_is_copied_only_under_the_cuda_graph_modes():
+    loss = torch.tensor(2.5, requires_grad=True) * 1.0
+    for mode in compiling.CUDA_GRAPH_COMPILE_MODES:
+        held = compiling.held_loss(loss, Config(compile_mode=mode))
+        assert held.untyped_storage().data_ptr() != loss.untyped_storage().data_ptr() and not held.requires_grad
+    plain = compiling.held_loss(loss, Config(compile_mode="default"))
+    assert plain.untyped_storage().data_ptr() == loss.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_blocks_are_compiled_before_ddp_or_fsdp_takes_them(monkeypatch, parallel):
+    """torchtitan's order: checkpointing, then each block compiled, then fully_shard per block (or DDP's wrapper).
+    What the wrapper is handed is read at the moment it is called (the wrapper itself is replaced: no process group
+    here), and the compile after it leaves the compiled blocks as they are."""
+    from accel_widgets.engine import training
+    from accel_widgets.knobs import parallel as parallel_owner
+
+    handed: list[list[bool]] = []
+
+    def wrap_model(model, config, device, blocks_path=None):
+        handed.append([layer._compiled_call_impl is not None for layer in model.layers])
+        return model
+
+    monkeypatch.setattr(parallel_owner, "wrap_model", wrap_model)
+    config = Config(compile_mode="default", compile_scope="blocks", parallel=parallel, world_size=2)
+    model = Stack()
+    called, raw, scope = training.prepare_model(model, config, torch.device("cpu"))
+    compiled = [layer._compiled_call_impl for layer in model.layers]
+    assert handed == [[True, True, True]] and called is raw is model
+    assert scope == "3 x Sequential at layers (88% of the parameters), each compiled; the code between them eager"
+    called, _ = compiling.compile_model(model, model, config, None)
+    assert [layer._compiled_call_impl for layer in model.layers] == compiled  # not compiled a second time

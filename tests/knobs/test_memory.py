@@ -92,7 +92,7 @@ def test_the_allocator_setting_lives_only_as_long_as_the_rank_needs_it(monkeypat
     if variable is not None:
         monkeypatch.setenv(variable, "garbage_collection_threshold:0.8")
     before = dict(os.environ)
-    target = variable or "PYTORCH_CUDA_ALLOC_CONF"
+    target = variable or "PYTORCH_ALLOC_CONF"  # torch reads it first, and without a deprecation warning
     with memory.allocator(Config(expandable_segments=True), "cuda"):
         kept = "garbage_collection_threshold:0.8," if variable else ""
         assert os.environ[target] == f"{kept}expandable_segments:True"
@@ -109,7 +109,7 @@ def test_a_rank_sets_the_allocator_before_it_chooses_its_cuda_device(monkeypatch
     seen = []
 
     def device_for(kind, rank):
-        seen.append((kind, os.environ.get("PYTORCH_CUDA_ALLOC_CONF")))
+        seen.append((kind, os.environ.get("PYTORCH_ALLOC_CONF")))
         raise RuntimeError("no CUDA here: the test ends at the device")
 
     monkeypatch.setattr(worker, "_device_for", device_for)
@@ -118,4 +118,62 @@ def test_a_rank_sets_the_allocator_before_it_chooses_its_cuda_device(monkeypatch
     with pytest.raises(RuntimeError, match="the test ends at the device"):
         worker.run_rank(0, tiny_workload(), spec, emit=lambda event: None)
     assert seen == [("cuda", "expandable_segments:True")]
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    assert "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+
+
+def test_with_both_variables_set_the_setting_joins_the_one_torch_reads(monkeypatch):
+    """c10's AllocatorConfig parses PYTORCH_ALLOC_CONF when it is set and PYTORCH_CUDA_ALLOC_CONF only when it is
+    not: written into the second, expandable segments would be ignored without a word."""
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    with memory.allocator(Config(expandable_segments=True), "cuda"):
+        assert os.environ["PYTORCH_ALLOC_CONF"] == "garbage_collection_threshold:0.8,expandable_segments:True"
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+def h200_snapshot(expandable: bool, devices: tuple[int, ...] = (0,)) -> list[dict]:
+    """torch.cuda.memory_snapshot() of a rank on an H200 after a 124M GPT step in bf16: a few segments of the sizes the
+    allocator maps (2 MiB small-block segments, 20 MiB and larger ones; expandable: one segment that grew)."""
+    sizes = [80 * 2**30] if expandable else [2 << 20, 20 << 20, 1 << 30, 24 << 30]
+    return [{"device": device, "address": 0x7F0000000000 + i * 2**36, "total_size": size, "allocated_size": size // 2,
+             "active_size": size // 2, "requested_size": size // 2, "stream": 0,
+             "segment_type": "large" if size > 1 << 20 else "small", "is_expandable": expandable, "blocks": []}
+            for device in devices for i, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("expandable", [True, False])
+def test_the_rank_reads_from_the_allocator_whether_its_segments_are_expandable(monkeypatch, expandable):
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: h200_snapshot(expandable, devices=(0, 1)))
+    assert memory.segments_expandable([torch.device("cuda", 0)]) is expandable
+    assert memory.segments_expandable([torch.device("cuda", 0), torch.device("cuda", 1)]) is expandable
+    assert memory.segments_expandable([torch.device("cuda", 2)]) is None  # no segment on that GPU yet
+    assert memory.segments_expandable([torch.device("cpu")]) is None
+
+
+def test_a_burst_that_asked_for_expandable_segments_and_got_fixed_ones_says_so():
+    asked = Config(expandable_segments=True)
+    said = memory.allocator_not_in_effect(asked, False)
+    assert said is not None and said.knob == "expandable_segments" and "did not act" in said.text
+    assert memory.allocator_not_in_effect(asked, True) is None and memory.allocator_not_in_effect(asked, None) is None
+    assert memory.allocator_not_in_effect(Config(), True) is None  # the user's own setting: nothing wrong
+
+
+@pytest.mark.parametrize("mode", ["blocks", "selective"])
+def test_mfu_counts_a_checkpointed_blocks_forward_once(mode):
+    """MFU is model FLOPs: the forward a checkpointed block runs again in backward is recompute, not training done.
+    Counted with it, 'blocks' read a third more FLOPs per sample than the same model without checkpointing."""
+    workload = gpt_workload(n_layer=2, d_model=16, seq_len=16, batch_size=8)
+    off = run_burst(workload, Config(), steps=2, warmup_steps=1, device=cpu_device())
+    checkpointed = run_burst(workload, Config(activation_checkpointing=mode), steps=2, warmup_steps=1,
+                             device=cpu_device())
+    assert off.ok and checkpointed.ok
+    assert checkpointed.ranks[0].flops_by_math == pytest.approx(off.ranks[0].flops_by_math)
+
+
+def test_forward_once_puts_the_checkpointed_forwards_back():
+    model = TinyGPT(vocab_size=32, seq_len=8, n_layer=2, d_model=16, n_head=2)
+    memory.checkpoint_blocks(model, Config(activation_checkpointing="blocks"))
+    wrapped = [block.forward for block in model.blocks]
+    with memory.forward_once(model):
+        assert all(isinstance(block.forward, type(model.forward)) for block in model.blocks)  # bound methods again
+    assert [block.forward for block in model.blocks] == wrapped

@@ -47,6 +47,8 @@ def test_flops_are_split_by_op_class_and_the_dtype_autocast_ran_them_in():
     (Config(precision="bf16"), "cuda", "conv", "bfloat16", "bf16"),
     (Config(precision="fp16"), "cuda", "matmul", "float16", "fp16"),
     (Config(), "cuda", "matmul", "float64", "fp64"),
+    (Config(precision="bf16", float8="tensorwise"), "cuda", "matmul", "float8_e4m3fn", "fp8"),
+    (Config(precision="bf16", float8="rowwise"), "cuda", "matmul", "float8_e5m2", "fp8"),
 ])
 def test_each_op_runs_in_the_math_its_class_dtype_and_the_tf32_knob_give(config, kind, op, dtype, math):
     assert op_math(config, kind, op, dtype) == math
@@ -118,3 +120,106 @@ def test_bursts_report_flops_per_sample():
     assert result.ranks[0].flops_per_sample == pytest.approx(4 * 16 * 32 + 6 * 32 * 4)
     assert result.ranks[0].flops_by_math == {"matmul:fp32": pytest.approx(4 * 16 * 32 + 6 * 32 * 4)}
     assert result.achieved_flops_per_s > 0
+
+
+# -- float8: torchao's tensors stand in for bf16 but multiply float8 -------------------------------------------------
+class FakeFloat8(torch.Tensor):
+    """torchao's float8 training tensor in miniature: float8 data and a scale inside, the high-precision dtype it
+    stands in for outside (``dtype``), a matmul that runs on the data scaled back, and ``__tensor_flatten__`` naming
+    the inner tensors, as a traceable subclass does."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: torch.Tensor, orig_dtype: torch.dtype):
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, dtype=orig_dtype, device=data.device)
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, orig_dtype: torch.dtype) -> None:
+        self._data, self._scale = data, scale
+
+    def __tensor_flatten__(self):
+        return ["_data", "_scale"], {"orig_dtype": self.dtype}
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.t.default:
+            (tensor,) = args
+            return FakeFloat8(tensor._data.t(), tensor._scale, tensor.dtype)
+
+        def high_precision(arg):
+            return arg._data.to(arg.dtype) * arg._scale if isinstance(arg, FakeFloat8) else arg
+
+        return func(*map(high_precision, args), **(kwargs or {}))
+
+
+def to_float8(tensor: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> FakeFloat8:
+    """Tensorwise scaling, as torchao's recipe: one scale maps the tensor's largest magnitude to the format's."""
+    scale = tensor.abs().amax().float().clamp(min=1e-12) / torch.finfo(dtype).max
+    return FakeFloat8((tensor.float() / scale).to(dtype), scale, tensor.dtype)
+
+
+class Float8Matmul(torch.autograd.Function):
+    """``x @ w.T`` with both sides cast to float8, and the two gradient matmuls with the gradient in e5m2: the three
+    matmuls of torchao's Float8Linear."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.mm(to_float8(x), to_float8(weight).t())
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad8 = to_float8(grad, torch.float8_e5m2)
+        return torch.mm(grad8, to_float8(weight)), torch.mm(grad8.t(), to_float8(x))
+
+
+class Float8Mlp(nn.Module):
+    """gpu_modern.py's MLP stack (Llama-3-8B's 4096 -> 14336 -> 4096, two residual blocks) with float8 matmuls."""
+
+    def __init__(self, blocks: int = 2, width: int = 4096, hidden: int = 14336, device: str = "meta") -> None:
+        super().__init__()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.empty(shape, device=device, dtype=torch.bfloat16))
+            for _ in range(blocks) for shape in ((hidden, width), (width, hidden)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for up, down in zip(self.weights[::2], self.weights[1::2], strict=True):
+            x = x + Float8Matmul.apply(F.silu(Float8Matmul.apply(x, up)), down)
+        return x
+
+
+def test_a_fake_float8_matmul_computes_the_product_it_stands_for():
+    """The fake runs the real arithmetic: float8 rounding keeps a product within a few percent of bf16's."""
+    x, w = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(32, 128, dtype=torch.bfloat16)
+    product = Float8Matmul.apply(x, w)
+    reference = (x.float() @ w.float().T)
+    assert product.dtype == torch.bfloat16
+    assert (product.float() - reference).norm() / reference.norm() < 0.08
+
+
+def test_float8_tensors_flops_are_charged_the_fp8_peak_not_the_bf16_one():
+    """The float8 MLP stack at H200 size (8,192 tokens a step), counted on the meta device: all 12 matmuls are
+    float8 (e4m3 forward, e5m2 gradients). At 9 ms a step on an H200 the bf16 peak would read MFU 1.3; the fp8 peak
+    (1,979 TFLOP/s) reads 0.65."""
+    tokens, model, config = 8192, Float8Mlp(), Config(precision="bf16", float8="tensorwise")
+    x = torch.empty(tokens, 4096, device="meta", dtype=torch.bfloat16, requires_grad=False)
+    counted = count_training_flops(model, lambda m: m(x).float().square().mean(), contextlib.nullcontext)
+    per_matmul = 2 * tokens * 4096 * 14336
+    assert counted.by_op == {("matmul", "float8_e4m3fn"): 4 * per_matmul,  # the forward
+                             ("matmul", "float8_e5m2"): 8 * per_matmul}  # each input's and weight's gradient
+    by_math: dict[str, float] = {}
+    for (op, dtype), flops in counted.by_op.items():
+        key = f"{op}:{op_math(config, 'cuda', op, dtype)}"
+        by_math[key] = by_math.get(key, 0.0) + flops / tokens
+    assert by_math == {"matmul:fp8": pytest.approx(12 * per_matmul / tokens)}
+    result = _measured(by_math, tokens / 0.009, config)
+    assert result.achieved_flops_per_s / 989.4e12 == pytest.approx(1.30, abs=0.01)  # what the bf16 peak would say
+    assert result.mfu == pytest.approx(result.achieved_flops_per_s / 1979e12) and 0.64 < result.mfu < 0.66
+    assert result.mfu_basis == "FLOPs: 100% matmuls in fp8"
+
+
+@pytest.mark.parametrize(("name", "tflops"), [("NVIDIA H200", 1979.0), ("NVIDIA H100 80GB HBM3", 1979.0),
+                                              ("NVIDIA H200 NVL", 1670.0), ("NVIDIA H100 NVL", 1670.0),
+                                              ("NVIDIA L40S", 733.0), ("NVIDIA L4", 242.5)])
+def test_the_float8_peaks_are_the_dense_ones(name, tflops):
+    assert peak_flops(name, "fp8") == pytest.approx(tflops * 1e12)
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores before Ada

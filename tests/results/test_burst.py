@@ -1,4 +1,5 @@
 import dataclasses
+import itertools
 import json
 import math
 
@@ -280,3 +281,33 @@ def test_memory_per_rank_and_training_state_compare_against_another_run():
     assert fsdp.model_state_bytes == 32_000 << 20 and ddp.model_state_bytes == 64_000 << 20
     assert "parameters sharded" in fsdp.summary() and "model state 32,000 MiB" in fsdp.summary()
     assert fsdp.memory_ratio_over(make_result()) is None  # RSS against the allocator's peak: not comparable
+
+
+# -- GPM: how busy the chip was inside "utilisation" ----------------------------------------------------------------
+def test_gpm_activity_is_averaged_over_the_intervals_inside_the_measured_window():
+    from tests.measured import H200_FP32_ACTIVITY, h200_result
+
+    result = h200_result(activity=H200_FP32_ACTIVITY)
+    start, end = result.measured_window()
+    inside = [b for b, a in itertools.pairwise(result.telemetry) if b.t >= start and a.t <= end]
+    assert len(inside) >= 13  # 3 s of 0.2 s intervals, the partial ones at either end left out
+    assert result.mean_sm_active_pct == pytest.approx(61.0) and result.mean_tensor_active_pct == pytest.approx(12.0)
+    assert result.mean_activity_pct("dram_bw_pct") == pytest.approx(35.0)
+    text = "SM active 61%, tensor cores active 12%, SM occupancy 25%, DRAM bandwidth 35% (NVML GPM)"
+    assert result.activity_text() == text
+    assert result.utilisation_note.endswith(f"(each averages the time before it was read); {text}")
+    assert f"  util        98%; {text}" in result.summary()
+    again = BurstResult.from_json(result.to_json())
+    assert again.activity_text() == text  # stored raw, read back the same
+
+
+def test_warm_up_activity_is_not_averaged_in_and_no_gpm_reads_as_nothing():
+    from tests.measured import H200_FP32_ACTIVITY, h200_result
+
+    result = h200_result(activity=H200_FP32_ACTIVITY)
+    start, _ = result.measured_window()
+    busy_warm_up = [dataclasses.replace(t, tensor_active_pct=95.0) if t.t < start else t for t in result.telemetry]
+    assert dataclasses.replace(result, telemetry=busy_warm_up).mean_tensor_active_pct == pytest.approx(12.0)
+    plain = h200_result()
+    assert plain.mean_sm_active_pct is None and plain.activity_text() == ""
+    assert "GPM" not in plain.utilisation_note and "  util        98%\n" in plain.summary() + "\n"
