@@ -21,6 +21,7 @@ from .analysis.diagnosis import Finding, diagnose
 from .analysis.guard import GuardVerdict, check_training, find_baseline
 from .data.streams import StreamReading
 from .demos import DEMO_NAMES, demo_workload
+from .engine.forkserver import warm_up
 from .engine.launcher import (
     BurstError,
     BurstTimeout,
@@ -30,7 +31,6 @@ from .engine.launcher import (
     WorkerOutOfMemory,
     WorkloadNotPicklable,
     run_burst,
-    warm_up,
 )
 from .engine.payload import UserCodeWarning
 from .engine.request import BurstRequestError

@@ -46,7 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import accel_widgets as aw
-from accel_widgets.engine.launcher import leftover_temp_files
+from accel_widgets.engine.ranks import leftover_temp_files
 from accel_widgets.knobs.plan import resolve
 
 Kind = Literal["normal", "stop", "fail"]

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import torch
 
-from accel_widgets.engine.launcher import leftover_temp_files
+from accel_widgets.engine.ranks import leftover_temp_files
 from accel_widgets.results.history import HISTORY_ENV
 
 LEAK_GRACE_S = 3.0

@@ -431,3 +431,16 @@ def matmul_workload(model: type[nn.Module], **kwargs) -> Workload:
     generator = torch.Generator().manual_seed(0)
     data = torch.randn(128, FEATURES, generator=generator), torch.randn(128, FEATURES, generator=generator)
     return Workload(model=model, dataset=data, loss_fn=F.mse_loss, batch_size=16, name="matmul", **kwargs)
+
+
+class FailsOnceFlagged(TinyNet):
+    """Raises from forward while the file ``flag`` exists: a test makes a later window of a held burst fail."""
+
+    def __init__(self, flag: str) -> None:
+        super().__init__()
+        self.flag = flag
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.path.exists(self.flag):
+            raise RuntimeError("flagged to fail")
+        return super().forward(x)

@@ -5,14 +5,13 @@ baseline. Plain data: the views (:mod:`accel_widgets.views.table`) decide how a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..knobs.config import Config
-from ..metrics.stats import Summary
-from ..metrics.thresholds import THRESHOLDS
 from ..results.burst import BurstResult
+from ..results.comparison import Comparison
 from .guard import GuardVerdict, NoiseBand, check_training
 
 Row = dict[str, Any]
@@ -63,6 +62,11 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "samples_per_s": result.samples_per_s,
         "tokens_per_s": result.tokens_per_s,
         "speedup": result.speedup_over(baseline) if baseline is not None else None,
+        "speedup_interval": None,
+        "verdict": None,
+        "min_effect": None,
+        "comparing": False,
+        "same_config": baseline is not None and baseline is not result and result.config == baseline.config,
         "step_ms_median": step.median * 1e3 if step is not None else None,
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),
@@ -98,7 +102,7 @@ class RunRow:
     ``values`` are its :func:`comparison_rows` numbers, ``baseline`` the run they are measured against
     and ``verdict`` the correctness guard's reading against that same run (its reading is
     ``diagnose(result, baseline, verdict=verdict)``). ``loaded`` is the hover note of a run loaded from
-    the run history.
+    the run history; ``comparison`` the comparison engine's measurement of it against that baseline, when it has one.
     """
 
     result: BurstResult
@@ -106,6 +110,7 @@ class RunRow:
     values: Row
     verdict: GuardVerdict
     loaded: str | None = None
+    comparison: Comparison | None = None
 
     @property
     def run(self) -> int:
@@ -119,35 +124,41 @@ class RunRow:
 def run_rows(results: Sequence[BurstResult], *, loaded: Mapping[int, str] | None = None,
              judged: Sequence[RunRow] = (),
              noise_of: Callable[[BurstResult], NoiseBand | None] | None = None,
-             paired: Mapping[int, Summary] | None = None) -> list[RunRow]:
+             compared: Mapping[int, Comparison] | None = None,
+             comparing: Collection[int] = ()) -> list[RunRow]:
     """Every run's table row, each judged by the guard against the baseline of its own speed-up.
 
     ``loaded`` maps the index of each run loaded from the run history to its hover note. ``judged`` are
     rows built before from the same runs (the panel's table before its latest run): a run whose baseline
     is still the same keeps its verdict, so the guard judges each run once, not once per table update.
     ``noise_of(baseline)`` gives the baseline's measured noise band when one is known (the guard then
-    tolerates what reseeding the data moves the loss by, not only the precision's floor). ``paired`` maps a
-    run re-measured against its baseline (:func:`~accel_widgets.search.remeasure.remeasure`) to its paired speed-ups:
-    that number replaces the row's, and the row is reliable again when the pairs agree.
+    tolerates what reseeding the data moves the loss by, not only the precision's floor). ``compared`` maps a
+    run measured against its baseline by the comparison engine to that comparison: its interval and verdict replace
+    the row's lone ratio (:func:`with_comparison`); ``comparing`` names those whose repeats are still arriving.
     """
     notes = loaded or {}
     baselines = _baselines(results, None)
-    rows = [with_paired(values, (paired or {}).get(i)) for i, values in enumerate(_rows(results, baselines))]
+    rows = [with_comparison(values, (compared or {}).get(i), comparing=i in comparing)
+            for i, values in enumerate(_rows(results, baselines))]
     return [RunRow(result, chosen, values, _verdict(result, chosen, judged[i] if i < len(judged) else None,
                                                     noise_of),
-                   notes.get(i))
+                   notes.get(i), (compared or {}).get(i))
             for i, (result, chosen, values) in enumerate(zip(results, baselines, rows, strict=True))]
 
 
-def with_paired(values: Row, ratio: Summary | None) -> Row:
-    """A row whose speed-up is its re-measure's paired median (with its quartiles): believed over the single
-    burst's, and reliable when the pairs spread less than ``THRESHOLDS.paired_max_relative_iqr``."""
-    if ratio is None:
-        return values
-    agree = ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
-    why = "" if agree else f"its {ratio.n} paired re-measures spread {ratio.relative_iqr:.0%} of their median"
-    return {**values, "speedup": ratio.median, "paired": (ratio.q1, ratio.q3, ratio.n),
-            "unreliable": not agree, "unreliable_why": why}
+def with_comparison(values: Row, comparison: Comparison | None, *, comparing: bool = False) -> Row:
+    """A row whose speed-up is the comparison engine's: the ratio of its interleaved blocks with the 95% anytime-valid
+    interval and the verdict. The interval is what says whether the run can be ranked, so a run whose own burst
+    looked unreliable is ranked by it once its comparison has a bounded interval."""
+    if comparison is None or comparison.ratio is None:
+        return {**values, "comparing": comparing} if comparing else values
+    found = comparison.interval
+    bounded = found.bounded
+    return {**values, "speedup": comparison.ratio, "speedup_interval": (found.low, found.high) if bounded else None,
+            "verdict": comparison.verdict, "min_effect": comparison.min_effect, "comparing": comparing,
+            "same_config": comparison.same_config,
+            "unreliable": values["unreliable"] and not bounded, "unreliable_why": "" if bounded
+            else values["unreliable_why"]}
 
 
 def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow | None,
@@ -159,10 +170,12 @@ def _verdict(result: BurstResult, baseline: BurstResult | None, before: RunRow |
 
 
 def best_run(rows: Sequence[RunRow]) -> RunRow | None:
-    """The run to take into the user's own code: the fastest against its baseline of those that finished, measured
-    reliably and train as their baseline does (the guard's verdict); None when no run qualifies."""
+    """The run to take into the user's own code: of those that finished, measured reliably and train as their
+    baseline does (the guard's verdict), one whose comparison says "faster" first, then the fastest against its
+    baseline; None when no run qualifies."""
     candidates = [row for row in rows if row.result.ok and not row.values["unreliable"] and not row.changes_training
-                  and row.values["samples_per_s"] is not None]
+                  and row.values["samples_per_s"] is not None and row.values.get("verdict") != "slower"]
     if not candidates:
         return None
-    return max(candidates, key=lambda row: (row.values["speedup"] or 0.0, row.values["samples_per_s"]))
+    return max(candidates, key=lambda row: (row.values.get("verdict") == "faster", row.values["speedup"] or 0.0,
+                                            row.values["samples_per_s"]))

@@ -64,11 +64,27 @@ class RankLosses:
 
 @dataclass(frozen=True)
 class RankDone:
-    """A rank finished its burst: its own summary, the environment it ran in, the warnings it saw."""
+    """A rank finished a measured window: its own summary, the environment it ran in, the warnings it saw.
+
+    ``window`` counts the windows of a held burst (0: the burst's own); ``held`` says the rank stays to measure
+    another when told (:class:`MeasureAgain`) instead of exiting.
+    """
 
     summary: RankSummary
     environment: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    window: int = 0
+    held: bool = False
+
+
+@dataclass(frozen=True)
+class MeasureAgain:
+    """The launcher's word to a held rank: build the training state afresh, warm it up and measure window
+    ``window`` of ``steps`` steps. ``None`` in its place tells the rank to finish."""
+
+    window: int
+    steps: int
+    warmup_steps: int
 
 
 @dataclass(frozen=True)

@@ -35,21 +35,23 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def end_strays(timeout_s: float = 2.0) -> list[str]:
+def end_strays(timeout_s: float = 2.0, *, keep_torch_helpers: bool = False) -> list[str]:
     """SIGKILL every process below this rank that is not one of its DataLoader workers, reap it, and say so: one
     warning per process the workload started, naming its pid and command.
 
     Only the workload starts such processes (a fork in ``forward``, a helper a library launches), and nothing a
     burst starts may outlive it. Loader workers (this process's multiprocessing children) are left to their own
     shutdown, which also ends when the rank does; what *they* started is ended here too. torch's own helpers
-    (inductor's compile workers, run from torch's directory) are ended without a warning: they are no mistake.
+    (inductor's compile workers, run from torch's directory) are ended without a warning: they are no mistake, and
+    with ``keep_torch_helpers`` (a held rank that may compile again) they are left running.
     """
     loader_workers = {child.pid for child in multiprocessing.active_children()}
     helpers = _torch_helpers()
+    kept = loader_workers | helpers if keep_torch_helpers else loader_workers
     ended: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        strays = [p for p in _descendants() if p.pid not in loader_workers and p.pid not in ended]
+        strays = [p for p in _descendants() if p.pid not in kept and p.pid not in ended]
         for stray in strays:
             ended[stray.pid] = _describe(stray)
             with contextlib.suppress(psutil.Error):

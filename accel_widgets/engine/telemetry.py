@@ -95,6 +95,9 @@ class TelemetrySampler:
         self._on_sample = on_sample
         self._clock = clock
         self._stop_event = threading.Event()
+        self._sampling = threading.Event()  # cleared while paused; set again by resume() and stop()
+        self._sampling.set()
+        self._resumed = False  # the thread primes its readings before the first tick after a pause
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         # Process state, read from /proc on the sampler thread only. Pids handed to watch() wait in _pending.
@@ -137,6 +140,18 @@ class TelemetrySampler:
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
+    def pause(self) -> None:
+        """Stop sampling until :meth:`resume`, without waking: ranks held between measured windows
+        (:class:`~accel_widgets.engine.launcher.HeldBurst`) are idle while another config measures, and every
+        tick of an idle burst's sampler would be taken from that measurement. Takes effect at the next tick."""
+        self._sampling.clear()
+
+    def resume(self) -> None:
+        """Sample again after :meth:`pause`; the first tick re-reads the counters, so no sample averages over
+        the paused time."""
+        self._resumed = True
+        self._sampling.set()
+
     def stop(self) -> list[TelemetrySample]:
         """Stop, wait for the thread to end, release NVML and return the samples. Idempotent.
 
@@ -144,6 +159,7 @@ class TelemetrySampler:
         samples once this returns.
         """
         self._stop_event.set()
+        self._sampling.set()  # a paused thread wakes to see the stop
         if self._thread is not None:
             self._thread.join()
         for reader in self._gpm.values():
@@ -196,7 +212,14 @@ class TelemetrySampler:
     def _run(self) -> None:
         next_tick = time.monotonic()
         while not self._stop_event.is_set():
+            if not self._sampling.is_set():
+                self._sampling.wait()
+                next_tick = time.monotonic()
+                continue
             try:
+                if self._resumed:
+                    self._resumed = False
+                    self._prime()
                 self._tick()
             except Exception as exc:
                 self._record(_describe(exc))
@@ -205,6 +228,12 @@ class TelemetrySampler:
             next_tick = max(next_tick, now)
             if self._stop_event.wait(next_tick - now):
                 break
+
+    def _prime(self) -> None:
+        """Read the counters a sample is a difference of, so the next one covers only the time since."""
+        self._host_cpu.read()
+        self._read_psutil(self._clock() - self._origin)
+        self._stop_event.wait(min(self._interval, 0.05))
 
     def _tick(self) -> None:
         t = self._clock() - self._origin

@@ -92,6 +92,14 @@ class EpochIterator:
         if set_epoch is not None:  # a DistributedSampler draws each epoch's order from its seed and the epoch
             set_epoch(self._epoch)
 
+    def close(self) -> None:
+        """End the loader's worker processes now, not whenever the iterator is collected: a held rank builds a new
+        loader for its next window, and two sets of workers must never compete for the cores."""
+        for iterator in (self._iterator, getattr(self._loader, "_iterator", None)):  # persistent workers: both
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
     def __next__(self) -> Any:
         try:
             batch = next(self._iterator)
@@ -351,6 +359,10 @@ class TrainingLoop:
         self.mixed_precision = precision.MixedPrecision(self.config, self.device)
         self._next_step = 0
         self._step_samples = 0  # samples of the latest step
+
+    def close(self) -> None:
+        """Release what outlives the loop's objects on its own: the loader's worker processes."""
+        self.batches.close()
 
     def flops_by_math(self, raw_model: nn.Module) -> dict[str, float] | None:
         """Training FLOPs per sample by ``"<op class>:<math>"`` ("conv:tf32", "matmul:bf16"), counted on one

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import os
 import platform
+import random
 import signal
 import site
 import sys
@@ -33,8 +35,8 @@ from ..inputs.workload import Workload
 from ..knobs import global_flags, memory
 from ..knobs.compiling import CompileWatch
 from ..knobs.plan import Plan
-from ..results.burst import StepRecord
-from .events import Emit, EventChannel, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
+from ..results.burst import RankSummary, StepRecord
+from .events import Emit, EventChannel, MeasureAgain, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
 from .group import joined
 from .process import (
     become_subreaper,
@@ -77,12 +79,34 @@ class BurstSpec:
     collective_timeout_s: float = 300.0
 
 
-def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) -> None:
+@dataclass(frozen=True)
+class HeldWindows:
+    """What a held rank needs to measure more windows after its first: the commands from the launcher, and the
+    workload's bytes, unpickled afresh for each window so that it starts from the same untrained state."""
+
+    commands: Any  # the read end of a multiprocessing pipe of MeasureAgain | None
+    payload: bytes
+
+    def __iter__(self) -> Iterator[MeasureAgain]:
+        """The commands until the launcher says finish (None) or is gone (the pipe ends)."""
+        while True:
+            try:
+                command = self.commands.recv()
+            except (EOFError, OSError):
+                return
+            if command is None:
+                return
+            yield command
+
+
+def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any, commands: Any = None) -> None:
     """Rank process entry point (started by ``torch.multiprocessing.start_processes``).
 
     The workload arrives cloudpickled so that classes defined in a notebook's ``__main__`` work.
     Anything the workload raises -- ``sys.exit`` and ``KeyboardInterrupt`` included -- is sent as an
     event carrying this rank's own traceback, then re-raised so torch's process context sees it too.
+    ``commands``, given for a held burst, is where the launcher's :class:`MeasureAgain` arrive once the first
+    window is measured.
     """
     # Ctrl-C in a terminal or a Jupyter interrupt reaches the whole process group; the caller alone
     # decides to stop a burst, so a KeyboardInterrupt seen here can only come from user code.
@@ -105,7 +129,8 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any) ->
                 emit.flush()  # every step record is in the pipe before the launcher can see "finishing"
             phases[rank] = int(phase)
 
-        run_rank(rank, workload, spec, emit, set_phase=set_phase)
+        held = HeldWindows(commands, payload) if commands is not None else None
+        run_rank(rank, workload, spec, emit, set_phase=set_phase, held=held)
     except BaseException as exc:
         origin = spec.clock_origin if spec is not None else 0.0
         emit(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
@@ -124,7 +149,9 @@ class _EndingStrays:
 
     def __call__(self, event: WorkerEvent) -> None:
         if isinstance(event, (RankDone, RankFailed)):
-            event = dataclasses.replace(event, warnings=[*event.warnings, *end_strays()])
+            # A held rank may compile again in a later window: torch's compile workers stay until it finishes.
+            held = isinstance(event, RankDone) and event.held
+            event = dataclasses.replace(event, warnings=[*event.warnings, *end_strays(keep_torch_helpers=held)])
         self._emit(event)
 
     def flush(self) -> None:
@@ -203,17 +230,27 @@ class _BatchedEmit:
 
 def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
              should_stop: Callable[[], bool] = lambda: False,
-             set_phase: Callable[[Phase], None] = lambda phase: None) -> None:
-    """Build everything for one rank inside the config's global flags, train, and report."""
+             set_phase: Callable[[Phase], None] = lambda phase: None, held: HeldWindows | None = None) -> None:
+    """Build everything for one rank inside the config's global flags, train, and report; with ``held``, stay and
+    measure a window more at each of the launcher's commands."""
     setup_start = time.perf_counter()
     set_phase(Phase.SETUP)
     with memory.allocator(spec.plan.config, spec.plan.device.kind):  # before choosing the device initialises CUDA
         device = _device_for(spec.plan.device.kind, rank)
-        _train_rank(rank, workload, spec, device, emit, setup_start, should_stop, set_phase)
+        _train_rank(rank, workload, spec, device, emit, setup_start, should_stop, set_phase, held)
+
+
+@dataclass
+class _Built:
+    """The rank's training state: held in one place, so that a held rank drops it whole before building the next."""
+
+    loop: TrainingLoop | None
+    raw: torch.nn.Module | None
 
 
 def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.device, emit: Emit,
-                setup_start: float, should_stop: Callable[[], bool], set_phase: Callable[[Phase], None]) -> None:
+                setup_start: float, should_stop: Callable[[], bool], set_phase: Callable[[Phase], None],
+                held: HeldWindows | None = None) -> None:
     plan, request = spec.plan, spec.request
     with (
         torch_threads(plan.threads_per_rank),
@@ -224,8 +261,9 @@ def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.de
         # The in-process fallback runs in the caller: seeding must not change the caller's RNG streams.
         torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []),
     ):
-        loop, raw = build_loop(workload, plan, device, rank, cache_dir=spec.cache_dir, emit=emit,
-                               clock_origin=spec.clock_origin, should_stop=should_stop, set_phase=set_phase)
+        built = _Built(*build_loop(workload, plan, device, rank, cache_dir=spec.cache_dir, emit=emit,
+                                   clock_origin=spec.clock_origin, should_stop=should_stop, set_phase=set_phase))
+        loop, raw = built.loop, built.raw
         setup_s = time.perf_counter() - setup_start
         with _watching_compiles(loop) as watch:  # the steps the numbers come from: compiling happens in them
             first_step_s, steady_s = loop.warm_up(request.warmup_steps or 1)
@@ -237,7 +275,62 @@ def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.de
                                loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
                                stream_reading(loop.batches.loader.dataset), loop.cache,
                                watch.report(loop.compiled) if watch is not None else None)
-    emit(RankDone(summary, _environment(device, spec, loop.model), sorted(set(caught))))
+        environment = _environment(device, spec, loop.model)
+        if held is not None:
+            emit(RankDone(summary, environment, sorted(set(caught())), held=True))
+            del loop, raw  # the state lives in ``built`` alone, which the next window replaces
+            _measure_held(held, built, summary, rank, spec, device, emit, should_stop, set_phase)
+            return
+    emit(RankDone(summary, environment, sorted(set(caught()))))
+
+
+#: A held rank's state is built after a spacer of up to this many bytes, of a random size (64-byte steps).
+HEAP_SHIFT_BYTES = 1 << 20
+
+
+def _measure_held(held: HeldWindows, built: _Built, first: RankSummary, rank: int, spec: BurstSpec,
+                  device: torch.device, emit: Emit, should_stop: Callable[[], bool],
+                  set_phase: Callable[[Phase], None]) -> None:
+    """Measure a window at each command, each on training state built afresh, until told to finish.
+
+    Why afresh: where a process's tensors land in memory (their alignment to cache sets and pages) is fixed for as
+    long as they live, and it moves the step's speed. The same loop in two processes held for minutes ran a steady
+    15-25% apart on this 2-core host (benchmarks/results/held_windows.json), while rebuilding its state between
+    windows brought that down to the noise between windows. So each window unpickles the workload again, builds
+    model, optimizer, data and loader as a burst does (same seed, same weights), behind a heap spacer of random
+    size so the new state does not land exactly where the old one was freed, and warms up before it measures.
+    torch.compile's caches live in the process: a rebuilt model of the same code is not compiled again.
+    """
+    shift = random.Random()
+    for command in held:
+        set_phase(Phase.SETUP)
+        started = time.perf_counter()
+        _drop(built)
+        spacer = torch.empty(shift.randrange(0, HEAP_SHIFT_BYTES, 64) + 64, dtype=torch.uint8)
+        workload, _ = cloudpickle.loads(held.payload)
+        built.loop, built.raw = build_loop(workload, spec.plan, device, rank, cache_dir=spec.cache_dir, emit=emit,
+                                           clock_origin=spec.clock_origin, should_stop=should_stop,
+                                           set_phase=set_phase)
+        loop = built.loop
+        setup_s = time.perf_counter() - started
+        first_step_s, _ = loop.warm_up(command.warmup_steps)
+        window = loop.measure(command.steps, None, first_step_s)
+        set_phase(Phase.FINISHING)
+        summary = rank_summary(rank, device, first.device, window, setup_s, loop.scaler_skipped_steps(),
+                               first.flops_by_math, None, first.code_paths, first.random_data, first.stream,
+                               first.cache)
+        emit(RankDone(summary, window=command.window, held=True))
+        del loop, spacer
+    _drop(built)
+    end_strays()  # torch's compile workers, kept while more windows might compile, go with the rank
+
+
+def _drop(built: _Built) -> None:
+    """End the loader's workers and free the training state before anything new is allocated."""
+    if built.loop is not None:
+        built.loop.close()
+    built.loop = built.raw = None
+    gc.collect()
 
 
 @contextlib.contextmanager
@@ -283,24 +376,20 @@ def _device_for(kind: str, rank: int) -> torch.device:
 
 
 @contextlib.contextmanager
-def _collected_warnings() -> Iterator[list[str]]:
+def _collected_warnings() -> Iterator[Callable[[], list[str]]]:
     """Record the warnings that concern the user's code or config (e.g. a deprecated call in their model) so
-    they reach the result, once each.
+    they reach the result, once each: the callable it gives says those recorded so far.
 
     Python attributes a warning to a file: the caller its ``stacklevel`` points at. One attributed to torch or
     another installed library is about that library's own calls (torch.compile's internal deprecations) and
     says nothing the user can act on; it is dropped here, where its origin is still known exactly (the result
     keeps only text). accel_widgets' own warnings always pass.
     """
-    messages: list[str] = []
     libraries = _library_dirs()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
-        try:
-            yield messages
-        finally:
-            messages.extend(f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught
-                            if not _from_library(w, libraries))
+        yield lambda: [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught
+                       if not _from_library(w, libraries)]
 
 
 _PACKAGE = __name__.split(".")[0]

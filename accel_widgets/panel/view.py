@@ -18,7 +18,8 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from ..analysis.compare import best_run
-from ..engine.launcher import run_burst, warm_up
+from ..engine.forkserver import warm_up
+from ..engine.launcher import run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs.config import Config

@@ -1,19 +1,69 @@
 """How a search runs each of its many bursts: one value the tuner, the sweep, the batch-size finder, the ladder and
-re-measures hand down instead of the same five parameters each."""
+comparisons hand down instead of the same five parameters each; and the configs a comparison measures again and
+again (:class:`Contender`)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
+from ..engine.held import HeldBurst
 from ..engine.launcher import BurstError, run_burst
 from ..inputs.workload import Workload
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 
 Engine = Callable[..., BurstResult]
+
+
+class Contender(Protocol):
+    """One config a comparison measures window after window: its first window (an ordinary burst) and more on
+    request, until closed. :meth:`measure` raises a :class:`~accel_widgets.engine.launcher.BurstError` when a
+    window fails."""
+
+    config: Config
+    first: BurstResult
+
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class FreshBursts:
+    """A contender whose every window is a burst of its own through ``engine``: what an engine other than
+    ``run_burst`` gives (a ``partial`` of it, the in-process fallback, a fake), paying setup and compile each time."""
+
+    engine: Engine
+    workload: Workload
+    config: Config
+    first: BurstResult
+
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult:
+        result = self.engine(self.workload, self.config, steps=steps, seconds=None, label=label, stop=stop,
+                             on_event=None)
+        if not result.ok:
+            raise BurstError(result.error.message if result.error is not None else f"burst {result.status}", result)
+        return result
+
+    def close(self) -> None:
+        """Nothing is held between its windows."""
+
+
+@dataclass
+class Failed:
+    """A config whose first window did not finish: nothing to measure again."""
+
+    config: Config
+    first: BurstResult
+
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult:
+        raise BurstError(f"the first burst of {self.config.label()} did not finish", self.first)
+
+    def close(self) -> None:
+        """Nothing was started that is still running."""
 
 
 @dataclass(frozen=True)
@@ -27,16 +77,39 @@ class Bursts:
     steps: int | None = None
     seconds: float | None = None
     stop: threading.Event | None = None
+    timeout_s: float | None = None  # each burst's (None: the engine's default)
 
     def run(self, workload: Workload, config: Config, *, label: str = "",
             on_event: Callable[[Any], None] | None = None, stop: threading.Event | None = None) -> BurstResult:
         """One burst; a failing one comes back as its failed result (a search judges it, it never raises).
         ``stop`` replaces the search's own for this burst (the batch-size finder's memory watch ends one try)."""
+        timeout = {"timeout_s": self.timeout_s} if self.timeout_s is not None else {}
         try:
             return self.engine(workload, config, steps=self.steps, seconds=self.seconds, label=label,
-                               stop=stop or self.stop, on_event=on_event)
+                               stop=stop or self.stop, on_event=on_event, **timeout)
         except BurstError as exc:
             return exc.result
+
+    def open(self, workload: Workload, config: Config, *, label: str = "",
+             on_event: Callable[[Any], None] | None = None) -> Contender:
+        """A contender for ``config``, its first window measured (this search's length) like :meth:`run`'s burst.
+
+        The default engine holds its ranks between windows (:class:`~accel_widgets.engine.held.HeldBurst`: setup and
+        compile paid once); any other engine runs a fresh burst per window. A first window that does not finish
+        gives a contender that cannot measure again (its ``first`` says why)."""
+        if self.engine is not run_burst:
+            first = self.run(workload, config, label=label, on_event=on_event)
+            return FreshBursts(self.engine, workload, config, first) if first.ok else Failed(config, first)
+        timeout = {"timeout_s": self.timeout_s} if self.timeout_s is not None else {}
+        try:
+            held = HeldBurst(workload, config, steps=self.steps, seconds=self.seconds, label=label,
+                             on_event=on_event, stop=self.stop, **timeout)
+        except BurstError as exc:
+            return Failed(config, exc.result)
+        if not held.first.ok:
+            held.close()
+            return Failed(config, held.first)
+        return held
 
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()

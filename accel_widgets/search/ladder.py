@@ -9,17 +9,21 @@ so are those that cost speed to address a limit the workload was not found to ha
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.launcher import BurstError, run_burst
+from ..engine.launcher import run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import CLIMBS, RUNGS, Climb, Symptom
 from ..knobs.config import Config
 from ..results.burst import BurstResult
+from ..results.comparison import Comparison
 from .batchsize import BatchSizeSearch
+from .bursts import Engine
+from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, Progress, measure_pairs
 
 
 @dataclass(frozen=True)
@@ -81,22 +85,69 @@ def _called_for(climb: Climb, found: set[str]) -> bool:
     return not climb.only_when or bool(set(climb.only_when) & found)
 
 
+@dataclass(frozen=True)
+class Ladder:
+    """A ladder measured: each rung's first burst (``results``, in the rungs' order), and the comparison engine's
+    reading of each rung against the rung before it and against the baseline (``comparisons``, by the pair of rung
+    indices ``(reference, subject)``)."""
+
+    rungs: list[Rung]
+    results: list[BurstResult]
+    comparisons: dict[tuple[int, int], Comparison]
+
+    def step(self, index: int) -> Comparison | None:
+        """Rung ``index`` against the rung before it: what that rung's knobs added."""
+        return self.comparisons.get((index - 1, index))
+
+    def overall(self, index: int) -> Comparison | None:
+        """Rung ``index`` against the baseline: what the ladder has gained up to it."""
+        return self.comparisons.get((0, index))
+
+
+def ladder_pairs(count: int) -> list[tuple[int, int]]:
+    """The pairs a ladder of ``count`` rungs is read by: each rung against the one before, then against the
+    baseline (where that is another pair)."""
+    return [*((i - 1, i) for i in range(1, count)), *((0, i) for i in range(2, count))]
+
+
+#: A ladder's windows are shorter than a lone comparison's: it measures every rung at once, and the drift between
+#: windows, not the steps within one, is what its intervals are made of.
+LADDER_WINDOW_S = 0.5
+
+
 def run_ladder(
     workload: Workload,
     rungs: list[Rung] | None = None,
     *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    steps: int | None = None,
+    timeout_s: float | None = None,
+    engine: Engine = run_burst,
+    stop: threading.Event | None = None,
     on_result: Callable[[Rung, BurstResult], None] | None = None,
-    **burst_kwargs: Any,
-) -> list[BurstResult]:
-    """Run each rung as a burst (``burst_kwargs`` go to :func:`~accel_widgets.engine.launcher.run_burst`); a failing
-    rung is kept as a failed result and the ladder goes on."""
-    results = []
-    for rung in rungs or classic_ladder(workload):
-        try:
-            result = run_burst(workload, rung.config, label=rung.name, **burst_kwargs)
-        except BurstError as exc:
-            result = exc.result
-        results.append(result)
-        if on_result is not None:
-            on_result(rung, result)
-    return results
+    on_event: Callable[[Any], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Ladder:
+    """Run each rung's first burst in order (``on_result`` is told of each as it ends, ``on_event`` sees their live
+    events), then measure the rungs interleaved with the comparison engine until each rung's verdict against the
+    one before and the baseline is settled or ``budget_s`` (after the first bursts) is spent. A failing rung keeps
+    its failed result and the ladder goes on; its comparisons say why they could not be made."""
+    rungs = rungs or classic_ladder(workload)
+    told = 0
+
+    def progress(now: Progress) -> None:
+        nonlocal told
+        while on_result is not None and told < len(now.firsts):
+            on_result(rungs[told], now.firsts[told])
+            told += 1
+        if on_progress is not None:
+            on_progress(now)
+
+    pairs = ladder_pairs(len(rungs))
+    measured = measure_pairs(workload, [r.config for r in rungs], pairs, budget_s=budget_s, min_effect=min_effect,
+                             steps=steps, engine=engine, stop=stop, labels=[r.name for r in rungs],
+                             on_event=on_event, on_progress=progress, window_s=LADDER_WINDOW_S, timeout_s=timeout_s,
+                             budget_covers_firsts=False)
+    results = [first for first in measured.firsts if first is not None]
+    return Ladder(rungs[:len(results)], results, dict(zip(pairs, measured.comparisons, strict=True)))

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from accel_widgets import Config, StepRecord, WorkerCrashed, WorkerError, Workload
 from accel_widgets import run_burst as _run_burst
-from accel_widgets.engine.launcher import PUMP_TICK_S, SYNC_DEBUG_DDP_NOTE
+from accel_widgets.engine.launcher import SYNC_DEBUG_DDP_NOTE
+from accel_widgets.engine.ranks import PUMP_TICK_S
 from accel_widgets.engine.worker import STEP_BATCH_S
 from tests.devices import cpu_device
 from tests.workloads import FailAt, tiny_workload
@@ -213,11 +214,12 @@ def test_knobs_act_in_every_ddp_rank(changes, expect, tmp_path):
 
 def test_a_rank_dying_after_it_finished_keeps_the_measurement():
     """gloo can abort a rank in teardown after it sent its summary: the measurement is complete, keep it."""
-    from accel_widgets.engine.launcher import _Collected, _finish
+    from accel_widgets.engine.launcher import _finish
+    from accel_widgets.engine.ranks import Collected
     from accel_widgets.results.burst import BurstResult
     from tests.results.test_burst import _rank
 
-    collected = _Collected(ranks={0: _rank(0, 96, 0.3), 1: _rank(1, 96, 0.5)}, exit_codes=[0, -6])
+    collected = Collected(ranks={0: _rank(0, 96, 0.3), 1: _rank(1, 96, 0.5)}, exit_codes=[0, -6])
     result = _finish(BurstResult("w", DDP, "ok", world_size=2), collected, "failed", time.perf_counter(), 60.0)
     assert result.ok and result.samples_per_s > 0
     assert any("rank 1 was killed by SIGABRT" in w and "after finishing" in w for w in result.warnings)

@@ -22,7 +22,7 @@ from accel_widgets import (
     run_burst,
 )
 from accel_widgets.analysis.diagnosis import diagnose
-from accel_widgets.engine.launcher import EXIT_GRACE_S
+from accel_widgets.engine.ranks import EXIT_GRACE_S
 from accel_widgets.results.burst import BurstPhase, ProfileCapture
 from tests.devices import cpu_device
 from tests.workloads import (
@@ -305,7 +305,7 @@ def test_fast_steps_streaming_in_wake_the_caller_per_tick_not_per_message():
     """
     import resource
 
-    from accel_widgets.engine.launcher import PUMP_TICK_S
+    from accel_widgets.engine.ranks import PUMP_TICK_S
 
     seconds = 2.0
     before = resource.getrusage(resource.RUSAGE_THREAD)

@@ -24,7 +24,8 @@ import pytest
 from accel_widgets import BurstTimeout, Config, StepRecord, WorkerCrashed, WorkerError, Workload, run_burst
 from accel_widgets.engine import launcher
 from accel_widgets.engine.events import Phase
-from accel_widgets.engine.launcher import _Collected, _crash_message, inductor_cache_dir, remove_orphaned_burst_dirs
+from accel_widgets.engine.launcher import _crash_message, inductor_cache_dir
+from accel_widgets.engine.ranks import Collected, remove_orphaned_burst_dirs
 from tests.workloads import FailAt, ForksInForward, StuckItemDataset, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +264,7 @@ def test_stop_with_loader_workers_returns_at_once():
 
 
 def test_sigkill_is_blamed_on_the_oom_killer_only_with_evidence(monkeypatch):
-    collected = _Collected(exit_codes=[-9], phases=[Phase.STEP], oom_kills_before=2)
+    collected = Collected(exit_codes=[-9], phases=[Phase.STEP], oom_kills_before=2)
     monkeypatch.setattr(launcher, "oom_kill_count", lambda: 2)
     assert "from outside the burst (no out-of-memory kill was recorded)" in _crash_message(0, -9, collected)
     monkeypatch.setattr(launcher, "oom_kill_count", lambda: 3)

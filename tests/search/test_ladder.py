@@ -3,6 +3,8 @@ import itertools
 
 from accel_widgets import BatchSizeSearch, BatchTry, Config, classic_ladder
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.search.ladder import Rung, ladder_pairs, run_ladder
+from tests.search.machines import Machine, noisy
 from tests.workloads import conv_workload, gpt_workload, tiny_workload
 
 CPU = DeviceInfo(cpu_count=2, cpu_name="cpu", cpu_flags=frozenset({"avx512_bf16"}))
@@ -69,3 +71,19 @@ def test_a_batch_size_search_that_ran_out_of_memory_gives_the_memory_rung_its_ba
                                               *tries[2:]))
     assert not flat.memory_limited  # the fastest size was not the largest: a larger batch would not pay
     assert "+memory" not in [r.name for r in classic_ladder(gpt_workload(batch_size=4), CPU, batch_search=flat)]
+
+
+def test_a_ladder_reads_each_rung_against_the_one_before_and_the_baseline() -> None:
+    """Rungs at 1.0x, 1.5x and 1.5x: the second rung is faster than the baseline, the third no faster than the
+    second (same) but faster than the baseline; each rung's first burst is told as it ends."""
+    rungs = [Rung("baseline", "", Config()), Rung("+loader", "", Config(num_workers=2)),
+             Rung("+pin", "", Config(num_workers=2, pin_memory=True))]
+    machine = Machine(noisy({rungs[1].config: 1.5, rungs[2].config: 1.5}, sd=0.01))
+    told: list[str] = []
+    ladder = run_ladder(tiny_workload(), rungs, engine=machine, steps=10, budget_s=300.0,
+                        on_result=lambda rung, result: told.append(rung.name))
+    assert told == ["baseline", "+loader", "+pin"] and [r.config for r in ladder.results] == [r.config for r in rungs]
+    assert sorted(ladder.comparisons) == [(0, 1), (0, 2), (1, 2)]
+    assert ladder.step(1).verdict == "faster" and ladder.step(2).verdict == "same"
+    assert ladder.overall(2).verdict == "faster" and ladder.overall(1) is ladder.step(1)
+    assert ladder_pairs(4) == [(0, 1), (1, 2), (2, 3), (0, 2), (0, 3)]
