@@ -43,9 +43,11 @@ from .knobs.config import Config
 from .knobs.rules import ConfigError, check_config
 from .metrics.stats import Summary, summarize
 from .results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from .results.comparison import Comparison
 from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
 from .search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
-from .search.ladder import classic_ladder, run_ladder
+from .search.compare import compare
+from .search.ladder import Ladder, classic_ladder, run_ladder
 from .search.remeasure import remeasure
 from .search.sweep import SweepResult, sweep
 from .search.tuner import TuneResult, TuneStep, measure_noise, tune
@@ -77,6 +79,7 @@ __all__ = [
     "BurstResult",
     "BurstTimeout",
     "CodePaths",
+    "Comparison",
     "Config",
     "ConfigError",
     "DeviceInfo",
@@ -87,6 +90,7 @@ __all__ = [
     "IsolationWarning",
     "Knob",
     "KnobValueError",
+    "Ladder",
     "RankSummary",
     "Recipe",
     "RunHistory",
@@ -107,6 +111,7 @@ __all__ = [
     "check_config",
     "check_training",
     "classic_ladder",
+    "compare",
     "demo_workload",
     "diagnose",
     "export_script",

@@ -261,6 +261,7 @@ class TelemetrySampler:
                 util = _unless_unsupported(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)  # None on MIG
                 power_mw = _unless_unsupported(nvml, nvml.nvmlDeviceGetPowerUsage, handle)
                 sm_clock = _unless_unsupported(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM)
+                limits = _clock_limits(nvml, handle)
                 energy_mj = None if mig else _unless_unsupported(nvml, nvml.nvmlDeviceGetTotalEnergyConsumption,
                                                                  handle)
                 activity = self._read_gpm(ordinal, device)
@@ -273,6 +274,7 @@ class TelemetrySampler:
                         mem_total_bytes=int(memory.total),
                         power_w=None if power_mw is None else power_mw / 1000.0,
                         sm_clock_mhz=None if sm_clock is None else float(sm_clock),
+                        clock_limits=limits,
                         device=device,
                         energy_j=None if energy_mj is None else energy_mj / 1000.0,
                         energy_scope="mig" if mig else "gpu",
@@ -668,6 +670,25 @@ def _unless_unsupported(nvml: Any, read: Callable[..., Any], *args: Any) -> Any 
         return read(*args)
     except nvml.NVMLError_NotSupported:
         return None
+
+
+#: NVML's clock event reasons (``nvmlClocksEventReason*``, formerly "throttle reasons") that slow a running step, by
+#: bit: idle, application clocks, sync boost and the display clock say nothing about a burst's speed and are left out.
+CLOCK_LIMITS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "software thermal", 0x40: "hardware thermal",
+                0x80: "power brake"}
+
+
+def _clock_limits(nvml: Any, handle: Any) -> tuple[str, ...] | None:
+    """The reasons NVML gives for holding the GPU's clocks down now, named; None where it cannot say (pynvml
+    names the call ``ClocksEventReasons`` since 12.2 and ``ClocksThrottleReasons`` before)."""
+    read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    if read is None:
+        return None
+    mask = _unless_unsupported(nvml, read, handle)
+    if mask is None:
+        return None
+    return tuple(name for bit, name in CLOCK_LIMITS.items() if int(mask) & bit)
 
 
 def _describe(exc: BaseException) -> str:

@@ -108,6 +108,9 @@ class TelemetrySample:
     sm_occupancy_pct: float | None = None
     tensor_active_pct: float | None = None
     dram_bw_pct: float | None = None
+    # Why NVML said the GPU's clocks were held below their maximum at this sample ("power cap", "thermal"...), the
+    # reasons that slow a step; empty where none held them, None where not read
+    clock_limits: tuple[str, ...] | None = None
 
 
 #: What a rank is doing, as the launcher sees it: it starts, sets up (model, loader, process group), then

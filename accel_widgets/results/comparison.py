@@ -38,8 +38,9 @@ class NoiseSources:
     ``between`` is what the blocks' log ratios actually spread; ``within`` what the windows' own step-time spread
     explains of it (a window of n steps whose steps spread s averages to s / sqrt(n)); ``drift`` the rest: the
     machine moving between windows (other tenants, clocks, memory placement). ``other_load_pct`` is the mean share
-    of the machine that processes outside the measurement took during the windows, and ``clock_spread`` how much
-    the GPU's SM clock moved between windows (relative SD; None without NVML clocks).
+    of the machine that processes outside the measurement took during the windows, ``clock_spread`` how much
+    the GPU's SM clock moved between windows (relative SD; None without NVML clocks) and ``clock_limits`` how many
+    windows NVML said ran with their clocks held down, by reason ("power cap": 3).
     """
 
     between: float
@@ -47,10 +48,14 @@ class NoiseSources:
     drift: float
     other_load_pct: float | None
     clock_spread: float | None
+    clock_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def dominant(self) -> str:
-        """The largest source: "drift", "steps" (the windows' own step spread) or "other load"."""
+        """The largest source: "clocks" (windows whose GPU clocks NVML held down), "drift", "steps" (the windows' own
+        step spread) or "other load"."""
+        if self.clock_limits:
+            return "clocks"
         load = (self.other_load_pct or 0.0) / 100
         candidates = {"drift": self.drift, "steps": self.within,
                       "other load": load if load * 100 >= THRESHOLDS.other_load_notice_pct else 0.0}
@@ -137,8 +142,12 @@ class Comparison:
         loads = [load for w in windows if (load := _other_load(w)) is not None]
         clocks = [c for w in windows if (c := _mean_clock(w)) is not None]
         clock_spread = statistics.pstdev(clocks) / statistics.fmean(clocks) if len(clocks) >= 2 else None
+        limits: dict[str, int] = {}
+        for window in windows:
+            for reason in {r for t in window.measured_telemetry() for r in t.clock_limits or ()}:
+                limits[reason] = limits.get(reason, 0) + 1
         return NoiseSources(between, within, math.sqrt(max(0.0, between ** 2 - within ** 2)),
-                            statistics.fmean(loads) if loads else None, clock_spread)
+                            statistics.fmean(loads) if loads else None, clock_spread, limits)
 
     def _within_variance(self, block: Block) -> float:
         """The variance of the block's log ratio that its windows' step spread alone would give."""

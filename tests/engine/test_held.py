@@ -81,6 +81,6 @@ def test_a_first_window_that_fails_raises_like_run_burst_and_leaves_nothing(tmp_
     flag.touch()
     with pytest.raises(aw.WorkerError, match="flagged to fail"):
         HeldBurst(tiny_workload(FailsOnceFlagged(str(flag))), aw.Config(), steps=3, device=cpu_device())
-    with pytest.raises(ValueError, match="steps"):
-        with HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device()) as held:
-            held.measure(0)
+    with HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device()) as held, \
+            pytest.raises(ValueError, match="steps"):
+        held.measure(0)

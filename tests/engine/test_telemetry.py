@@ -105,6 +105,10 @@ class FakeNvml:
         assert clock_type == self.NVML_CLOCK_SM
         return 1980
 
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        """GPU 1 is held at its power cap and slowed for heat; idle (0x1) never counts."""
+        return 0x1 | (0x4 | 0x20 if handle == 1 else 0)
+
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
         """Millijoules since the driver loaded: 7,000 J, then 50 J more at each read (per handle)."""
         if handle in self.no_energy:
@@ -179,12 +183,13 @@ def test_nvml_samples_carry_readings_each_tick_on_the_burst_clock() -> None:
     assert host_free == TelemetrySample(
         t=0.0, source="nvml", util_pct=40.0, mem_used_bytes=MiB, device="cuda:0",
         mem_total_bytes=80 * 1024 * MiB, power_w=pytest.approx(123.456), sm_clock_mhz=1980.0,
-        energy_j=pytest.approx(7000.0), energy_scope="gpu",
+        energy_j=pytest.approx(7000.0), energy_scope="gpu", clock_limits=(),
     )
     assert [s.energy_j for s in gpu0] == pytest.approx([7000.0 + 50.0 * k for k in range(len(gpu0))])
     assert gpu1[0].power_w is None  # NotSupported on this board, not an error
     assert {(s.energy_j, s.energy_scope) for s in gpu1} == {(None, "gpu")}  # no counter: power is integrated
     assert (gpu1[0].util_pct, gpu1[0].mem_used_bytes, gpu1[0].sm_clock_mhz) == (41.0, 2 * MiB, 1980.0)
+    assert gpu1[0].clock_limits == ("power cap", "software thermal")  # why its clocks were held down
 
 
 # -- GPM: how busy the chip is inside "utilisation" (Hopper and newer) ------------------------------------------------
