@@ -138,7 +138,7 @@ HEADLESS = "bursts.append(({what!r}, aw.run_burst(workload, config, steps={steps
 KEEP_PANEL_RUN = "bursts.append(('panel', panel.runs[-1]))"
 SAVE = "json.dump([(kind, r.to_dict()) for kind, r in bursts], open({path!r}, 'w'))"
 JS_STATUS = "() => (document.querySelector('.aw-status') || {innerText: ''}).innerText"
-JS_RUNS = "() => document.querySelectorAll('.aw-runs .widget-checkbox').length"
+JS_RUNS = "() => document.querySelectorAll('.aw-runs tr.aw-run').length"
 
 
 def main() -> None:

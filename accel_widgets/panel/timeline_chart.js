@@ -20,6 +20,7 @@ const GAP = 0.08; // between the two subplots, as a share of the plotting width 
 const LEGEND_PX = 190; // beside the plots from NARROW_PX on
 const LEGEND_ENTRY_PX = 170; // under the plots, narrower than NARROW_PX: each run's name
 const LEGEND_ROW_PX = 18;
+const LEGEND_GAP_PX = 8; // between the x axes' titles and the legend under them
 const NARROW_PX = 820;
 const DASHES = [[], [2, 3], [6, 4], [6, 3, 2, 3], [10, 4], [10, 3, 2, 3]];
 const MIN_DECADES = 0.5;
@@ -210,7 +211,7 @@ export default {
       // Narrow, the legend goes under the plots, as many names to a row as keep ~170 px each.
       const legendColumns = Math.max(2, Math.floor((width - MARGIN.l - MARGIN.r) / LEGEND_ENTRY_PX));
       const legendRows = narrow ? Math.ceil(shown.length / legendColumns) : 0;
-      const height = HEIGHT + legendRows * LEGEND_ROW_PX;
+      const height = HEIGHT + (legendRows ? legendRows * LEGEND_ROW_PX + LEGEND_GAP_PX : 0);
       const ratio = window.devicePixelRatio || 1;
       if (canvas.width !== Math.round(width * ratio) || canvas.height !== Math.round(height * ratio)) {
         // Only when the size changes: setting a canvas's size reallocates and clears its whole backing store.
@@ -229,7 +230,7 @@ export default {
       const util = { left: MARGIN.l, right: MARGIN.l + subplot, top, bottom };
       const step = { left: right - subplot, right, top, bottom };
       boxes = { util: drawUtilisation(ctx, util, shown), step: drawSteps(ctx, step, shown) };
-      drawLegend(ctx, shown, narrow ? { x: MARGIN.l, y: HEIGHT + 4, columns: legendColumns, width: plotting }
+      drawLegend(ctx, shown, narrow ? { x: MARGIN.l, y: HEIGHT + 4 + LEGEND_GAP_PX, columns: legendColumns, width: plotting }
         : { x: right + 18, y: top, columns: 1, width: LEGEND_PX - 18 });
       drawTicker(ctx, width);
       describe(shown);
