@@ -18,7 +18,7 @@ const HEIGHT = 300;  // with the actions above and the runs table under it, on o
 const MARGIN = { l: 60, r: 10, t: 40, b: 45 };
 const GAP = 0.08; // between the two subplots, as a share of the plotting width (plotly's horizontal_spacing)
 const LEGEND_PX = 190; // beside the plots from NARROW_PX on
-const LEGEND_ENTRY_PX = 170; // under the plots, narrower than NARROW_PX: each run's name
+const LEGEND_ENTRY_PX = 140; // under the plots, narrower than NARROW_PX: each run's name (the table has it whole)
 const LEGEND_ROW_PX = 18;
 const LEGEND_GAP_PX = 8; // between the x axes' titles and the legend under them
 const NARROW_PX = 820;
@@ -208,7 +208,7 @@ export default {
       const narrow = width < NARROW_PX;
       titles = narrow ? SHORT_TITLES : TITLES;
       const shown = runs().filter(([index]) => !model.get("hidden").includes(index));
-      // Narrow, the legend goes under the plots, as many names to a row as keep ~170 px each.
+      // Narrow, the legend goes under the plots, as many names to a row as keep LEGEND_ENTRY_PX each.
       const legendColumns = Math.max(2, Math.floor((width - MARGIN.l - MARGIN.r) / LEGEND_ENTRY_PX));
       const legendRows = narrow ? Math.ceil(shown.length / legendColumns) : 0;
       const height = HEIGHT + (legendRows ? legendRows * LEGEND_ROW_PX + LEGEND_GAP_PX : 0);

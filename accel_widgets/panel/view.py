@@ -333,7 +333,11 @@ class TuningPanel:
         if state.history_problem:
             problem = (f'<div style="color: {themed("warning")}; font-size: 0.85em; line-height: 1.2;">⚠ Run '
                        f"history off: {html.escape(state.history_problem)}</div>")
-        return f'<div style="font-size: 0.95em;">{spinner}{html.escape(state.status)}</div>{problem}'
+        # One line, cut with its whole text on hover: a status that wrapped to a second line and back as it changes
+        # would move the chart and the runs table under it, and the page would lay them out again each time.
+        text = html.escape(spinner + state.status)
+        return (f'<div style="font-size: 0.95em; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;" '
+                f'title="{text}">{text}</div>{problem}')
 
     def _render_compare(self) -> None:
         """Draw the selected Compare tab's figure (the report's) from the finished runs, once per change and only
@@ -464,24 +468,24 @@ class TuningPanel:
         group = w.Layout(align_items="center", flex="0 0 auto", margin="0 12px 0 0", overflow="visible")
         label = w.Layout(margin="0 4px 4px 0", flex="0 0 auto")
         unit = w.Layout(margin="0 0 4px 4px", flex="0 0 auto")
+        header = w.HTML(f'<div style="font-size: 0.85em; color: {themed("muted")}; white-space: nowrap;">'
+                        f"accel_widgets · <code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>",
+                        layout=w.Layout(flex="0 0 auto", margin="0 0 4px auto"))
         actions = w.HBox(
             [w.HBox([self.run_button, self.stop_button, self.ladder_button], layout=group),
              w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit)], layout=group),
              w.HBox([w.HTML("Burst", layout=label), self.length_value, self.length_unit], layout=group),
              w.HBox([self.live_button, self.pin_button, self.profile_button, self.remeasure_button, self.batch_button,
-                     self.load_button], layout=w.Layout(flex_flow="row wrap", flex="1 1 auto", overflow="visible"))],
+                     self.load_button], layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),
+             header],
             layout=w.Layout(flex_flow="row wrap", align_items="center", width="100%", overflow="visible"))
         for box in actions.children[1:3]:  # an input's own margin is beside it, not under it
             for widget in box.children:
                 if isinstance(widget, w.BoundedFloatText | w.Dropdown):
                     widget.layout.margin = "0 0 4px 0"
-        header = w.HTML(f'<div style="font-size: 0.85em; color: {themed("muted")}; white-space: nowrap;">'
-                        f"accel_widgets · <code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>",
-                        layout=w.Layout(flex="0 0 auto", margin="0 0 0 8px"))
-        self.status.layout = w.Layout(flex="1 1 0%", min_width="240px")
-        status_line = w.HBox([self.progress, self.status, header],
-                             layout=w.Layout(align_items="center", width="100%", margin="0 0 4px 0",
-                                             flex_flow="row wrap"))
+        self.status.layout = w.Layout(flex="1 1 0%", min_width="0")
+        status_line = w.HBox([self.progress, self.status],
+                             layout=w.Layout(align_items="center", width="100%", margin="0 0 4px 0"))
         self.knobs = w.VBox([self.controls.widget, self.validation],
                             layout=w.Layout(width=f"{KNOBS_PX}px", min_width=f"{KNOBS_PX}px", flex="0 0 auto"))
         self.plots.chart.layout = w.Layout(width="100%", min_width="0", overflow="hidden")
