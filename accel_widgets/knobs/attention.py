@@ -32,6 +32,7 @@ _HALF_ONLY_ON_CUDA = ("flash", "cudnn")
 KNOBS = [
     Knob(
         "sdpa_backend", GROUP, str, "auto", choices=("auto", "flash", "efficient", "cudnn", "math"),
+        short="sdpa",
         what="The kernel scaled_dot_product_attention runs: torch's pick (auto), or one backend pinned.",
         why="Flash and memory-efficient attention never build the seq x seq score matrix; the math backend "
         "does, in several kernels. torch's pick falls back silently when a kernel cannot take the inputs.",

@@ -146,7 +146,8 @@ RUNGS = ("+loader", "+precision", "+memory", "+compile", "+rest")
 class Knob:
     """One optimisation: its valid values and the text a user reads before flipping it. ``needs`` names the code
     paths (:class:`CodePaths`) its effect acts on: none for a knob that acts on every step; ``search`` how a search
-    tries it."""
+    tries it. ``short``: what a label that must fit names it (:meth:`compact`): None for its own name, "" where its
+    value names itself (``bf16``, ``ddp``)."""
 
     name: str
     group: Group
@@ -162,6 +163,7 @@ class Knob:
     allow_none: bool = False
     needs: tuple[CodePath, ...] = ()
     search: Search = Search()
+    short: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [path for path in self.needs if path not in CODE_PATH_TEXT]
@@ -178,6 +180,14 @@ class Knob:
         return (f"{self.name} acts on {' and '.join(CODE_PATH_TEXT[path] for path in self.needs)}, and the step "
                 f"had no {' and no '.join(CODE_PATH_TEXT[path] for path in missing)} (recorded over one micro-batch "
                 "of the starting burst)")
+
+    def compact(self, value: Any) -> str:
+        """The knob at ``value`` in a few characters, for a label that must fit in a table cell or a title: ``workers
+        2``, ``pin`` (a switch on), ``no reshard`` (a switch off), or the value alone (``bf16``)."""
+        name = self.name if self.short is None else self.short
+        if self.kind is bool:
+            return name if value else f"no {name}"
+        return f"{name} {value}" if name else str(value)
 
     def valid_values_text(self) -> str:
         """Human-readable description of the valid values, used in every error message."""

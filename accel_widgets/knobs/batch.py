@@ -31,6 +31,7 @@ TITLE = "Batch"
 KNOBS = [
     Knob(
         "grad_accum_steps", "batch", int, 1, minimum=1, maximum=1024,
+        short="accum",
         what="Micro-batches accumulated per optimizer step (loss scaled by 1/k).",
         why="Reaches a large effective batch without its activation memory.",
         when="Memory, not speed, is the limit: accumulation saves memory, it does not save time.",

@@ -57,6 +57,7 @@ TITLE = "torch.compile"
 KNOBS = [
     Knob(
         "compile_mode", "compile", str, "off",
+        short="compile",
         choices=("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
         what="torch.compile the model with this mode (inductor backend).",
         why="Fuses elementwise kernels and removes Python overhead; reduce-overhead adds CUDA graphs.",
@@ -65,6 +66,7 @@ KNOBS = [
     ),
     Knob(
         "compile_scope", "compile", str, "model",
+        short="compile scope",
         choices=("model", "blocks"),
         what="What compile_mode compiles: the whole model, or each of its repeated blocks in place (regional "
              "compilation; the code between the blocks runs eagerly).",

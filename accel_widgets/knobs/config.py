@@ -102,6 +102,12 @@ class Config:
         changed = self.diff(other)
         return ", ".join(f"{k}={v}" for k, v in changed.items()) if changed else "baseline"
 
+    def compact_label(self, other: Config | None = None) -> str:
+        """The knobs that differ from ``other`` in the few characters each knob's :meth:`~.base.Knob.compact` gives
+        (``workers 2, pin, bf16``), or ``baseline``: what a table cell that must fit shows (``label`` on hover)."""
+        changed = self.diff(other)
+        return ", ".join(KNOBS[k].compact(v) for k, v in changed.items()) if changed else "baseline"
+
     @property
     def ranks(self) -> int:
         """Processes a burst of this config runs (DDP or FSDP ranks, else one)."""

@@ -54,6 +54,7 @@ TITLE = "Memory"
 KNOBS = [
     Knob(
         "activation_checkpointing", GROUP, str, "off", choices=("off", "blocks", "selective"),
+        short="checkpointing",
         what="Recompute the activations of the model's repeated blocks (an nn.ModuleList or nn.Sequential of two "
         "or more modules of one class: a transformer's layers) in backward instead of keeping them: 'blocks' keeps "
         "each block's input only; 'selective' also keeps its matmul and attention outputs and recomputes the rest.",
@@ -68,6 +69,7 @@ KNOBS = [
     ),
     Knob(
         "expandable_segments", GROUP, bool, False, applies_to=("cuda",),
+        short="expandable",
         what="CUDA caching allocator with expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True, merged "
         "into whichever of it and PYTORCH_CUDA_ALLOC_CONF torch reads), set in each rank before it initialises CUDA; "
         "the rank reads back from the allocator whether its segments are expandable.",

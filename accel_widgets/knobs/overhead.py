@@ -41,6 +41,7 @@ TITLE = "Python overhead"
 KNOBS = [
     Knob(
         "sync_every", "python", int, 1, minimum=0, maximum=1 << 20,
+        short="sync every",
         what="Read the loss on the host every N steps (1 = every step, 0 = only at the end).",
         why="loss.item() blocks the host until the GPU finishes, so the GPU idles while Python catches up.",
         when="Launch-bound GPU steps; logging every step is the classic hidden sync. fp16 with a non-fused "
@@ -50,12 +51,14 @@ KNOBS = [
     ),
     Knob(
         "script_loss", "python", bool, False,
+        short="scripted loss",
         what="Compile the loss function with TorchScript (legacy; torch.compile replaces it).",
         why="Historically fused small loss ops; kept to show how the legacy path compares.",
         when="Rarely now: TorchScript is deprecated in favour of torch.compile.",
     ),
     Knob(
         "optimizer_impl", "python", str, "default", choices=("default", "for-loop", "foreach", "fused"),
+        short="optimizer",
         what="Optimizer implementation: per-parameter loop, multi-tensor foreach, or one fused kernel.",
         why="The for-loop launches kernels per parameter; foreach batches them; fused does it in one kernel.",
         when="Models with many parameter tensors and short steps.",

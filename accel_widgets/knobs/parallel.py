@@ -50,6 +50,7 @@ TITLE = "Parallel"
 KNOBS = [
     Knob(
         "parallel", "parallel", str, "none", choices=("none", "dataparallel", "ddp", "fsdp"),
+        short="",
         what="Data parallelism: one process over several GPUs (DataParallel), one process per rank with the whole "
         "model (DDP), or one process per rank holding a shard of it (FSDP2's fully_shard, per repeated block "
         "and on the root).",
@@ -62,6 +63,7 @@ KNOBS = [
     ),
     Knob(
         "world_size", "parallel", int, 1, minimum=1, maximum=1024,
+        short="ranks",
         what="Number of DDP or FSDP ranks (processes).",
         why="Each rank trains on its own shard of every global batch.",
         when="With parallel='ddp' or 'fsdp': one rank per GPU, or a few CPU ranks.",
@@ -70,6 +72,7 @@ KNOBS = [
     ),
     Knob(
         "reshard_after_forward", "parallel", bool, True,
+        short="reshard",
         what="FSDP: free each block's gathered parameters after its forward, and gather them again for backward.",
         why="On (ZeRO-3): a rank holds one block's full parameters at a time. Off (ZeRO-2 style): they stay "
         "gathered from forward to backward, saving one all-gather per block and step at the memory of the "

@@ -42,6 +42,7 @@ TITLE = "Mixed precision"
 KNOBS = [
     Knob(
         "precision", "precision", str, "fp32", choices=("fp32", "bf16", "fp16"),
+        short="",
         what="Autocast dtype via torch.amp; fp16 also uses torch.amp.GradScaler.",
         why="Half-precision matmuls run on tensor cores / bf16 units and halve activation memory.",
         when="The step is compute-bound on hardware with bf16/fp16 units (tensor-core GPUs, AVX512-BF16/AMX "

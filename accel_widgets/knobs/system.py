@@ -40,6 +40,7 @@ TITLE = "System"
 KNOBS = [
     Knob(
         "cudnn_benchmark", "system", bool, False, applies_to=("cuda",),
+        short="cudnn bench",
         what="torch.backends.cudnn.benchmark: time cuDNN's algorithms and keep the fastest.",
         why="The default heuristic pick is not always the fastest convolution algorithm.",
         when="Convolutional models with fixed input shapes. No effect on CPU.",
@@ -54,6 +55,7 @@ KNOBS = [
     ),
     Knob(
         "channels_last", "system", bool, False,
+        short="channels-last",
         what="Store 4-D activations and weights as NHWC (channels_last memory format).",
         why="Tensor-core convolutions want NHWC; NCHW inputs pay transposes around every conv.",
         when="Convolutional models, especially with bf16/fp16 on GPUs.",
@@ -61,6 +63,7 @@ KNOBS = [
     ),
     Knob(
         "memory_fraction", "system", float, None, minimum=0.05, maximum=1.0, allow_none=True,
+        short="memory fraction",
         applies_to=("cuda",),
         what="Cap this process's share of GPU memory (torch.cuda.set_per_process_memory_fraction).",
         why="Simulates a smaller GPU or leaves room for other processes; OOMs show the real limit.",
@@ -69,6 +72,7 @@ KNOBS = [
     ),
     Knob(
         "empty_cache", "system", bool, False, applies_to=("cuda",),
+        short="empty cache",
         what="Call torch.cuda.empty_cache() after warmup, before measuring.",
         why="Returns the allocator's cached, unused blocks to the driver: other processes on the GPU can "
         "use that memory (nvidia-smi shows less), and the next allocations pay cudaMalloc again. It "

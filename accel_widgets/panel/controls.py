@@ -1,4 +1,5 @@
-"""Knob controls generated from the registry: one input, help toggle and note line per knob, by group.
+"""Knob controls generated from the registry: one input, help toggle and note line per knob, one family (the
+registry's group) open at a time, the knobs that cannot act on this machine folded into one line per family.
 
 Nothing here knows a knob by name: kinds, ranges, choices, help text and availability all come from
 :data:`~accel_widgets.knobs.KNOBS` and the state's :class:`~.state.Draft` (which asks
@@ -17,16 +18,15 @@ import ipywidgets as w
 
 from ..inputs.device import DeviceInfo
 from ..knobs import GROUP_TITLES, GROUPS, KNOBS, Group, Knob
-from ..views.style import COLOURS
+from ..views.style import themed
 from .state import Draft, Note, control_kind, value_note
 
 INPUT_WIDTH = "125px"  # "None (default)" with room to spare; a drop-down grows to its longest choice
 INFO_WIDTH = "28px"
-COLUMN_PX = 300  # one column of controls with the gap after it: the panel picks how many fit by this
-COLUMN_GAP = "10px"
+KNOBS_PX = 300  # the knobs' column beside the live chart, with its gap
 NOTE_STYLE = "font-size: 0.8em; line-height: 1.2; white-space: normal;"
-_NOTE_MARKS = {"unavailable": ("", COLOURS["muted"]), "warning": ("⚠ ", COLOURS["warning"]),
-               "error": ("✗ ", COLOURS["error"])}
+_NOTE_MARKS = {"unavailable": ("", themed("muted")), "warning": ("⚠ ", themed("warning")),
+               "error": ("✗ ", themed("error"))}
 
 
 def choice_notes(knob: Knob, device: DeviceInfo) -> dict[Any, Note]:
@@ -49,31 +49,6 @@ def choice_label(value: Any, note: Note | None) -> str:
 def help_text(knob: Knob) -> dict[str, str]:
     """The registry's own explanation, in the order a user reads it."""
     return {"what": knob.what, "why": knob.why, "when": knob.when, "values": knob.valid_values_text()}
-
-
-def balanced_columns(heights: Sequence[float], columns: int) -> list[list[int]]:
-    """Split items, in order, into at most ``columns`` contiguous runs with the smallest tallest run.
-
-    The registry's group order is the tuning order, so groups stay in order; only the breaks move.
-    """
-    count = len(heights)
-    columns = max(1, min(columns, count))
-    best: tuple[float, list[list[int]]] | None = None
-
-    def split(start: int, left: int, done: list[list[int]]) -> None:
-        nonlocal best
-        if left == 1:
-            parts = [*done, list(range(start, count))]
-            tallest = max(sum(heights[i] for i in part) for part in parts)
-            if best is None or tallest < best[0]:
-                best = (tallest, parts)
-            return
-        for end in range(start + 1, count - left + 2):
-            split(end, left - 1, [*done, list(range(start, end))])
-
-    split(0, columns, [])
-    assert best is not None
-    return best[1]
 
 
 class KnobControl:
@@ -138,52 +113,117 @@ class KnobControl:
 
     def _help_html(self) -> str:
         rows = "".join(f"<div><b>{key}</b> {html.escape(text)}</div>" for key, text in help_text(self.knob).items())
-        return f'<div style="{NOTE_STYLE} background: #f4f6f8; padding: 4px 6px; border-radius: 3px;">{rows}</div>'
+        return (f'<div style="{NOTE_STYLE} background: {themed("code")}; padding: 4px 6px; border-radius: 3px;">'
+                f"{rows}</div>")
 
     def _toggle_help(self, change: dict[str, Any]) -> None:
         self.help.layout.display = None if change["new"] else "none"
 
 
-class KnobControls:
-    """All knob controls, grouped as the registry groups them, in balanced columns (three until
-    :meth:`arrange` says how many fit).
+def changed_knobs(draft: Draft) -> dict[str, str]:
+    """Each knob the draft holds off its default, as its owner shortens it (``workers 2``); a typed value that does
+    not parse reads as typed."""
+    defaults = Draft(draft.device).raw
+    changed = {}
+    for name, knob in KNOBS.items():
+        raw = draft.raw[name]
+        if raw == defaults[name]:
+            continue
+        try:
+            changed[name] = knob.compact(knob.parse(raw) if control_kind(knob) == "optional" else raw)
+        except ValueError:  # KnobValueError: a half-typed value, shown as it stands (its note says what is wrong)
+            changed[name] = f"{knob.short or knob.name} {raw!r}"
+    return changed
 
-    The columns never shrink: the browser wraps one that does not fit under the others, so a column count
-    picked from a stale width (the kernel busy, a side bar just opened) still leaves every control whole.
+
+def only_on_text(knobs: Sequence[Knob]) -> str:
+    """The folded line of the knobs that cannot act on this machine: "4 knobs act only on CUDA"."""
+    kinds = " or ".join(sorted({kind.upper() for knob in knobs for kind in knob.applies_to}))
+    return f"{len(knobs)} knob{'s act' if len(knobs) != 1 else ' acts'} only on {kinds}"
+
+
+class KnobFamily:
+    """One family of knobs (a registry group): its title, the knobs that can act here, and the ones that cannot
+    folded into one line that opens on demand (a row per knob would say "only acts on CUDA" again and again)."""
+
+    def __init__(self, group: Group, controls: dict[str, KnobControl], draft: Draft) -> None:
+        knobs = KNOBS.in_group(group)
+        here = [controls[k.name].box for k in knobs if draft.available(k.name)]
+        elsewhere = [k for k in knobs if not draft.available(k.name)]
+        self.fold: w.ToggleButton | None = None
+        self.folded = w.VBox([controls[k.name].box for k in elsewhere], layout=w.Layout(display="none",
+                                                                                          overflow="visible"))
+        children: list[w.Widget] = list(here)
+        if elsewhere:
+            self.fold = w.ToggleButton(description=only_on_text(elsewhere), icon="caret-right",
+                                       tooltip=", ".join(k.name for k in elsewhere) + ": show them (disabled here)",
+                                       layout=w.Layout(width="auto", margin="2px 0"))
+            self.fold.add_class("aw-fold")
+            self.fold.observe(self._unfold, names="value")
+            children += [self.fold, self.folded]
+        self.box = w.VBox(children, layout=w.Layout(overflow="visible", display="none"))
+        self.box.add_class("aw-family")
+
+    def _unfold(self, change: dict[str, Any]) -> None:
+        assert self.fold is not None
+        self.folded.layout.display = None if change["new"] else "none"
+        self.fold.icon = "caret-down" if change["new"] else "caret-right"
+
+
+class KnobControls:
+    """Every knob control, one family open at a time: a row of the families (each saying how many of its knobs are
+    off the baseline, and on hover which), the changes from the baseline in one line with ``reset`` beside it, then
+    the open family's knobs. The form is compact on purpose: the actions, the live chart and the runs table above
+    and beside it are what a user watches while a burst runs.
 
     ``on_edit(name, raw value)`` is called when the user changes a control.
     """
 
-    def __init__(self, draft: Draft, on_edit: Callable[[str, Any], None]) -> None:
+    def __init__(self, draft: Draft, on_edit: Callable[[str, Any], None], reset: w.Button) -> None:
         self.controls = {name: KnobControl(knob, draft, on_edit) for name, knob in KNOBS.items()}
-        groups = [group for group in GROUPS if KNOBS.in_group(group)]
-        self._heights = [1.2 + sum(1.0 + 0.5 * (not draft.available(k.name)) for k in KNOBS.in_group(group))
-                         for group in groups]
-        self._cards = [self._group_card(group) for group in groups]
-        self.widget = w.HBox(layout=w.Layout(flex_flow="row wrap", align_items="flex-start",
-                                             justify_content="space-between", overflow="visible"))
+        self.groups = [group for group in GROUPS if KNOBS.in_group(group)]
+        self.families = {group: KnobFamily(group, self.controls, draft) for group in self.groups}
+        self.tabs = {group: w.ToggleButton(description=group, tooltip=GROUP_TITLES[group],
+                                           layout=w.Layout(width="auto", height="26px", padding="0 8px",
+                                                           margin="0 4px 4px 0"))
+                     for group in self.groups}
+        for group, tab in self.tabs.items():
+            tab.add_class("aw-family-tab")
+            tab.observe(lambda change, group=group: self._tab(group, change["new"]), names="value")
+        self.changed = w.HTML(layout=w.Layout(flex="1 1 auto", margin="0 6px 0 0"))
+        self.changed.add_class("aw-changed")
+        tabs = w.HBox(list(self.tabs.values()), layout=w.Layout(flex_flow="row wrap", overflow="visible"))
+        summary = w.HBox([self.changed, reset], layout=w.Layout(align_items="center", margin="0 0 4px 0",
+                                                                 overflow="visible"))
+        self.widget = w.VBox([tabs, summary, *(family.box for family in self.families.values())],
+                             layout=w.Layout(overflow="visible"))
         self.widget.add_class("aw-controls")
-        self.columns = 0
-        self.arrange(3)
+        self.open: Group | None = None
+        self.show(self.groups[0])
         self.render(draft)
 
-    def arrange(self, columns: int) -> None:
-        """Lay the groups out in ``columns`` balanced columns, in the registry's order."""
-        if columns != self.columns:
-            self.columns = columns
-            self.widget.children = [w.VBox([self._cards[i] for i in column], layout=self._column_layout(),
-                                           _dom_classes=("aw-column",))
-                                    for column in balanced_columns(self._heights, columns)]
+    def show(self, group: Group | None) -> None:
+        """Open ``group``'s knobs (None: every family closed)."""
+        self.open = group
+        for name, family in self.families.items():
+            family.box.layout.display = None if name == group else "none"
+            self.tabs[name].value = name == group
 
     def render(self, draft: Draft) -> None:
+        """Show the draft: every control's value and note, each family's count of changed knobs, the changes."""
         for control in self.controls.values():
             control.render(draft)
+        changed = changed_knobs(draft)
+        for group, tab in self.tabs.items():
+            mine = [text for name, text in changed.items() if KNOBS[name].group == group]
+            tab.description = f"{group} ·{len(mine)}" if mine else group
+            tab.tooltip = f"{GROUP_TITLES[group]}: {', '.join(mine)}" if mine else GROUP_TITLES[group]
+        said = html.escape(", ".join(changed.values())) if changed else "none (the baseline)"
+        self.changed.value = (f'<div style="font-size: 0.9em; line-height: 1.2; color: {themed("muted")};">Changed: '
+                              f'<span style="color: {themed("text")};">{said}</span></div>')
 
-    @staticmethod
-    def _column_layout() -> w.Layout:
-        return w.Layout(width=f"{COLUMN_PX}px", flex="0 0 auto", padding=f"0 {COLUMN_GAP} 0 0", overflow="visible")
-
-    def _group_card(self, group: Group) -> w.VBox:
-        title = w.HTML(f"<b>{html.escape(GROUP_TITLES[group])}</b>", layout=w.Layout(margin="6px 0 2px 0"))
-        return w.VBox([title, *(self.controls[k.name].box for k in KNOBS.in_group(group))],
-                      layout=w.Layout(overflow="visible"))
+    def _tab(self, group: Group, pressed: bool) -> None:
+        if pressed and self.open != group:
+            self.show(group)
+        elif not pressed and self.open == group:
+            self.show(None)

@@ -1,100 +1,121 @@
-"""The runs table: the state's rows (:func:`~accel_widgets.analysis.compare.run_rows`) as widgets, with a
-checkbox per row that shows or hides the run in the plots.
+"""The panel's runs table: one row per run with its colour, its show tick and the cells every face shows.
 
-A GridBox of plain ipywidgets (a Checkbox and HTML cells), so selecting what the plots show happens in the
-table itself and works in any front end that runs standard ipywidgets 8. The cells' text, hover, colours
-and the correctness guard's verdict are the report's: this module only lays them out.
+The cells (their text, hover and colour) come from :mod:`accel_widgets.views.table`; the page lays them out
+(``runs_table.js``): it fits the table to the width it is given by folding the least important columns into each
+row's details, so the run's name, its speed-up and its status are never the ones cut, and it keeps the newest row in
+view. One widget for the whole table: a table made of a widget per cell opens a view per cell in the page on every
+run, which is work taken from the next burst.
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
 
-import ipywidgets as w
+import anywidget
+import traitlets
 
 from ..analysis.compare import RunRow
-from ..views.style import COLOURS, run_colour
-from ..views.table import COLUMNS, PANEL_COLUMNS, STATUS, TITLE, row_cells, status_colour
+from ..views.style import COMPARING_MARK, run_colour, themed
+from ..views.table import (
+    COLUMNS,
+    PANEL_COLUMNS,
+    STATUS,
+    TITLE,
+    compact_title_cell,
+    speedup_reading,
+    status_cell,
+    status_tone,
+)
 
-# A number column is as wide as its widest value or the longest word of its header, which wraps ("data" over
-# "wait"): so the whole table fits the ~970 px a 1400 px JupyterLab window with its file browser leaves.
-# The free width goes to the run's name and its status, cut with an ellipsis (hover shows the whole).
-_WIDTHS = {key: "min-content" for key in PANEL_COLUMNS} | {"title": "minmax(140px, 4fr)",
-                                                           "status": "minmax(80px, 1.5fr)"}
-# (header, its hover text, column width, alignment): numbers are right-aligned under a header aligned with them.
-_HEADERS = (("show", "tick to show the run in the plots", "64px", "left"), (*TITLE, _WIDTHS["title"], "left"),
-            *((COLUMNS[key].header, COLUMNS[key].meaning, _WIDTHS[key], "right") for key in PANEL_COLUMNS),
-            (*STATUS, _WIDTHS["status"], "left"))
-_CELL = "padding: 2px 5px; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;"
-_HEADER = "padding: 2px 5px; font-weight: 600; line-height: 1.25;"
-_ROW_EDGE = f"1px solid {COLOURS['rule']}"
+#: The order in which columns fold when the table does not fit (the first named folds first); the run's name, its
+#: speed-up and its status never fold.
+FOLD_ORDER = ("energy", "flops", "compile", "peak", "data_wait", "util", "step", "samples")
+NEVER_FOLDED = ("title", "speedup", "status")
+MAX_ROWS = 8  # past this many runs the table scrolls inside its box, the newest row in view
+EMPTY = "No runs yet: Run burst or Run ladder."
+
+
+def table_columns() -> list[dict[str, Any]]:
+    """The table's columns as the page reads them: the run's changes, the numbers, the status."""
+    fold = {key: len(FOLD_ORDER) - i for i, key in enumerate(FOLD_ORDER)} | dict.fromkeys(NEVER_FOLDED, 0)
+    numbers = [{"key": key, "header": COLUMNS[key].header, "meaning": COLUMNS[key].meaning, "align": "right",
+                "fold": fold[key]} for key in PANEL_COLUMNS]
+    return [{"key": "title", "header": TITLE[0], "meaning": TITLE[1], "align": "left", "fold": 0}, *numbers,
+            {"key": "status", "header": STATUS[0], "meaning": STATUS[1], "align": "left", "fold": 0}]
+
+
+class RunsTableView(anywidget.AnyWidget):
+    """The table as the page draws it (``runs_table.js`` says what it is sent); ``hidden`` is changed by the page
+    when a tick is clicked."""
+
+    _esm = Path(__file__).with_name("runs_table.js")
+    _css = Path(__file__).with_name("runs_table.css")
+    columns = traitlets.List(traitlets.Dict()).tag(sync=True)
+    rows = traitlets.List(traitlets.Dict()).tag(sync=True)
+    hidden = traitlets.List(traitlets.Int()).tag(sync=True)
+    max_rows = traitlets.Int(MAX_ROWS).tag(sync=True)
+    empty = traitlets.Unicode(EMPTY).tag(sync=True)
+
+
+def _cell(text: str, hover: str, style: str = "") -> dict[str, str]:
+    styled = f' style="{style}"' if style else ""
+    return {"html": f"<span{styled}>{html.escape(text)}</span>", "title": hover if hover != text else ""}
+
+
+def speedup_html(row: RunRow) -> dict[str, str]:
+    """The speed-up cell: the value, the verdict's mark in its colour, the quiet "1 burst" hint and the live mark
+    while the comparison takes repeats; the whole sentence on hover."""
+    reading = speedup_reading(row.values)
+    tone = f' style="color: {themed(reading.tone)};"' if reading.tone else ""
+    value = f"<span{tone if not reading.mark else ''}>{html.escape(reading.value)}</span>"
+    parts = [value]
+    if reading.mark:
+        parts.append(f"<b{tone}>{html.escape(reading.mark)}</b>")
+    if reading.comparing:
+        parts.append(f'<span class="aw-hint" title="still comparing">{COMPARING_MARK}</span>')
+    if reading.flags:
+        parts.append(html.escape(reading.flags))
+    if reading.hint:
+        parts.append(f'<span class="aw-hint">{html.escape(reading.hint)}</span>')
+    return {"html": " ".join(parts), "title": reading.hover}
+
+
+def row_data(row: RunRow) -> dict[str, Any]:
+    """One run as the page reads it: its number, colour and every cell's HTML and hover text, in column order."""
+    title = _cell(*compact_title_cell(row))
+    numbers = [speedup_html(row) if key == "speedup" else _cell(*COLUMNS[key].cell(row.values))
+               for key in PANEL_COLUMNS]
+    weight = " font-weight: 600;" if row.changes_training else ""
+    status = _cell(*status_cell(row), f"color: {themed(status_tone(row))};{weight}")
+    return {"run": row.run, "label": f"#{row.run}", "colour": run_colour(row.run), "cells": [title, *numbers, status]}
 
 
 class RunsTable:
-    """Renders the rows; a tick or untick calls ``on_toggle(run, shown)``.
-
-    Each row's widgets are made once and then only given new text: a table rebuilt from new widgets on every
-    run would open a widget per cell in the page each time, which is work taken from the next burst.
-    """
+    """Renders the rows; a tick or untick in the page calls ``on_toggle(run, shown)``."""
 
     def __init__(self, on_toggle: Callable[[int, bool], None]) -> None:
         self._on_toggle = on_toggle
-        self.checkboxes: list[w.Checkbox] = []
-        self._cells_of: list[list[w.HTML]] = []  # each row's cells after its checkbox, reused across renders
-        self._lines: list[w.HBox] = []  # each row's first cell: its colour and checkbox
-        self.header = [w.HTML(f'<div style="{_HEADER} text-align: {align};" title="{html.escape(tip)}">'
-                              f"{html.escape(name)}</div>", layout=w.Layout(align_self="flex-end"))
-                       for name, tip, _, align in _HEADERS]
-        self.widget = w.GridBox(self.header, layout=w.Layout(
-            grid_template_columns=" ".join(width for _, _, width, _ in _HEADERS), grid_gap="0px 0px",
-            width="100%", overflow="auto hidden"))  # in a narrow window the table scrolls rather than losing columns
-        self.empty = w.HTML('<i style="color: #777;">No runs yet: Run burst or Run ladder.</i>')
+        self.widget = RunsTableView(columns=table_columns())
+        self.widget.observe(self._ticked, names="hidden")
 
     def render(self, rows: Sequence[RunRow], hidden: Collection[int]) -> None:
-        """Show ``rows`` (a new baseline can change earlier rows' speed-ups and verdicts): new text where it
-        changed, new widgets only for rows not shown before."""
-        for row in rows:
-            texts = self._cells_html(row)
-            if row.run < len(self._cells_of):
-                for cell, text in zip(self._cells_of[row.run], texts, strict=True):
-                    if cell.value != text:
-                        cell.value = text
-            else:
-                self._add_row(row.run, texts)
+        """Show ``rows`` (a new baseline can change earlier rows' speed-ups and verdicts); the page gets them only
+        when something in them changed."""
+        data = [row_data(row) for row in rows]
+        if data != self.widget.rows:
+            self.widget.rows = data
         self.show(hidden)
-        children = [*self.header, *(widget for run in range(len(rows))
-                                    for widget in (self._lines[run], *self._cells_of[run]))]
-        if len(children) != len(self.widget.children):
-            self.widget.children = children
-        self.empty.layout.display = "none" if rows else None
 
     def show(self, hidden: Collection[int]) -> None:
-        """Tick the runs the plots show."""
-        for run, box in enumerate(self.checkboxes):
-            box.value = run not in hidden
+        """Tick the runs the chart shows."""
+        shown = sorted(hidden)
+        if shown != self.widget.hidden:
+            self.widget.hidden = shown
 
-    def _add_row(self, run: int, texts: list[str]) -> None:
-        box = w.Checkbox(value=True, indent=False, layout=w.Layout(width="auto"), description=f"#{run}",
-                         tooltip="show this run in the plots")
-        box.observe(lambda change, run=run: self._on_toggle(run, bool(change["new"])), names="value")
-        self.checkboxes.append(box)
-        swatch = w.HTML(f'<span style="display: inline-block; width: 10px; height: 10px; margin-top: 9px; '
-                        f'background: {run_colour(run)}; border-radius: 2px;"></span>',
-                        layout=w.Layout(width="14px"))
-        self._lines.append(w.HBox([swatch, box], layout=w.Layout(border_top=_ROW_EDGE)))
-        self._cells_of.append([w.HTML(text, layout=w.Layout(border_top=_ROW_EDGE, overflow="hidden"))
-                               for text in texts])
-
-    @staticmethod
-    def _cells_html(row: RunRow) -> list[str]:
-        *cells, status = row_cells(row, PANEL_COLUMNS)
-        styled = [(text, hover, f"text-align: {'left' if index == 0 else 'right'};")
-                  for index, (text, hover) in enumerate(cells)]
-        weight = " font-weight: 600;" if row.changes_training else ""
-        styled.append((*status, f"text-align: left; color: {status_colour(row)};{weight}"))
-        out = []
-        for text, hover, style in styled:
-            title = f' title="{html.escape(hover)}"' if hover else ""
-            out.append(f'<div style="{_CELL} {style}"{title}>{html.escape(text)}</div>')
-        return out
+    def _ticked(self, change: dict[str, Any]) -> None:
+        before, now = set(change["old"]), set(change["new"])
+        for run in sorted(before ^ now):
+            self._on_toggle(run, run not in now)

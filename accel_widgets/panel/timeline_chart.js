@@ -14,16 +14,26 @@
 
 const SETTLE_MS = 60;
 const FRAME_MS = 500;  // the kernel sends once a second; a resize or a tick redraws within this
-const HEIGHT = 380;
+const HEIGHT = 300;  // with the actions above and the runs table under it, on one 1280x720 screen
 const MARGIN = { l: 60, r: 10, t: 40, b: 45 };
 const GAP = 0.08; // between the two subplots, as a share of the plotting width (plotly's horizontal_spacing)
 const LEGEND_PX = 190; // beside the plots from NARROW_PX on
+const LEGEND_ENTRY_PX = 140; // under the plots, narrower than NARROW_PX: each run's name (the table has it whole)
+const LEGEND_ROW_PX = 18;
+const LEGEND_GAP_PX = 8; // between the x axes' titles and the legend under them
 const NARROW_PX = 820;
 const DASHES = [[], [2, 3], [6, 4], [6, 3, 2, 3], [10, 4], [10, 3, 2, 3]];
 const MIN_DECADES = 0.5;
 const PAD_DECADES = 0.05;
-const FONT = "12px 'Open Sans', Verdana, Arial, sans-serif";
-const TITLE_FONT = "14px 'Open Sans', Verdana, Arial, sans-serif";
+const FONT_FAMILY = "'Open Sans', Verdana, Arial, sans-serif";
+// The JupyterLab theme's colours, read from the page (so a dark theme draws light text on dark), with the light
+// colours the chart has always had where no theme defines them (Notebook 7 without a theme, VS Code).
+const THEME = {
+  text: ["--jp-ui-font-color1", "#2a3f5f"], muted: ["--jp-ui-font-color2", "#555"],
+  grid: ["--jp-border-color2", "#e5ecf6"], ticker: ["--jp-brand-color1", "#1565c0"],
+  surface: ["--jp-layout-color1", "rgba(255,255,255,0.95)"], edge: ["--jp-border-color1", "#c8d4e3"],
+  font: ["--jp-ui-font-family", FONT_FAMILY],
+};
 const TITLES = ["Device utilisation (hover: memory)", "Step time (hollow: warm-up / compile)"];
 const SHORT_TITLES = ["Utilisation", "Step time (log)"];
 
@@ -108,10 +118,23 @@ export default {
     canvas.setAttribute("role", "img");
     canvas.style.willChange = "transform";
     el.appendChild(canvas);
+    let colours = null, FONT = "", TITLE_FONT = "";
+    const readTheme = () => {
+      const style = getComputedStyle(el);
+      colours = Object.fromEntries(Object.entries(THEME).map(([key, [variable, fallback]]) =>
+        [key, style.getPropertyValue(variable).trim() || fallback]));
+      FONT = `12px ${colours.font}`;
+      TITLE_FONT = `14px ${colours.font}`;
+    };
+    readTheme();
     const tooltip = document.createElement("div");
     tooltip.className = "aw-timeline-tooltip";
-    tooltip.style.cssText = "position: absolute; display: none; pointer-events: none; background: rgba(255,255,255,0.95);"
-      + " border: 1px solid #c8d4e3; border-radius: 3px; padding: 2px 6px; font: 12px sans-serif; white-space: nowrap;";
+    const styleTooltip = () => {
+      tooltip.style.cssText = `position: absolute; display: ${tooltip.style.display || "none"}; pointer-events: none; `
+        + `background: ${colours.surface}; color: ${colours.text}; border: 1px solid ${colours.edge}; `
+        + "border-radius: 3px; padding: 2px 6px; font: 12px sans-serif; white-space: nowrap;";
+    };
+    styleTooltip();
     el.style.position = "relative";
     // Its redraws stay inside its own box: the rest of the notebook is not laid out or painted again for them.
     el.style.contain = "layout paint";
@@ -185,8 +208,10 @@ export default {
       const narrow = width < NARROW_PX;
       titles = narrow ? SHORT_TITLES : TITLES;
       const shown = runs().filter(([index]) => !model.get("hidden").includes(index));
-      const legendRows = narrow ? Math.ceil(shown.length / 3) : 0;
-      const height = HEIGHT + legendRows * 18;
+      // Narrow, the legend goes under the plots, as many names to a row as keep LEGEND_ENTRY_PX each.
+      const legendColumns = Math.max(2, Math.floor((width - MARGIN.l - MARGIN.r) / LEGEND_ENTRY_PX));
+      const legendRows = narrow ? Math.ceil(shown.length / legendColumns) : 0;
+      const height = HEIGHT + (legendRows ? legendRows * LEGEND_ROW_PX + LEGEND_GAP_PX : 0);
       const ratio = window.devicePixelRatio || 1;
       if (canvas.width !== Math.round(width * ratio) || canvas.height !== Math.round(height * ratio)) {
         // Only when the size changes: setting a canvas's size reallocates and clears its whole backing store.
@@ -205,7 +230,7 @@ export default {
       const util = { left: MARGIN.l, right: MARGIN.l + subplot, top, bottom };
       const step = { left: right - subplot, right, top, bottom };
       boxes = { util: drawUtilisation(ctx, util, shown), step: drawSteps(ctx, step, shown) };
-      drawLegend(ctx, shown, narrow ? { x: MARGIN.l, y: HEIGHT - 8, columns: 3, width: plotting }
+      drawLegend(ctx, shown, narrow ? { x: MARGIN.l, y: HEIGHT + 4 + LEGEND_GAP_PX, columns: legendColumns, width: plotting }
         : { x: right + 18, y: top, columns: 1, width: LEGEND_PX - 18 });
       drawTicker(ctx, width);
       describe(shown);
@@ -214,13 +239,13 @@ export default {
     // The measuring burst's progress: a thin bar along the top edge and its line in the corner.
     function drawTicker(ctx, width) {
       if (!ticker) return;
-      ctx.fillStyle = "#e5ecf6";
+      ctx.fillStyle = colours.grid;
       ctx.fillRect(0, 0, width, 3);
-      ctx.fillStyle = "#1565c0";
+      ctx.fillStyle = colours.ticker;
       ctx.fillRect(0, 0, width * ticker.fraction, 3);
       ctx.font = FONT;
       ctx.textAlign = "left";
-      ctx.fillStyle = "#555";
+      ctx.fillStyle = colours.muted;
       ctx.fillText(ticker.text, 4, 15);
     }
 
@@ -238,10 +263,10 @@ export default {
     }
 
     function frame(ctx, box, title, xTitle, yTitle) {
-      ctx.strokeStyle = "#e5ecf6";
+      ctx.strokeStyle = colours.grid;
       ctx.lineWidth = 1;
       ctx.strokeRect(box.left, box.top, box.right - box.left, box.bottom - box.top);
-      ctx.fillStyle = "#2a3f5f";
+      ctx.fillStyle = colours.text;
       ctx.font = TITLE_FONT;
       ctx.textAlign = "center";
       ctx.fillText(title, (box.left + box.right) / 2, box.top - 14);
@@ -255,8 +280,8 @@ export default {
     }
 
     function grid(ctx, box, xs, ys, toX, toY, label) {
-      ctx.strokeStyle = "#e5ecf6";
-      ctx.fillStyle = "#2a3f5f";
+      ctx.strokeStyle = colours.grid;
+      ctx.fillStyle = colours.text;
       ctx.font = FONT;
       ctx.textAlign = "center";
       for (const x of xs) {
@@ -320,8 +345,10 @@ export default {
       const toX = (x) => box.left + ((box.right - box.left) * x) / last;
       const toY = (ms) => box.bottom - ((box.bottom - box.top) * (Math.log10(ms) - low)) / (high - low);
       const above = measured.length ? warm.filter((ms) => Math.log10(ms) > high) : [];
-      const note = above.length ? ` (▲ ${above.length} warm-up/compile step${above.length > 1 ? "s" : ""} above the `
+      let note = above.length ? ` (▲ ${above.length} warm-up/compile step${above.length > 1 ? "s" : ""} above the `
         + `plot, slowest ${fmtMs(Math.max(...above))})` : "";
+      ctx.font = FONT;
+      if (note && ctx.measureText(`step${note}`).width > box.right - box.left) note = ` (▲ ${above.length} above)`;
       frame(ctx, box, titles[1], `step${note}`, "step time (ms, log)");
       grid(ctx, box, linearTicks(0, last), logTicks(low, high), toX, toY, (v) => `${+v.toPrecision(3)}`);
       ctx.save();
@@ -397,10 +424,10 @@ export default {
       const column = where.width / where.columns;
       shown.forEach(([, run], i) => {
         const x = where.x + (i % where.columns) * column;
-        const y = where.columns === 1 ? where.y + 10 + i * 20 : where.y - Math.floor(i / where.columns) * 18;
+        const y = where.columns === 1 ? where.y + 10 + i * 20 : where.y + Math.floor(i / where.columns) * LEGEND_ROW_PX;
         ctx.fillStyle = run.colour;
         ctx.fillRect(x, y - 8, 14, 4);
-        ctx.fillStyle = "#2a3f5f";
+        ctx.fillStyle = colours.text;
         const room = column - 22;
         let text = run.name;
         while (text.length > 4 && ctx.measureText(text).width > room) text = `${text.slice(0, -2)}…`;
@@ -418,7 +445,11 @@ export default {
     });
     resize.observe(el);
     document.addEventListener("visibilitychange", reportVisibility);
+    // JupyterLab swaps its theme by changing the body's theme attributes: the chart takes the new colours.
+    const theme = new MutationObserver(() => { readTheme(); styleTooltip(); schedule(); });
+    theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-name", "data-jp-theme-light"] });
     return () => {
+      theme.disconnect();
       clearTimeout(timer);
       cancelAnimationFrame(timer);
       intersection.disconnect();

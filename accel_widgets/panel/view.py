@@ -28,10 +28,10 @@ from ..results.history import RunHistory
 from ..search.remeasure import DEFAULT_PAIRS
 from ..search.tuner import TuneResult, tune
 from ..views.figures import COMPARISONS, comparison_figures
-from ..views.style import COLOURS, findings_html
+from ..views.style import findings_html, themed
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
-from .controls import COLUMN_PX, KnobControls
+from .controls import KNOBS_PX, KnobControls
 from .plots import MIN_WIDTH, WIDTH, Timeline, fit_timeline, sync_state
 from .recipe import RecipeView
 from .state import PanelState, Part, ProfileShown
@@ -41,8 +41,10 @@ PERFETTO_URL = "https://ui.perfetto.dev"
 #: The Compare tabs: the report's comparison figures, then its timeline of the finished runs (hover, zoom).
 COMPARE_TABS = {**COMPARISONS, "timeline": "Timeline (hover, zoom)"}
 PROFILE_TOP = 10  # operators shown; the full list is in the trace
-ACTIONS_PX = 320  # the actions column with its padding and border
-BUTTON_WIDTH = "148px"
+#: Narrower than this the knobs leave the live chart's side for a place under the runs table: the chart keeps two
+#: readable subplots and the table stays right under it.
+KNOBS_BESIDE_PX = MIN_WIDTH + KNOBS_PX + 10
+KNOBS_MAX_PX = 318  # the live chart's height with one row of legend under it (timeline_chart.js)
 
 
 def profile_html(shown: ProfileShown) -> str:
@@ -50,7 +52,7 @@ def profile_html(shown: ProfileShown) -> str:
     capture: ProfileCapture | None = shown.capture
     if capture is None:
         why = f": {html.escape(shown.why_none)}" if shown.why_none else ""
-        return f'<div style="color: {COLOURS["warning"]};">⚠ No profile captured{why}.</div>'
+        return f'<div style="color: {themed("warning")};">⚠ No profile captured{why}.</div>'
     head = "".join(f'<th style="text-align: {align}; padding: 1px 8px;">{name}</th>'
                    for name, align in (("operator", "left"), ("calls", "right"), ("self CPU ms", "right"),
                                        ("self device ms", "right")))
@@ -93,12 +95,12 @@ class TuningPanel:
         self.state = PanelState(self.device)
         self.controller = PanelController(workload, self.state, engine=engine, tuner=tuner, history=history,
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
-        self.controls = KnobControls(self.state.draft, self.state.edit)
+        self._build_actions(steps)
+        self.controls = KnobControls(self.state.draft, self.state.edit, self.reset_button)
         self.plots = Timeline(self.device)
         self._width = WIDTH  # until the browser says how wide the panel is
         self.table = RunsTable(self.state.set_shown)
         self.recipe = RecipeView(workload)
-        self._build_actions(steps)
         self.diagnosis = w.HTML(layout=w.Layout(margin="10px 0 0 0"))
         self.profile_view = w.HTML(layout=w.Layout(margin="6px 0 0 0", display="none"))
         # Every section closed until the user opens one: a figure no one looks at is never laid out in the page.
@@ -256,9 +258,9 @@ class TuningPanel:
             self.table.show(state.hidden)
         elif part == "reading" and state.reading is not None:
             self._render_buttons()  # Re-measure acts on the run the reading is about
+            findings = findings_html(state.reading.findings, themed)
             self.diagnosis.value = (f'<div style="font-size: 0.9em; line-height: 1.3;"><b>Reading of '
-                                    f"{html.escape(state.reading.name)}</b>{findings_html(state.reading.findings)}"
-                                    "</div>")
+                                    f"{html.escape(state.reading.name)}</b>{findings}</div>")
         elif part == "batch":
             self._render_batch_search()
         elif part == "profile":
@@ -272,12 +274,8 @@ class TuningPanel:
                 self.plots.stream(self.state.runs)
 
     def _fit(self, change: dict[str, Any]) -> None:
-        """The browser measured the panel's width: fit the figures and the control columns to it (under the
-        lock, as every redraw).
-
-        Three columns of controls beside the actions when they fit; else two (with the actions beside them,
-        or above them when even that is too wide: the top box wraps in reverse), else one.
-        """
+        """The browser measured the panel's width: fit the figures to it and put the knobs beside the live chart
+        where both fit, else under the runs table (under the lock, as every redraw)."""
         width = int(change["new"])
         with self.state.lock:
             self._width = width
@@ -286,8 +284,20 @@ class TuningPanel:
                 for figure in box.children:
                     if isinstance(figure, go.FigureWidget):
                         self._fit_figure(figure)
-            columns = 3 if width >= 3 * COLUMN_PX + ACTIONS_PX else 2 if width >= 2 * COLUMN_PX + 10 else 1
-            self.controls.arrange(columns)
+            self._place_knobs(beside=width >= KNOBS_BESIDE_PX)
+
+    def _place_knobs(self, *, beside: bool) -> None:
+        """The knobs beside the live chart, or under the runs table: the chart and the table stay together. Only
+        the boxes' flex order and sizes change, so no view in the page is built again for it (a view moved while
+        the page still builds it, as when a resize or a theme change reports widths in a burst, fails to draw)."""
+        self.knobs_beside = beside
+        self._chart_box.layout.flex = "1 1 0%" if beside else "1 1 100%"
+        self.knobs.layout.order = "1" if beside else "3"
+        self.knobs.layout.border_left = f"1px solid {themed('rule')}" if beside else "none"
+        self.knobs.layout.padding = "0 0 0 10px" if beside else "6px 0 0 0"
+        # Beside the chart the knobs never make its row taller than the chart: an open family scrolls in its place.
+        self.knobs.layout.max_height = f"{KNOBS_MAX_PX}px" if beside else "none"
+        self.knobs.layout.overflow = "hidden auto" if beside else "visible"
 
     def _render_buttons(self) -> None:
         running, ok = self.state.action is not None, self.state.draft.validation.ok
@@ -311,8 +321,8 @@ class TuningPanel:
         validation = self.state.draft.validation
         parts = []
         if validation.error:
-            parts.append(f'<div style="color: {COLOURS["error"]};">✗ {html.escape(validation.error)}</div>')
-        parts += [f'<div style="color: {COLOURS["warning"]};">⚠ {html.escape(text)}</div>'
+            parts.append(f'<div style="color: {themed("error")};">✗ {html.escape(validation.error)}</div>')
+        parts += [f'<div style="color: {themed("warning")};">⚠ {html.escape(text)}</div>'
                   for text in validation.warnings]
         return f'<div style="font-size: 0.9em; line-height: 1.3;">{"".join(parts)}</div>'
 
@@ -322,9 +332,13 @@ class TuningPanel:
         spinner = "⏳ " if state.busy else ""
         problem = ""
         if state.history_problem:
-            problem = (f'<div style="color: {COLOURS["warning"]}; font-size: 0.85em; line-height: 1.2;">⚠ Run '
+            problem = (f'<div style="color: {themed("warning")}; font-size: 0.85em; line-height: 1.2;">⚠ Run '
                        f"history off: {html.escape(state.history_problem)}</div>")
-        return f'<div style="font-size: 0.95em;">{spinner}{html.escape(state.status)}</div>{problem}'
+        # One line, cut with its whole text on hover: a status that wrapped to a second line and back as it changes
+        # would move the chart and the runs table under it, and the page would lay them out again each time.
+        text = html.escape(spinner + state.status)
+        return (f'<div style="font-size: 0.95em; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;" '
+                f'title="{text}">{text}</div>{problem}')
 
     def _render_compare(self) -> None:
         """Draw the selected Compare tab's figure (the report's) from the finished runs, once per change and only
@@ -387,18 +401,18 @@ class TuningPanel:
 
     # -- layout -----------------------------------------------------------------------------------
     def _build_actions(self, steps: int) -> None:
-        self.length_unit = w.Dropdown(options=["steps", "seconds"], value="steps", layout=w.Layout(width="90px"),
+        self.length_unit = w.Dropdown(options=["steps", "seconds"], value="steps", layout=w.Layout(width="92px"),
                                       tooltip="measure a number of steps, or for a number of seconds")
         self.length_value = w.BoundedFloatText(value=steps, min=1, max=100_000, step=1,
                                                tooltip="burst length (after the warm-up steps)",
-                                               layout=w.Layout(width="75px"))
+                                               layout=w.Layout(width="70px"))
         self.run_button = w.Button(description="Run burst", button_style="primary", icon="play",
-                                   tooltip="one timed burst of the settings above")
+                                   tooltip="one timed burst of the knobs' settings")
         self.ladder_button = w.Button(description="Run ladder", icon="forward",
                                       tooltip="baseline → +loader → +precision → +compile → +rest, cumulative")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop",
                                     tooltip="stop the running burst (within a second) and the rest of a ladder")
-        self.reset_button = w.Button(description="Reset to baseline",
+        self.reset_button = w.Button(description="Reset", icon="undo",
                                      tooltip="set every knob back to the plain training loop")
         self.profile_button = w.Button(description="Profile", icon="search",
                                        tooltip="one burst of the settings above, then torch.profiler on a few "
@@ -406,7 +420,7 @@ class TuningPanel:
         self.tune_button = w.Button(description="Tune", icon="magic",
                                     tooltip="search the knobs from the settings above for the fastest config "
                                             "that trains like the baseline, within the budget")
-        self.budget = w.BoundedFloatText(value=60, min=5, max=86_400, step=10, layout=w.Layout(width="75px"),
+        self.budget = w.BoundedFloatText(value=60, min=5, max=86_400, step=10, layout=w.Layout(width="70px"),
                                          tooltip="the tuner starts no burst that would end past this many seconds")
         self.batch_button = w.Button(description="Find batch size", icon="arrows-h",
                                      tooltip="try growing batch sizes of the settings above in worker processes: "
@@ -423,12 +437,11 @@ class TuningPanel:
         self.load_button = w.Button(description="Load earlier runs", icon="history",
                                     tooltip="add this workload's runs recorded in the history file (⟲ in the "
                                             "table) that are not shown yet")
-        for button in (self.run_button, self.ladder_button, self.stop_button, self.reset_button,
-                       self.profile_button, self.tune_button, self.live_button, self.pin_button,
-                       self.remeasure_button):
-            button.layout = w.Layout(width=BUTTON_WIDTH)
-        self.load_button.layout = w.Layout(width="auto")
-        self.batch_button.layout = w.Layout(width="auto")  # the actions column's width, inside its border
+        for button in (self.run_button, self.ladder_button, self.stop_button, self.profile_button,
+                       self.tune_button, self.live_button, self.pin_button, self.remeasure_button, self.batch_button,
+                       self.load_button):
+            button.layout = w.Layout(width="auto", margin="0 4px 4px 0", flex="0 0 auto")
+        self.reset_button.layout = w.Layout(width="auto", flex="0 0 auto")
         self.run_button.on_click(lambda _: self.run_burst())
         self.ladder_button.on_click(lambda _: self.run_ladder())
         self.stop_button.on_click(lambda _: self.stop())
@@ -442,41 +455,51 @@ class TuningPanel:
         self.remeasure_button.on_click(lambda _: self.remeasure())
         self.batch_view = w.VBox(layout=w.Layout(display="none", margin="6px 0 0 0"))
         self.validation = w.HTML()
-        self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="100%"))
+        self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
+                                        layout=w.Layout(width="160px", flex="0 0 auto", margin="0 8px 0 0"))
         self.status = w.HTML()
 
     def _assemble(self) -> w.VBox:
+        """The panel laid out around its loop, flip a knob, press Run, watch, read: the actions on top with the
+        progress and the status line, then the live chart with the knobs beside it (under the runs table where the
+        panel is too narrow for both), then the runs table, so one screen holds what a burst is watched with."""
         device = self.device
         where = (f"{len(device.gpus)} × {device.name}" if device.has_cuda
                  else f"{device.cpu_name}, {device.cpu_count} cores, no GPU")
-        rule = f"border-bottom: 1px solid {COLOURS['rule']}"
-        header = w.HTML(f'<div style="font-size: 1.15em; padding-bottom: 4px; {rule};">'
-                        f"<b>accel_widgets tuning panel</b> · workload "
-                        f"<code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>",
-                        layout=w.Layout(margin="0 0 4px 0"))
-        length = w.HBox([w.HTML("Burst length", layout=w.Layout(width="95px")), self.length_value, self.length_unit])
-        budget = w.HBox([w.HTML("Tune budget", layout=w.Layout(width="95px")), self.budget,
-                         w.HTML("seconds", layout=w.Layout(margin="0 0 0 6px"))])
-        actions = w.VBox(
-            [length, w.HBox([self.run_button, self.ladder_button]), w.HBox([self.stop_button, self.reset_button]),
-             budget, w.HBox([self.profile_button, self.tune_button]), w.HBox([self.live_button, self.pin_button]),
-             w.HBox([self.remeasure_button]), self.batch_button, self.load_button,
-             self.progress, self.status, self.validation],
-            layout=w.Layout(width=f"{ACTIONS_PX - 10}px", min_width=f"{ACTIONS_PX - 10}px", padding="0 0 0 10px",
-                            border_left=f"1px solid {COLOURS['rule']}", margin="0 0 8px 0"),
-        )
-        # The controls and the actions side by side; when the controls' columns and the actions do not fit
-        # on one line, the actions wrap *above* the controls (wrap-reverse, so "flex-end" is the top), where
-        # Run and the status line stay in sight. The controls' own width (their columns side by side) decides
-        # that in the browser, so it holds even before the kernel has answered a resize.
-        self._controls_box = w.VBox([self.controls.widget], layout=w.Layout(flex="1 1 auto"))
-        top = w.HBox([self._controls_box, actions], layout=w.Layout(width="100%", align_items="flex-end",
-                                                                    flex_flow="row wrap-reverse"))
-        runs_title = w.HTML("<b>Runs</b> <small>(tick to show in the plots; hover a header for its meaning)</small>",
-                            layout=w.Layout(margin="8px 0 0 0"))
-        root = w.VBox([header, top, self.plots.probe, self.plots.chart, runs_title,
-                       self.table.widget, self.table.empty, self.recipe.widget, self.diagnosis, self.compare,
-                       self.profile_view, self.batch_view],
+        group = w.Layout(align_items="center", flex="0 0 auto", margin="0 12px 0 0", overflow="visible")
+        label = w.Layout(margin="0 4px 4px 0", flex="0 0 auto")
+        unit = w.Layout(margin="0 0 4px 4px", flex="0 0 auto")
+        header = w.HTML(f'<div style="font-size: 0.85em; color: {themed("muted")}; white-space: nowrap;">'
+                        f"accel_widgets · <code>{html.escape(self.workload.name)}</code> · {html.escape(where)}</div>",
+                        layout=w.Layout(flex="0 0 auto", margin="0 0 4px auto"))
+        actions = w.HBox(
+            [w.HBox([self.run_button, self.stop_button, self.ladder_button], layout=group),
+             w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit)], layout=group),
+             w.HBox([w.HTML("Burst", layout=label), self.length_value, self.length_unit], layout=group),
+             w.HBox([self.live_button, self.pin_button, self.profile_button, self.remeasure_button, self.batch_button,
+                     self.load_button], layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),
+             header],
+            layout=w.Layout(flex_flow="row wrap", align_items="center", width="100%", overflow="visible"))
+        for box in actions.children[1:3]:  # an input's own margin is beside it, not under it
+            for widget in box.children:
+                if isinstance(widget, w.BoundedFloatText | w.Dropdown):
+                    widget.layout.margin = "0 0 4px 0"
+        self.status.layout = w.Layout(flex="1 1 0%", min_width="0")
+        status_line = w.HBox([self.progress, self.status],
+                             layout=w.Layout(align_items="center", width="100%", margin="0 0 4px 0"))
+        self.knobs = w.VBox([self.controls.widget, self.validation],
+                            layout=w.Layout(width=f"{KNOBS_PX}px", min_width=f"{KNOBS_PX}px", flex="0 0 auto"))
+        self.plots.chart.layout = w.Layout(width="100%", min_width="0", overflow="hidden")
+        self._chart_box = w.VBox([self.plots.chart], layout=w.Layout(min_width=f"{MIN_WIDTH}px", order="0"))
+        self.table.widget.layout = w.Layout(width="100%", flex="1 1 100%", margin="4px 0 0 0", order="2")
+        # One wrapping row: the chart and the knobs, then the runs table on a line of its own; narrow, the knobs go
+        # after the table. Before the kernel has answered a resize, the knobs wrap under the chart in the browser.
+        self._main = w.HBox([self._chart_box, self.knobs, self.table.widget],
+                            layout=w.Layout(flex_flow="row wrap", align_items="flex-start", width="100%",
+                                            overflow="visible"))
+        self._place_knobs(beside=True)
+        root = w.VBox([self.plots.probe, actions, status_line, self._main, self.recipe.widget, self.diagnosis,
+                       self.compare, self.profile_view, self.batch_view],
                       layout=w.Layout(width="100%", max_width="1400px"))
         # Stable CSS hooks for browser tests and user styling; ipywidgets' own classes are generic.
         for widget, name in ((root, "panel"), (self.run_button, "run-burst"), (self.ladder_button, "run-ladder"),
@@ -489,6 +512,7 @@ class TuningPanel:
                              (self.batch_button, "find-batch-size"), (self.batch_view, "batch-view"),
                              (self.compare, "compare"), (self.recipe.button, "use-in-my-code"),
                              (self.recipe.styles, "recipe-styles"), (self.recipe.code, "recipe-code"),
-                             (self.profile_view, "profile-view"), (actions, "actions")):
+                             (self.profile_view, "profile-view"), (actions, "actions"), (self.knobs, "knobs"),
+                             (self.reset_button, "reset")):
             widget.add_class(f"aw-{name}")
         return root

@@ -7,7 +7,7 @@ table cannot disagree.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,13 +39,32 @@ PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#F
 COLOURS = {"ok": "#2e7d32", "stopped": "#8a6d00", "warning": "#b35900", "error": "#c62828", "info": "#1565c0",
            "muted": "#777", "neutral": "#9e9e9e", "totals": "#607d8b", "rule": "#e0e0e0", "text": "#222",
            "failed row": "#fdecea", "code": "#f6f6f6", "promise": "rgba(255,161,90,0.45)"}
+#: The JupyterLab theme's variable for each colour the panel draws with, so its text, rules and marks read on a light
+#: and a dark theme alike; the palette's own colour is the fallback where no theme defines it (VS Code, a static page).
+THEME_VARIABLES = {"ok": "--jp-success-color1", "stopped": "--jp-warn-color0", "warning": "--jp-warn-color1",
+                   "error": "--jp-error-color1", "info": "--jp-brand-color1", "muted": "--jp-ui-font-color2",
+                   "neutral": "--jp-ui-font-color3", "rule": "--jp-border-color2", "text": "--jp-ui-font-color1",
+                   "code": "--jp-layout-color2"}
+
+#: A comparison's verdict (issue #28's engine) as a speed-up cell marks it: the glyph after the interval and the
+#: palette colour it is drawn in. "same" has no glyph: its cell says "same" and reads in the quiet colour.
+VERDICT_MARKS = {"faster": ("▲", "ok"), "slower": ("▼", "error"), "same": ("", "muted"), "undecided": ("?", "warning")}
+
+#: After a speed-up whose comparison is still taking repeats: its interval tightens as they arrive.
+COMPARING_MARK = "⟳"
+
 #: Where a step's time goes, in the palette's colours: waiting for data, copying to the device, computing.
 STEP_PART_COLOURS = {"data_s": PALETTE[1], "h2d_s": PALETTE[4], "compute_s": PALETTE[0]}
 
 
-FINDING_MARKS: dict[Severity, tuple[str, str]] = {
-    "warn": ("⚠", COLOURS["warning"]), "info": ("ℹ", COLOURS["info"]), "good": ("✔", COLOURS["ok"]),
-}
+#: A finding's mark and the palette key of its colour.
+FINDING_MARKS: dict[Severity, tuple[str, str]] = {"warn": ("⚠", "warning"), "info": ("ℹ", "info"), "good": ("✔", "ok")}
+
+
+def themed(key: str) -> str:
+    """A palette colour as the panel writes it in CSS: the JupyterLab theme's own where it has one, else ours."""
+    variable = THEME_VARIABLES.get(key)
+    return f"var({variable}, {COLOURS[key]})" if variable else COLOURS[key]
 
 
 def run_colour(run: int) -> str:
@@ -64,13 +83,14 @@ def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
-def findings_html(findings: Sequence[Finding]) -> str:
-    """A run's findings as an HTML list: mark, title, the numbers read and the knob to try."""
+def findings_html(findings: Sequence[Finding], colour: Callable[[str], str] = COLOURS.__getitem__) -> str:
+    """A run's findings as an HTML list: mark, title, the numbers read and the knob to try; ``colour`` gives a palette
+    key's CSS colour (the panel's follow the JupyterLab theme: :func:`themed`)."""
     items = []
     for finding in findings:
-        mark, colour = FINDING_MARKS[finding.severity]
+        mark, key = FINDING_MARKS[finding.severity]
         knob = f" → try <code>{html.escape(finding.knob)}</code>" if finding.knob else ""
-        items.append(f'<li style="margin-bottom: 4px;"><span style="color: {colour};">{mark}</span> '
+        items.append(f'<li style="margin-bottom: 4px;"><span style="color: {colour(key)};">{mark}</span> '
                      f"<b>{html.escape(finding.title)}</b>: {html.escape(finding.detail)}{knob}</li>")
     body = "".join(items) or "<li>Nothing stands out.</li>"
     return f'<ul style="padding-left: 18px; margin: 4px 0;">{body}</ul>'

@@ -6,12 +6,13 @@ comparison rows of :mod:`accel_widgets.analysis.compare`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..analysis.compare import Row, RunRow
 from ..metrics.units import MISSING, decimals, number, si, significant
-from .style import COLOURS, LOADED_MARK, UNRELIABLE, UNRELIABLE_MARK
+from .style import COLOURS, COMPARING_MARK, LOADED_MARK, UNRELIABLE, UNRELIABLE_MARK, VERDICT_MARKS
 
 #: A table cell: the text shown and the text on hover ("" for none).
 Cell = tuple[str, str]
@@ -36,13 +37,86 @@ def step_text(row: Row) -> str:
     return f"{median:.{places}f} ± {row['step_ms_iqr']:.{places}f}{noise}"
 
 
+@dataclass(frozen=True)
+class Speedup:
+    """How a row's speed-up reads, in parts a face can style: ``value`` ("1.23× [1.11–1.35]", "same ±4%", "same
+    config: 0.91–1.24×"), the verdict's ``mark`` and the palette key of its ``tone``, a quiet ``hint`` ("1 burst":
+    a single ratio, no interval), ``comparing`` while repeats still arrive, the ``flags`` every face has shown
+    ("p" paired, ⚠ unreliable) and the whole sentence on ``hover``."""
+
+    value: str
+    mark: str = ""
+    tone: str = ""
+    hint: str = ""
+    comparing: bool = False
+    flags: str = ""
+    hover: str = ""
+
+    @property
+    def text(self) -> str:
+        """The cell as plain text (the terminal's and the report's table): everything but the quiet hint."""
+        parts = [self.value, self.mark, COMPARING_MARK if self.comparing else "", self.flags]
+        return " ".join(part for part in parts if part)
+
+
+def _interval(low: float, high: float) -> str:
+    return f"{low:.2f}–{high:.2f}"
+
+
+def same_within_pct(low: float, high: float) -> int:
+    """The larger distance of an interval's ends from 1, in whole percent rounded up: "same ±4%" bounds the effect
+    (the rounding of a float such as 1 - 0.96 never adds a percent)."""
+    return math.ceil(round(max(high - 1.0, 1.0 - low) * 100, 6))
+
+
+def speedup_reading(row: Row) -> Speedup:
+    """The speed-up cell from the row's comparison (issue #28's keys, each optional): ``speedup`` (the point
+    estimate), ``speedup_interval`` (low, high: 95%, anytime-valid), ``verdict`` ("faster", "slower", "same",
+    "undecided"; None before a comparison), ``min_effect`` (the margin "same" was judged against), ``comparing``
+    (repeats still arriving) and ``same_config`` (the run is its baseline's config: the interval is this machine's
+    noise floor, never a speed-up). Without an interval it is one burst against one burst, as the table always
+    showed it, with a quiet "1 burst" hint; the baseline's own row reads 1.00× alone."""
+    ratio = row.get("speedup")
+    if ratio is None:
+        return Speedup(MISSING)
+    flags = " ".join(flag for flag, on in (("p", row.get("paired")), (UNRELIABLE_MARK, row.get("unreliable"))) if on)
+    comparing = bool(row.get("comparing"))
+    live = "Still comparing: repeats are arriving and the interval tightens with each.\n" if comparing else ""
+    interval, verdict = row.get("speedup_interval"), row.get("verdict")
+    if row.get("same_config"):
+        floor = f"{_interval(*interval)}×" if interval is not None else f"{ratio:.2f}×"
+        return Speedup(f"same config: {floor}", tone="muted", hint="" if interval is not None else "1 burst",
+                       comparing=comparing, flags=flags,
+                       hover=f"{live}The same config as its baseline: this machine moves it {floor} from burst to "
+                             "burst. That is the noise floor here, not a speed-up.")
+    if interval is None:
+        if row.get("baseline") == row.get("run"):
+            return Speedup(f"{ratio:.2f}×", flags=flags, hover="the baseline: every speed-up is over its samples/s")
+        hover = paired_note(row) or (f"{ratio:.2f}× the baseline's samples/s, one burst against one burst: no "
+                                     "interval, so the drift between bursts is not in this number")
+        return Speedup(f"{ratio:.2f}×", hint="" if row.get("paired") else "1 burst", comparing=comparing,
+                       flags=flags, hover=live + hover)
+    low, high = interval
+    margin = row.get("min_effect")
+    within = f"±{margin:.0%}" if margin is not None else "the smallest effect judged"
+    said = f"{ratio:.2f}× the baseline's samples/s, 95% anytime-valid interval {_interval(low, high)}×"
+    if verdict == "same":
+        bound = same_within_pct(low, high)
+        return Speedup(f"same ±{bound}%", tone=VERDICT_MARKS["same"][1], comparing=comparing, flags=flags,
+                       hover=f"{live}No measurable effect here: within ±{bound}% of the baseline ({said}, inside "
+                             f"{within}).")
+    mark, tone = VERDICT_MARKS.get(verdict, ("", "")) if verdict is not None else ("", "")
+    outcome = {"faster": "faster", "slower": "slower",
+               "undecided": f"undecided, neither clearly faster or slower nor within {within}; more repeats would "
+                            "settle it"}.get(str(verdict), "not judged yet")
+    return Speedup(f"{ratio:.2f}× [{_interval(low, high)}]", mark=mark, tone=tone, comparing=comparing, flags=flags,
+                   hover=f"{live}{said}: {outcome}.")
+
+
 def speedup_text(row: Row) -> str:
-    """The speed-up; "p" when it is a paired re-measure's median, ⚠ when the run is unreliable."""
-    if row["speedup"] is None:
-        return MISSING
-    paired = " p" if row.get("paired") else ""
-    mark = f" {UNRELIABLE_MARK}" if row.get("unreliable") else ""
-    return f"{row['speedup']:.2f}×{paired}{mark}"
+    """The speed-up as plain text: the interval and the verdict's mark where the row was compared, "p" when it is a
+    paired re-measure's median, ⚠ when the run is unreliable."""
+    return speedup_reading(row).text
 
 
 def paired_note(row: Row) -> str:
@@ -105,9 +179,11 @@ COLUMNS: dict[str, Column] = {
                       lambda r: number(r["samples_per_s"], ",.1f")),
     "tokens": Column("tokens/s", "steady-state tokens per second, for workloads that count tokens",
                      lambda r: number(r["tokens_per_s"], ",.0f")),
-    "speedup": Column("speedup", "throughput over the baseline run's; ⚠ marks an unreliable run (hover its status), "
+    "speedup": Column("speedup", "throughput over the baseline run's, with its 95% interval where the run was "
+                      "compared in repeats: ▲ faster, ▼ slower, 'same ±4%' no measurable effect, ? undecided, ⟳ "
+                      "still comparing, '1 burst' a single ratio; ⚠ marks an unreliable run (hover its status), "
                       "'p' one re-measured in pairs with its baseline (hover: the pairs' quartiles)",
-                      lambda r: speedup_text(r), lambda r: paired_note(r)),
+                      speedup_text, lambda r: speedup_reading(r).hover),
     "step": Column("step ms", "median step time ± IQR; ~ marks a noisy measurement (IQR/median ≥ 10%)", step_text,
                    _noise_note),
     "util": Column("util %", "mean device utilisation (GPU: NVML, from 1 s into the measured window: its readings "
@@ -143,6 +219,22 @@ def title_cell(row: RunRow) -> Cell:
     return LOADED_MARK + title, f"{LOADED_MARK}{title}\n{row.loaded}"
 
 
+def compact_title_cell(row: RunRow) -> Cell:
+    """The run's changes from its baseline in a cell that must fit (``+loader: workers 2, persistent``), each knob as
+    its owner shortens it; the long form and the run's whole config (every knob off its default) on hover."""
+    _, hover = title_cell(row)
+    label = str(row.values.get("label") or "")
+    baseline = row.baseline.config if row.baseline is not None else None
+    changes = row.result.config.compact_label(baseline)
+    if row.values.get("changes") == "baseline":
+        short = f"{label} (baseline)" if label and label != "baseline" else "baseline"
+    else:
+        short = changes if not label or label == row.values.get("changes") else f"{label}: {changes}"
+    mark = LOADED_MARK if row.loaded is not None else ""
+    whole = row.result.config.label()
+    return mark + short, f"{hover}\nwhole config: {'every knob at its default' if whole == 'baseline' else whole}"
+
+
 def row_cells(row: RunRow, columns: Iterable[str]) -> list[Cell]:
     """The title, the named :data:`COLUMNS` and the status, as (text, hover) pairs."""
     return [title_cell(row), *(COLUMNS[key].cell(row.values) for key in columns), status_cell(row)]
@@ -166,9 +258,15 @@ def status_cell(row: RunRow) -> Cell:
     return text, f"{text}\ntraining not checked: {row.verdict.reasons[-1]}" if unchecked else text
 
 
-def status_colour(row: RunRow) -> str:
-    """Green for ok, amber for stopped or unreliable, red for anything that did not train as it should."""
+def status_tone(row: RunRow) -> str:
+    """The palette key of the status: ok, stopped, warning (unreliable), or error for anything that did not train
+    as it should."""
     status = str(row.values["status"])
     if row.changes_training or status not in ("ok", "stopped"):
-        return COLOURS["error"]
-    return COLOURS["warning"] if row.values["unreliable"] else COLOURS[status]
+        return "error"
+    return "warning" if row.values["unreliable"] else status
+
+
+def status_colour(row: RunRow) -> str:
+    """Green for ok, amber for stopped or unreliable, red for anything that did not train as it should."""
+    return COLOURS[status_tone(row)]

@@ -3,10 +3,10 @@
 Widget logic is tested without a browser elsewhere; this test covers what only a front end shows: that
 the FigureWidget inside the panel renders, receives live points while the burst runs (read from
 plotly's own ``.data`` in the page, since autoranged SVG paths can look unchanged), that the runs
-table gains a row, and that the controls lay out whole (nothing clipped, nothing overlapping, columns
-wrapping) in JupyterLab with its file browser open and in Notebook 7. It needs Debian's chromium
-(``apt-get install -y chromium``) and skips without it. Everything Jupyter writes goes to a temp dir; the
-server and its kernels are stopped in a finally.
+table gains a row and never scrolls sideways, and that the controls lay out whole (nothing clipped, nothing
+overlapping, in every family of knobs) in JupyterLab with its file browser open and in Notebook 7. It needs
+Debian's chromium (``apt-get install -y chromium``) and skips without it. Everything Jupyter writes goes to a
+temp dir; the server and its kernels are stopped in a finally.
 """
 
 from __future__ import annotations
@@ -82,19 +82,19 @@ JS_TIMELINE = """() => {
     runs[m[1]] = {step: Number(m[2]), util: Number(m[3])};
   return runs;
 }"""
-JS_ROWS = "() => document.querySelectorAll('.aw-runs .widget-checkbox').length"
+JS_ROWS = "() => document.querySelectorAll('.aw-runs tr.aw-run').length"
 JS_STATUS = "() => (document.querySelector('.aw-status') || {innerText: ''}).innerText"
 JS_WIDTHS = """() => {
   const width = selector => document.querySelector(selector).getBoundingClientRect().width;
-  const runs = document.querySelector('.aw-runs');
-  const panel = width('.aw-panel'), plots = width('.aw-plots canvas');
-  const fits = panel - 40 < plots && plots <= panel;
-  return {panel, plots, runs: runs.scrollWidth, runs_room: runs.clientWidth, fits};
+  const runs = document.querySelector('.aw-runs-box');
+  const panel = width('.aw-panel'), plots = width('.aw-plots canvas'), room = width('.aw-plots');
+  const fits = room - 2 < plots && plots <= room + 0.5 && room <= panel;
+  return {panel, plots, plots_room: room, runs: runs.scrollWidth, runs_room: runs.clientWidth, fits};
 }"""
 
 
-# Every control of the panel (a knob's name, input, ⓘ and note; the actions' buttons and inputs) against
-# its column, the panel and every other control, by the boxes the browser drew: returns what is wrong,
+# Every control of the panel (a knob's name, input, ⓘ and note; the families' buttons; the actions' buttons and
+# inputs) against its column, the panel and every other control, by the boxes the browser drew: returns what is wrong,
 # one line each, empty when the layout is whole. Text is measured with the element's own font.
 JS_LAYOUT = """() => {
   const panel = document.querySelector('.aw-panel');
@@ -110,9 +110,14 @@ JS_LAYOUT = """() => {
                        return el.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); };
   const shown = el => el.getClientRects().length > 0;
   const leaves = [];  // [what, element, column]
-  for (const column of panel.querySelectorAll('.aw-column, .aw-actions')) {
-    const where = column.classList.contains('aw-actions') ? 'actions' : 'column';
-    for (const knob of column.querySelectorAll('.aw-knob')) {
+  const shownFamilies = [...panel.querySelectorAll('.aw-knobs .aw-family')].filter(shown);
+  for (const column of [...shownFamilies, ...panel.querySelectorAll('.aw-actions, .aw-knobs')]) {
+    const where = column.classList.contains('aw-family') ? 'family' : column.classList.contains('aw-knobs')
+      ? 'knobs' : 'actions';
+    if (where === 'knobs')
+      for (const button of column.querySelectorAll('.aw-family-tab, .aw-reset, .aw-fold'))
+        if (shown(button)) leaves.push([`knobs button "${button.innerText.trim()}"`, button, column]);
+    if (where === 'family') for (const knob of [...column.querySelectorAll('.aw-knob')].filter(shown)) {
       const name = knob.querySelector('.aw-knob-name').innerText.trim();
       const span = knob.querySelector('.aw-knob-name span');
       leaves.push([`${name} label`, span, column]);
@@ -160,7 +165,13 @@ JS_LAYOUT = """() => {
   }
   return problems;
 }"""
-JS_COLUMNS = "() => document.querySelectorAll('.aw-panel .aw-column').length"
+JS_OPEN_FAMILY = """group => {
+  const tab = [...document.querySelectorAll('.aw-family-tab')].find(t => t.innerText.trim().split(' ')[0] === group);
+  if (!tab.classList.contains('mod-active')) tab.click();
+}"""
+JS_FAMILIES = "() => [...document.querySelectorAll('.aw-family-tab')].map(t => t.innerText.trim().split(' ')[0])"
+JS_OPEN_FOLD = "() => { const f = [...document.querySelectorAll('.aw-fold')].find(f => f.getClientRects().length); " \
+               "if (f && !f.classList.contains('mod-active')) f.click(); return !!f; }"
 
 def points(drawn: dict | None, run: int, kind: str) -> int:
     """The timeline's points of ``run``: "step" (warm-up included) or "util"."""
@@ -242,20 +253,18 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
     held = [count for _, count, holding in updates if holding]
     assert held and len(set(held)) == 1, f"the chart must hold still while the window measures, saw {updates}"
     assert updates[-1][1] > held[0] and not updates[-1][2], f"the window is drawn when it ends, saw {updates}"
-    # The figure takes the panel's width, in a wide window and a narrow one; the table scrolls inside the panel.
+    # The chart takes its box's width, in a wide window and a narrow one; the table never scrolls: it folds columns.
     for widths in (wide, narrow):
-        assert widths["panel"] - 40 < widths["plots"] <= widths["panel"], widths
-        assert widths["runs_room"] <= widths["panel"], widths
-    assert wide["runs"] <= wide["runs_room"], f"at 1400 px every column of the runs table shows: {wide}"
+        assert widths["fits"], widths
+        assert widths["runs"] <= widths["runs_room"] <= widths["panel"], widths
     assert narrow["panel"] < wide["panel"], (narrow, wide)
-    # Beside the file browser every control is whole: in the columns the kernel picked for the width, and
-    # in three columns picked for a wider panel (a stale width: the kernel busy when the window changed).
+    # Beside the file browser every control is whole, in each family of knobs (the folded ones unfolded).
     for where, problems in layout.items():
         assert problems == [], f"{where}:\n" + "\n".join(problems)
     # Live: the toggle ran the settings; an edit in the browser replaced that run; after Pin, an edit added one.
     assert live["rows"] == [3, 3, 4], live
-    assert "batch_size=32" in live["tables"][1] and "batch_size=16" in live["tables"][2], live
-    assert "batch_size=32" in live["tables"][2], "the pinned live run must stay"
+    assert "batch 32" in live["tables"][1] and "batch 16" in live["tables"][2], live
+    assert "batch 32" in live["tables"][2], "the pinned live run must stay"
     # A view created later (page reload) must draw the same runs from the widget state, not an empty chart.
     for run in (0, 1):
         for kind in ("step", "util"):
@@ -297,40 +306,47 @@ def narrow_layout(page: Page) -> dict[str, float]:
 
 
 def layout_problems(page: Page) -> list[str]:
-    """What is clipped or overlapping in the panel, once the kernel's relayout for this width has come back."""
+    """What is clipped or overlapping in the panel, once the kernel's relayout for this width has come back: with
+    each family of knobs open in turn, its folded knobs unfolded, the first family open again at the end."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     page.wait_for_timeout(400)  # the probe reports a width 150 ms after the last resize
     page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=100)
-    with contextlib.suppress(PlaywrightTimeout):
-        page.wait_for_function(f"() => ({JS_LAYOUT})().length === 0", timeout=LAYOUT_SETTLE_MS, polling=100)
-    return page.evaluate(JS_LAYOUT)
+    problems = []
+    families = page.evaluate(JS_FAMILIES)
+    for family in families:
+        page.evaluate(JS_OPEN_FAMILY, family)
+        page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=50)
+        if page.evaluate(JS_OPEN_FOLD):
+            page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=50)
+        with contextlib.suppress(PlaywrightTimeout):
+            page.wait_for_function(f"() => ({JS_LAYOUT})().length === 0", timeout=LAYOUT_SETTLE_MS, polling=100)
+        problems += [f"{family}: {problem}" for problem in page.evaluate(JS_LAYOUT)]
+    page.evaluate(JS_OPEN_FAMILY, families[0])
+    page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=50)
+    return problems
 
 
-def runs_table_problems(page: Page, window_width: int) -> list[str]:
-    """From a 1400 px window on, the runs table shows every column without scrolling (narrower, it scrolls)."""
+def runs_table_problems(page: Page) -> list[str]:
+    """The runs table never scrolls sideways: it folds its least important columns instead."""
     widths = page.evaluate(JS_WIDTHS)
-    if window_width < LAYOUT_WIDTHS[0] or widths["runs"] <= widths["runs_room"]:
+    if widths["runs"] <= widths["runs_room"]:
         return []
     return [f"the runs table needs {widths['runs']} px and has {widths['runs_room']} px: it scrolls"]
 
 
 def layout_beside_file_browser(page: Page) -> dict[str, list[str]]:
     """Open JupyterLab's file browser and check the panel's layout at each of LAYOUT_WIDTHS, saving
-    panel-<width>.png and one shot of the whole window; then three columns forced on the narrowest."""
+    panel-<width>.png and one shot of the whole window."""
     page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")
     page.wait_for_selector("#filebrowser", state="visible")
     problems = {}
     for width in LAYOUT_WIDTHS:
         page.set_viewport_size({"width": width, "height": VIEWPORT["height"]})
-        problems[f"{width} px, file browser open"] = layout_problems(page) + runs_table_problems(page, width)
+        problems[f"{width} px, file browser open"] = layout_problems(page) + runs_table_problems(page)
         page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{width}.png"))
         if width == LAYOUT_WIDTHS[0]:
             page.screenshot(path=str(ARTIFACTS / f"jupyterlab-{width}-file-browser.png"))
-    assert page.evaluate(JS_EXECUTE, "panel.controls.arrange(3)") == "ok"
-    page.wait_for_function(f"() => ({JS_COLUMNS})() === 3", timeout=10_000, polling=100)
-    problems[f"{LAYOUT_WIDTHS[-1]} px, file browser open, three columns"] = page.evaluate(JS_LAYOUT)
-    page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / f"panel-{LAYOUT_WIDTHS[-1]}-three-columns.png"))
     page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
     page.set_viewport_size(VIEWPORT)
     return problems
@@ -363,9 +379,9 @@ def live_mode(page: Page) -> dict[str, list]:
         batch_size.fill(value)
         batch_size.press("Enter")  # a text box sends its value on Enter or when it loses focus
 
-    after_live_run(lambda: type_batch_size("32"), "live: batch_size=32")
+    after_live_run(lambda: type_batch_size("32"), "live: batch 32")
     page.locator(".aw-pin").click()
-    after_live_run(lambda: type_batch_size("16"), "live: batch_size=16")
+    after_live_run(lambda: type_batch_size("16"), "live: batch 16")
     page.locator(".aw-live").click()
     page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel-live.png"))
     return seen

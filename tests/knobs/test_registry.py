@@ -98,6 +98,17 @@ def test_diff_and_label_name_only_changed_knobs():
     assert config.replace(compile_mode="default").label(config) == "compile_mode=default"
 
 
+def test_the_compact_label_shortens_each_knob_as_its_owner_says():
+    """What a table cell that must fit shows: switches by name (off: "no ..."), values after a short name, and a
+    value that names itself alone."""
+    config = Config(num_workers=2, pin_memory=True, precision="bf16", compile_mode="default",
+                    reshard_after_forward=False)
+    assert config.compact_label() == "workers 2, pin, bf16, compile default, no reshard"
+    assert config.compact_label(Config(num_workers=2, pin_memory=True)) == "bf16, compile default, no reshard"
+    assert Config().compact_label() == "baseline" and Config(tf32=True).compact_label() == "tf32"  # its own name
+    assert all(len(knob.compact(knob.default)) <= 24 for knob in KNOBS.values()), "short means short"
+
+
 @pytest.mark.parametrize(
     ("name", "text", "value"),
     [("num_workers", "4", 4), ("pin_memory", "true", True), ("pin_memory", "off", False),

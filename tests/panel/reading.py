@@ -12,21 +12,26 @@ from accel_widgets.panel.table import RunsTable
 _TAG = re.compile(r"<[^>]+>")
 
 
-def cell_text(cell: Any) -> str:
-    """The visible text of one HTML cell."""
-    return html.unescape(_TAG.sub("", cell.value))
+def html_text(markup: str) -> str:
+    """The visible text of an HTML fragment."""
+    return html.unescape(_TAG.sub("", markup))
 
 
 def header_text(table: RunsTable) -> list[str]:
-    return [cell_text(cell) for cell in table.header]
+    """The headers as the page shows them: "run" (the tick and number), then one per column."""
+    return ["run", *(column["header"] for column in table.widget.columns)]
 
 
 def table_text(table: RunsTable) -> list[list[str]]:
-    """The table's rows as text: "#run" (the checkbox's label), then every cell after the checkbox."""
-    columns = len(table.header)
-    body = table.widget.children[columns:]
-    rows = [body[start:start + columns] for start in range(0, len(body), columns)]
-    return [[row[0].children[1].description, *(cell_text(cell) for cell in row[1:])] for row in rows]
+    """The table's rows as text, as the page draws them: "#run", then every cell after it."""
+    return [[row["label"], *(html_text(cell["html"]) for cell in row["cells"])] for row in table.widget.rows]
+
+
+def cell(table: RunsTable, run: int, key: str) -> dict[str, str]:
+    """One cell of a run's row as the page gets it: its ``html`` and its hover ``title``."""
+    index = [column["key"] for column in table.widget.columns].index(key)
+    (row,) = [row for row in table.widget.rows if row["run"] == run]
+    return row["cells"][index]
 
 
 def traces(figure: Any, run: int, kind: str) -> list[Any]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import html
 
-from accel_widgets import Config
-from accel_widgets.panel.controls import KnobControls
+import ipywidgets as w
+
+from accel_widgets import KNOBS, Config
+from accel_widgets.panel.controls import KnobControls, changed_knobs, only_on_text
 from accel_widgets.panel.state import PanelState, rule_notes
 from tests.panel.fakes import CPU, GPU1
 
@@ -15,7 +17,7 @@ SHOWN_PREFETCH_NOTE = html.escape(PREFETCH_NOTE)
 
 def test_the_prefetch_note_comes_and_goes_with_num_workers() -> None:
     state = PanelState(CPU)
-    controls = KnobControls(state.draft, state.edit)
+    controls = KnobControls(state.draft, state.edit, w.Button())
     state.subscribe(lambda part: controls.render(state.draft))
     prefetch, workers = controls.controls["prefetch_factor"], controls.controls["num_workers"]
 
@@ -73,3 +75,19 @@ def test_a_config_set_from_code_refreshes_every_note() -> None:
     assert PREFETCH_NOTE in state.draft.notes["persistent_workers"].message
     state.set_config(Config(num_workers=2, persistent_workers=True))
     assert all(note is None or note.severity == "unavailable" for note in state.draft.notes.values())
+
+
+def test_the_changes_read_short_and_a_half_typed_value_as_typed() -> None:
+    state = PanelState(CPU)
+    assert changed_knobs(state.draft) == {}
+    state.set_config(Config(num_workers=2, pin_memory=True, batch_size=64, set_to_none=False, parallel="fsdp",
+                            world_size=2))
+    assert changed_knobs(state.draft) == {"batch_size": "batch 64", "num_workers": "workers 2", "pin_memory": "pin",
+                                          "set_to_none": "no set_to_none", "parallel": "fsdp", "world_size": "ranks 2"}
+    state.edit("batch_size", "6x")
+    assert changed_knobs(state.draft)["batch_size"] == "batch '6x'"
+
+
+def test_the_folded_line_counts_the_knobs_and_names_where_they_act() -> None:
+    assert only_on_text([KNOBS["pin_memory"], KNOBS["non_blocking"]]) == "2 knobs act only on CUDA"
+    assert only_on_text([KNOBS["float8"]]) == "1 knob acts only on CUDA"

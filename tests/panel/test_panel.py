@@ -19,7 +19,6 @@ from accel_widgets import KNOBS, Config, StepRecord
 from accel_widgets.knobs import GROUP_TITLES
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.controller import FLUSH_INTERVAL_S
-from accel_widgets.panel.controls import COLUMN_PX
 from accel_widgets.panel.plots import (
     BELOW_EXTRA_PX,
     MAX_TRACE_POINTS,
@@ -29,7 +28,7 @@ from accel_widgets.panel.plots import (
     Timeline,
 )
 from accel_widgets.panel.state import PanelState
-from accel_widgets.panel.view import ACTIONS_PX, COMPARE_TABS
+from accel_widgets.panel.view import COMPARE_TABS, KNOBS_BESIDE_PX, KNOBS_MAX_PX
 from accel_widgets.search.ladder import classic_ladder
 from accel_widgets.views.style import run_colour
 from accel_widgets.views.timeline import timeline
@@ -74,8 +73,44 @@ def test_every_knob_has_a_control_with_its_help_grouped_as_the_registry() -> Non
         assert control.help.layout.display is None
         for text in (knob.what, knob.why, knob.when):
             assert html.escape(text) in control.help.value
-    titles = [child.children[0].value for column in panel.controls.widget.children for child in column.children]
-    assert titles == [f"<b>{GROUP_TITLES[g]}</b>" for g in GROUP_TITLES]
+    # One family open at a time, in the registry's order; each family holds its own knobs.
+    controls = panel.controls
+    assert list(controls.tabs) == list(GROUP_TITLES) and controls.open == "data"
+    assert [tab.tooltip for tab in controls.tabs.values()] == list(GROUP_TITLES.values())
+    for group, family in controls.families.items():
+        held = {box for child in family.box.children for box in (child, *getattr(child, "children", ()))}
+        assert {k.name for k in KNOBS.values() if controls.controls[k.name].box in held} == \
+            {k.name for k in KNOBS.in_group(group)}, group
+    controls.tabs["compile"].value = True  # a click on a family opens it and closes the open one
+    assert controls.open == "compile" and not controls.tabs["data"].value
+    shown = [group for group, family in controls.families.items() if family.box.layout.display is None]
+    assert shown == ["compile"]
+    controls.tabs["compile"].value = False  # and a second click closes it
+    assert controls.open is None and all(f.box.layout.display == "none" for f in controls.families.values())
+
+
+def test_the_knobs_that_cannot_act_here_fold_into_one_line_per_family_and_changes_show_on_the_families() -> None:
+    panel = make_panel(device=CPU)
+    data = panel.controls.families["data"]
+    assert data.fold is not None and data.fold.description == "2 knobs act only on CUDA"
+    folded = {name for name in CUDA_ONLY if panel.controls.controls[name].box in data.folded.children}
+    assert folded == {"pin_memory", "non_blocking"} and data.folded.layout.display == "none"
+    data.fold.value = True  # opens on demand: the knobs, disabled, each with its reason
+    assert data.folded.layout.display is None and panel.controls.controls["pin_memory"].input.disabled
+    assert panel.controls.families["float8"].fold.description == "1 knob acts only on CUDA"
+    assert panel.controls.families["batch"].fold is None
+    assert make_panel(device=GPU1).controls.families["data"].fold is None  # everything acts on a GPU
+
+    panel.set_config(Config(num_workers=2, persistent_workers=True, precision="bf16"))
+    tabs = panel.controls.tabs
+    assert tabs["data"].description == "data ·2" and tabs["precision"].description == "precision ·1"
+    assert tabs["data"].tooltip == "Data loading: workers 2, persistent" and tabs["batch"].description == "batch"
+    assert "Changed: <span" in panel.controls.changed.value
+    assert "workers 2, persistent, bf16" in panel.controls.changed.value
+    panel.controls.controls["batch_size"].input.value = "many"  # a typed value that does not parse reads as typed
+    assert "batch 'many'" in html.unescape(panel.controls.changed.value)
+    panel.reset_button.click()
+    assert "none (the baseline)" in panel.controls.changed.value and tabs["data"].description == "data"
 
 
 def test_cuda_only_knobs_are_disabled_on_a_cpu_with_the_reason() -> None:
@@ -162,7 +197,7 @@ def test_table_rows_and_plot_traces_show_what_the_engine_emitted() -> None:
     run(panel)
     rows = table_text(panel.table)
     assert [r[0] for r in rows] == ["#0", "#1"]
-    assert rows[0][1] == "baseline" and rows[1][1] == "num_workers=1"
+    assert rows[0][1] == "baseline" and rows[1][1] == "workers 1"
     assert rows[0][3] == "1.00×" and rows[1][-1] == "ok"
     chart = panel.plots.chart
     for run_index, events in enumerate(engine.emitted):
@@ -205,16 +240,23 @@ def test_the_timeline_tab_is_the_reports_timeline_built_by_the_same_functions() 
     assert figure.layout.yaxis2.type == static.layout.yaxis2.type == "log"
 
 
-def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures() -> None:
+def test_the_figure_fits_and_the_knobs_sit_beside_the_chart_where_both_fit() -> None:
     panel = make_panel()
     run(panel)
-    assert timeline_tab(panel).layout.width == 1180 and len(panel.controls.widget.children) == 3  # until measured
-    groups = [card for column in panel.controls.widget.children for card in column.children]
-    three, two = 3 * COLUMN_PX + ACTIONS_PX, 2 * COLUMN_PX + 10
-    for width, columns in ((three - 1, 2), (three, 3), (two, 2), (two - 1, 1)):
+    assert timeline_tab(panel).layout.width == 1180  # until measured
+    # The chart, the knobs and the runs table share one wrapping row; only the flex order moves the knobs, so the
+    # page builds no view again for it.
+    assert list(panel._main.children) == [panel._chart_box, panel.knobs, panel.table.widget]
+    order = {"chart": panel._chart_box.layout, "knobs": panel.knobs.layout, "table": panel.table.widget.layout}
+    for width, beside in ((KNOBS_BESIDE_PX, True), (KNOBS_BESIDE_PX - 1, False), (1400, True)):
         panel.plots.probe.width = width  # what the probe's front end reports
-        assert len(panel.controls.widget.children) == columns, width
-        assert [card for column in panel.controls.widget.children for card in column.children] == groups
+        assert panel.knobs_beside == beside, width
+        assert sorted(order, key=lambda part: int(order[part].order)) == (
+            ["chart", "knobs", "table"] if beside else ["chart", "table", "knobs"]), width
+        assert (order["knobs"].max_height == f"{KNOBS_MAX_PX}px") == beside  # beside, never taller than the chart
+        assert list(panel._main.children) == [panel._chart_box, panel.knobs, panel.table.widget]
+    panel.plots.probe.width = KNOBS_BESIDE_PX - 100
+    assert order["chart"].flex == "1 1 100%"  # the chart takes the whole line, the table the next
     panel.plots.probe.width = NARROW_PX
     figure = timeline_tab(panel)
     layout = figure.layout
@@ -231,20 +273,21 @@ def test_the_figure_and_the_control_columns_fit_the_width_the_browser_measures()
     assert figure._widget_layout["width"] == NARROW_PX  # a page reload's view starts at that width
 
 
+
 def test_unticking_a_run_hides_its_traces() -> None:
     panel = make_panel()
     run(panel)
     run(panel)
-    panel.table.checkboxes[0].value = False
+    panel.table.widget.hidden = [0]  # the page unticks run 0
     assert panel.state.hidden == {0} and panel.plots.chart.hidden == [0]
     figure = timeline_tab(panel)
     assert all(t.visible is False for t in figure.data if t.meta["run"] == 0)
     assert all(t.visible is True for t in figure.data if t.meta["run"] == 1)
     run(panel)  # a new run keeps the old one hidden, in the plots and in the table
-    assert not panel.table.checkboxes[0].value and panel.table.checkboxes[2].value
+    assert panel.table.widget.hidden == [0]
     assert panel.plots.chart.hidden == [0]
     assert all(t.visible is False for t in timeline_tab(panel).data if t.meta["run"] == 0)
-    panel.table.checkboxes[0].value = True
+    panel.table.widget.hidden = []
     assert panel.plots.chart.hidden == []
 
 

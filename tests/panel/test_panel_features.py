@@ -24,7 +24,7 @@ from accel_widgets.results.history import RunHistory
 from accel_widgets.search.tuner import PairedComparison, TuneResult, TuneStep, tune
 from tests.measured import as_measured
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
-from tests.panel.reading import ChartPage, chart_rows, header_text, table_text
+from tests.panel.reading import ChartPage, cell, chart_rows, header_text, table_text
 from tests.workloads import tiny_workload
 
 
@@ -89,13 +89,14 @@ def test_a_new_panel_on_the_same_file_loads_the_earlier_runs_once(tmp_path: Path
     click(second, "run_button")  # recorded too, so loading must not bring it back a second time
     click(second, "load_button")
     titles = [row[1] for row in table_text(second.table)]
-    assert titles == ["baseline", "⟲ baseline", "⟲ num_workers=1"]
+    assert titles == ["baseline", "⟲ baseline", "⟲ workers 1"]
     assert sorted(second.loaded) == [1, 2] and "recorded" in second.loaded[1]
     assert second.runs[2].config == Config(num_workers=1)
     (loaded,) = [r for r in second.plots.chart.runs if r["run"] == 2]
     assert loaded["name"].startswith("#2 ⟲")
     assert len(chart_rows(second.plots.chart, 2, "step")) == len([s for s in second.runs[2].steps if not s.warmup])
-    assert "recorded" in second.table.widget.children[len(second.table.header) * 3 + 1].value  # the title's hover
+    hover = cell(second.table, 2, "title")["title"]
+    assert "recorded" in hover and "num_workers=1" in hover  # the origin and the long form on hover
     assert "Loaded 2 earlier runs" in second.status.value
     click(second, "load_button")
     assert len(second.runs) == 3 and "Loaded 0 earlier runs" in second.status.value
@@ -125,8 +126,8 @@ def test_a_faster_run_whose_loss_goes_nan_is_marked_with_the_reasons() -> None:
     assert statuses == ["ok", "faster but changes training", "changes training"]
     reasons = run_rows([baseline, broken, slower])[1].verdict.reasons
     assert any("NaN" in reason for reason in reasons)
-    cell = table.widget.children[len(table.header) * 2 + len(table.header) - 1]
-    assert "faster but changes training" in cell.value and "NaN" in cell.value  # the reasons on hover
+    status = cell(table, 1, "status")
+    assert "faster but changes training" in status["html"] and "NaN" in status["title"]  # the reasons on hover
 
 
 def test_a_diverged_run_reads_diverged_with_why_not_as_a_speed_up() -> None:
@@ -136,8 +137,8 @@ def test_a_diverged_run_reads_diverged_with_why_not_as_a_speed_up() -> None:
     status = table_text(table)[1][-1]
     assert status.startswith("diverged: loss is NaN from step 4 (8 of 12 steps not finite): training diverged.")
     assert table_text(table)[1][2] == "1,280.0"  # the numbers stay visible (320 samples in 0.25 s)
-    cell = table.widget.children[len(table.header) * 3 - 1]
-    assert "#c62828" in cell.value and "font-weight: 600" in cell.value
+    status = cell(table, 1, "status")["html"]
+    assert "var(--jp-error-color1, #c62828)" in status and "font-weight: 600" in status
 
 
 def test_the_panel_flags_a_run_that_changes_training() -> None:
@@ -413,9 +414,9 @@ def test_an_unreliable_run_is_marked_and_a_paired_re_measure_replaces_its_speed_
     panel.set_config(Config(num_workers=1))
     click(panel, "run_button")
     row = table_text(panel.table)[1]
-    assert row[3] == "1.25× ⚠" and row[-1] == "⚠ unreliable"
-    status_cell = panel.table.widget.children[len(panel.table.header) * 3 - 1]
-    assert "other load took 40% of the machine" in status_cell.value and "Re-measure" in status_cell.value
+    assert row[3] == "1.25× ⚠ 1 burst" and row[-1] == "⚠ unreliable"
+    status_hover = cell(panel.table, 1, "status")["title"]
+    assert "other load took 40% of the machine" in status_hover and "Re-measure" in status_hover
     assert "Unreliable measurement" in panel.diagnosis.value
     assert not panel.remeasure_button.disabled and panel.remeasure_button.button_style == "warning"
     click(panel, "remeasure_button")

@@ -16,7 +16,7 @@ from accel_widgets.panel.controller import (
     ladder_plan,
     length_kwargs,
 )
-from accel_widgets.panel.controls import balanced_columns, choice_label, choice_notes
+from accel_widgets.panel.controls import choice_label, choice_notes
 from accel_widgets.panel.state import Draft, PanelState, control_kind, value_note
 from accel_widgets.search.ladder import classic_ladder
 from tests.panel.fakes import CPU, GPU1, sample, step_record, synthetic_result
@@ -152,11 +152,3 @@ def test_the_batcher_flushes_on_its_interval_not_per_event() -> None:
     batch = batcher.take()
     assert [s.step for s in batch.steps] == [0, 1, 2] and not batch.samples
     assert not batcher.add(step_record(0, 3)) and not Batch()
-
-
-# -- the controls' layout --------------------------------------------------------------------------------
-def test_balanced_columns_keep_the_order_and_even_out_heights() -> None:
-    assert balanced_columns([8, 3, 2, 2, 5, 6, 3], 3) == [[0, 1], [2, 3, 4], [5, 6]]
-    assert balanced_columns([1, 1], 3) == [[0], [1]]
-    parts = balanced_columns([1.0] * 7, 3)
-    assert [i for part in parts for i in part] == list(range(7)) and len(parts) == 3

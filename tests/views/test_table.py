@@ -11,8 +11,19 @@ from accel_widgets import Config
 from accel_widgets.analysis.compare import run_rows
 from accel_widgets.analysis.guard import check_training, find_baseline
 from accel_widgets.metrics.units import MISSING, decimals, si, significant
-from accel_widgets.views.style import PALETTE, run_colour, run_name
-from accel_widgets.views.table import COLUMNS, flops_text, status_cell, status_colour, step_text, title_cell
+from accel_widgets.views.style import COMPARING_MARK, PALETTE, VERDICT_MARKS, run_colour, run_name
+from accel_widgets.views.table import (
+    COLUMNS,
+    compact_title_cell,
+    flops_text,
+    same_within_pct,
+    speedup_reading,
+    speedup_text,
+    status_cell,
+    status_colour,
+    step_text,
+    title_cell,
+)
 from tests.panel.fakes import synthetic_result
 
 
@@ -131,3 +142,81 @@ def test_a_gpu_window_too_short_for_nvml_reads_too_short_with_the_reason_on_hove
     long = run_rows([synthetic_result(util=90, source="nvml", steps=60)])[0]
     text, hover = COLUMNS["util"].cell(long.values)
     assert text == "90" and hover.startswith("NVML's readings taken at least 1 s into the measured window")
+
+
+# -- the speed-up cell (issue #28's comparison keys, each optional) ------------------------------------------
+def compared(speedup: float, low: float | None = None, high: float | None = None, verdict: str | None = None,
+             **keys: object) -> dict:
+    """A hand-made row as analysis/compare.py fills it: run 1 against baseline run 0."""
+    interval = (low, high) if low is not None else None
+    return {"run": 1, "baseline": 0, "speedup": speedup, "speedup_interval": interval, "verdict": verdict,
+            "min_effect": 0.05, **keys}
+
+
+def test_a_compared_speed_up_reads_as_its_interval_and_its_verdict() -> None:
+    faster = speedup_reading(compared(1.23, 1.11, 1.35, "faster"))
+    assert faster.text == "1.23× [1.11–1.35] ▲" and (faster.mark, faster.tone) == VERDICT_MARKS["faster"]
+    assert "95% anytime-valid interval 1.11–1.35×: faster." in faster.hover and faster.hint == ""
+    slower = speedup_reading(compared(0.80, 0.72, 0.88, "slower"))
+    assert slower.text == "0.80× [0.72–0.88] ▼" and slower.tone == "error"
+    undecided = speedup_reading(compared(1.05, 0.92, 1.20, "undecided"))
+    assert undecided.text == "1.05× [0.92–1.20] ?" and "undecided" in undecided.hover and "±5%" in undecided.hover
+    assert speedup_reading(compared(1.05, 0.92, 1.20)).text == "1.05× [0.92–1.20]"  # not judged yet: no mark
+
+
+def test_same_reads_as_its_bound_the_larger_distance_of_the_ends_from_one_rounded_up() -> None:
+    same = speedup_reading(compared(0.99, 0.96, 1.04, "same"))
+    assert same.text == "same ±4%" and same.tone == "muted" and same.mark == ""  # 1 - 0.96 is 0.0400...04 in floats
+    assert "No measurable effect here: within ±4%" in same.hover and "inside ±5%" in same.hover
+    assert speedup_reading(compared(1.01, 0.985, 1.031, "same")).text == "same ±4%"  # 3.1% bounds at 4%
+    assert speedup_reading(compared(1.0, 0.99, 1.002, "same")).text == "same ±1%"
+    assert same_within_pct(0.97, 1.02) == 3
+
+
+def test_a_config_identical_to_its_baseline_reads_as_the_noise_floor_never_a_speed_up() -> None:
+    floor = speedup_reading(compared(1.14, 0.91, 1.24, "faster", same_config=True))
+    assert floor.text == "same config: 0.91–1.24×" and floor.mark == "" and floor.tone == "muted"
+    assert "this machine moves it 0.91–1.24× from burst to burst" in floor.hover and "not a speed-up" in floor.hover
+    one = speedup_reading(compared(1.14, same_config=True))
+    assert one.text == "same config: 1.14×" and one.hint == "1 burst"
+
+
+def test_while_repeats_arrive_the_cell_carries_the_live_mark() -> None:
+    live = speedup_reading(compared(1.10, 0.98, 1.30, "undecided", comparing=True))
+    assert live.comparing and live.text == f"1.10× [0.98–1.30] ? {COMPARING_MARK}"
+    assert live.hover.startswith("Still comparing")
+    assert not speedup_reading(compared(1.10, 0.98, 1.30, "undecided", comparing=False)).comparing
+
+
+def test_without_a_comparison_the_single_ratio_reads_as_before_with_a_quiet_hint() -> None:
+    for row in ({"run": 1, "baseline": 0, "speedup": 1.23}, compared(1.23)):  # the keys absent, or None
+        single = speedup_reading(row)
+        assert (single.text, single.hint) == ("1.23×", "1 burst") and "one burst against one burst" in single.hover
+    assert speedup_text({"run": 1, "baseline": 0, "speedup": 1.25, "unreliable": True}) == "1.25× ⚠"
+    paired = speedup_reading({"run": 1, "baseline": 0, "speedup": 1.25, "paired": (1.2, 1.3, 4)})
+    assert (paired.text, paired.hint) == ("1.25× p", "") and "median of 4 interleaved pairs" in paired.hover
+    baseline = speedup_reading({"run": 0, "baseline": 0, "speedup": 1.0})
+    assert (baseline.text, baseline.hint) == ("1.00×", "")
+    assert speedup_reading({"run": 1, "baseline": None, "speedup": None}).text == MISSING
+
+
+def test_every_speed_up_cell_stays_short_enough_to_fit_beside_the_others() -> None:
+    """The panel folds the other columns before the speed-up: the cell itself must stay within 26 characters."""
+    rows = [compared(12.34, 10.01, 14.56, "faster", comparing=True, unreliable=True),
+            compared(1.14, 0.91, 1.24, same_config=True, comparing=True), compared(0.99, 0.81, 1.19, "same")]
+    assert max(len(speedup_reading(row).text) for row in rows) <= 26
+
+
+def test_the_panels_title_is_the_short_form_with_the_whole_config_on_hover() -> None:
+    plain = synthetic_result()
+    loader = synthetic_result(Config(num_workers=2, persistent_workers=True), label="+loader")
+    own = synthetic_result(Config(num_workers=2, precision="bf16"))
+    rows = run_rows([plain, loader, own])
+    assert [compact_title_cell(row)[0] for row in rows] == ["baseline", "+loader: workers 2, persistent",
+                                                            "workers 2, bf16"]
+    hover = compact_title_cell(rows[1])[1]
+    assert hover == "+loader: num_workers=2, persistent_workers=True\nwhole config: num_workers=2, " \
+                    "persistent_workers=True"
+    assert compact_title_cell(rows[0])[1].endswith("whole config: every knob at its default")
+    (loaded,) = run_rows([synthetic_result(label="mine")], loaded={0: "recorded on Monday"})
+    assert compact_title_cell(loaded)[0] == "⟲ mine (baseline)"
