@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .analysis.compare import run_rows
 from .demos import DEMO_NAMES, demo_workload
 from .engine.launcher import BurstError, run_burst
 from .engine.request import check_burst_request
@@ -28,10 +29,16 @@ from .knobs.base import STYLES
 from .knobs.config import Config
 from .knobs.rules import ConfigError
 from .results.burst import BurstResult
-from .search.ladder import Rung, classic_ladder, run_ladder
+from .results.comparison import Comparison
+from .search.compare import DEFAULT_BUDGET_S, Progress, measure_pairs
+from .search.ladder import Ladder, Rung, classic_ladder, run_ladder
+from .views.comparison import comparison_sentence, interval_text, verdict_text
 from .views.progress import ProgressSeries, result_line
 
 DEFAULT_REPORT = "accel_widgets_report.html"
+#: Seconds each demo workload's rungs are measured again: a 5-rung ladder needs ~40 windows of ~0.8 s here before
+#: most of its verdicts settle.
+DEMO_BUDGET_S = 40.0
 DEFAULT_SCRIPT = "train_ddp.py"
 
 
@@ -67,12 +74,14 @@ def _print_result_line(result: BurstResult, baseline: BurstResult | None) -> Non
     print(result_line(result, baseline), flush=True)
 
 
-def _run_ladder_with_progress(workload: Workload, rungs: list[Rung], *, steps: int,
-                              timeout_s: float) -> list[BurstResult]:
-    """The ladder with a live progress line per rung, each replaced by the rung's result line when it ends."""
+def _run_ladder_with_progress(workload: Workload, rungs: list[Rung], *, steps: int, timeout_s: float,
+                              budget_s: float) -> Ladder:
+    """The ladder with a live progress line per rung, each replaced by the rung's first-burst line when it ends;
+    then one line as each comparison settles, and the ladder read rung by rung."""
     progress = ProgressSeries("rung", len(rungs), steps=steps)
     upcoming = iter(rungs[1:])
     baseline: list[BurstResult] = []
+    said: set[int] = set()
 
     def show(rung: Rung, result: BurstResult) -> None:
         progress.end()
@@ -82,33 +91,77 @@ def _run_ladder_with_progress(workload: Workload, rungs: list[Rung], *, steps: i
         following = next(upcoming, None)
         if following is not None:
             progress.begin(following.name, following.config)
+        elif len(rungs) > 1:
+            print(f"  comparing the {len(rungs)} rungs, interleaved, for up to {budget_s:g} s ...", flush=True)
+
+    def settled(now: Progress) -> None:
+        for index, comparison in enumerate(now.comparisons):
+            if comparison.settled and index not in said:
+                said.add(index)
+                subject, reference = comparison.subject_label, comparison.reference_label
+                print(f"    {subject} vs {reference}: {verdict_text(comparison)} {interval_text(comparison)} "
+                      f"({now.elapsed_s:.0f} s)", flush=True)
 
     progress.begin(rungs[0].name, rungs[0].config)
     try:
-        return run_ladder(workload, rungs, on_result=show, on_event=progress.on_event, steps=steps,
-                          timeout_s=timeout_s)
+        ladder = run_ladder(workload, rungs, on_result=show, on_event=progress.on_event, on_progress=settled,
+                            steps=steps, timeout_s=timeout_s, budget_s=budget_s)
     finally:
         progress.end()
+    print(ladder_text(ladder), flush=True)
+    return ladder
+
+
+def ladder_text(ladder: Ladder) -> str:
+    """The ladder read rung by rung: what each added over the one before, and where it stands against the
+    baseline, each as its comparison's verdict and interval."""
+    lines = []
+    for index, result in enumerate(ladder.results[1:], start=1):
+        name = ladder.rungs[index].name
+        step, overall = ladder.step(index), ladder.overall(index)
+        parts = [f"{label} {verdict_text(c)} {interval_text(c)}" if c.counted else f"{label} not measured again"
+                 for label, c in (("vs previous:", step), ("vs baseline:", overall if index > 1 else None))
+                 if c is not None]
+        if step is not None and not step.counted and step.stopped:
+            parts.append(step.stopped)
+        lines.append(f"  {name:<10} " + "; ".join(parts) if result.ok else f"  {name:<10} {result.status}")
+    return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .views.report import comparison_rows, format_table, write_json, write_report
+    from .views.report import format_table, write_json, write_report
 
     names = _demo_names(args.workloads)
     check_burst_request(args.steps, None, None, args.timeout, 0)  # before the first line of output
+    if not args.budget > 0:
+        raise ValueError(f"--budget {args.budget:g}: use a number of seconds > 0")
     device = probe_device()
     print(f"accel-widgets demo on {device.name} ({device.cpu_count} CPU cores, {len(device.gpus)} GPUs)", flush=True)
     results: list[BurstResult] = []
+    compared: dict[int, Comparison] = {}
+    stepwise: list[tuple[str, str, Comparison]] = []
     for name in names:
         workload = demo_workload(name, size=args.size)
         rungs = classic_ladder(workload, device, leave_out={"+compile"} if args.no_compile else ())
         print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
-        results += _run_ladder_with_progress(workload, rungs, steps=args.steps, timeout_s=args.timeout)
-    rows = comparison_rows(results)
+        ladder = _run_ladder_with_progress(workload, rungs, steps=args.steps, timeout_s=args.timeout,
+                                           budget_s=args.budget)
+        offset = len(results)
+        results += ladder.results
+        for index in range(1, len(ladder.results)):
+            overall, step = ladder.overall(index), ladder.step(index)
+            if overall is not None:
+                compared[offset + index] = overall
+            if step is not None and index > 1:
+                stepwise.append((f"#{offset + index} {ladder.rungs[index].name}",
+                                 f"#{offset + index - 1} {ladder.rungs[index - 1].name}", step))
+    rows = [row.values for row in run_rows(results, compared=compared)]
     print("\n" + format_table(rows))
-    notes = [f"Each rung keeps the knobs of the rungs before it; {args.steps} measured steps per burst after "
-             "warmup. Speed-ups are relative to each workload's baseline, measured in the same session."]
-    report = write_report(results, args.report, title="accel_widgets demo: the classic ladder", notes=notes)
+    notes = [f"Each rung keeps the knobs of the rungs before it; {args.steps} measured steps in each rung's first "
+             f"burst, then the rungs measured again, interleaved, for up to {args.budget:g} s per workload. A speed-up "
+             "in brackets is its 95% anytime-valid interval against the workload's baseline."]
+    report = write_report(results, args.report, title="accel_widgets demo: the classic ladder", notes=notes,
+                          compared=compared, comparisons=stepwise)
     print(f"\nreport: {report}")
     if args.json:
         print(f"json:   {write_json(results, args.json)}")
@@ -127,37 +180,53 @@ def _demo_names(text: str | None) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .views.report import comparison_rows, format_table, write_json
+    from .views.report import write_json
 
     check_burst_request(args.steps, args.seconds, None, args.timeout, args.profile_steps)  # before any progress line
     workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
     config = config_from_args(args)
-    results = []
-    configs = [Config(), config] if args.compare and config != Config() else [config]
+    if args.compare and config != Config():
+        return _run_compared(args, workload, config)
     # Progress goes to stderr: stdout keeps the results, for whoever reads them from a pipe.
-    progress = ProgressSeries("run", len(configs), steps=args.steps, seconds=args.seconds, stream=sys.stderr)
+    progress = ProgressSeries("run", 1, steps=args.steps, seconds=args.seconds, stream=sys.stderr)
+    progress.begin(config.label(), config)
     try:
-        for each in configs:
-            progress.begin(each.label(), each)
-            try:
-                results.append(run_burst(workload, each, steps=args.steps, seconds=args.seconds,
-                                         timeout_s=args.timeout, profile_steps=args.profile_steps,
-                                         on_event=progress.on_event))
-            except BurstError as exc:
-                results.append(exc.result)
-                progress.end()
-                print(str(exc), file=sys.stderr)
+        result = run_burst(workload, config, steps=args.steps, seconds=args.seconds, timeout_s=args.timeout,
+                           profile_steps=args.profile_steps, on_event=progress.on_event)
+    except BurstError as exc:
+        result = exc.result
+        progress.end()
+        print(str(exc), file=sys.stderr)
     finally:
         progress.end()
+    print(result.summary())
+    if result.profile is not None:
+        print(f"  profile     {result.profile.trace_path} (open in https://ui.perfetto.dev)")
+        for op in result.profile.top_operators[:5]:
+            times = f"self cpu {op.self_cpu_ms:8.2f} ms  device {op.self_device_ms:8.2f} ms"
+            print(f"              {op.name:<40} {times}")
+    if args.json:
+        print(f"json: {write_json([result], args.json)}")
+    return 0 if result.ok else 1
+
+
+def _run_compared(args: argparse.Namespace, workload: Workload, config: Config) -> int:
+    """``run --compare``: the config against the plain loop, by the comparison engine (an interval, a verdict)."""
+    from .views.report import format_table, write_json
+
+    if args.seconds is not None or args.profile_steps:
+        raise ValueError("--compare measures both configs in windows of steps: give --steps, not --seconds, and "
+                         "profile a config on its own run (without --compare)")
+    print(f"comparing {config.label()} with the plain loop, interleaved, for up to {args.budget:g} s ...",
+          file=sys.stderr, flush=True)
+    measured = measure_pairs(workload, [Config(), config], [(0, 1)], budget_s=args.budget, steps=args.steps,
+                             timeout_s=args.timeout, labels=["baseline", config.label()])
+    results = [first for first in measured.firsts if first is not None]
+    comparison = measured.comparisons[0]
     for result in results:
         print(result.summary())
-        if result.profile is not None:
-            print(f"  profile     {result.profile.trace_path} (open in https://ui.perfetto.dev)")
-            for op in result.profile.top_operators[:5]:
-                times = f"self cpu {op.self_cpu_ms:8.2f} ms  device {op.self_device_ms:8.2f} ms"
-                print(f"              {op.name:<40} {times}")
-    if len(results) > 1:
-        print("\n" + format_table(comparison_rows(results)))
+    print("\n" + format_table([row.values for row in run_rows(results, compared={1: comparison})]))
+    print("\n" + comparison_sentence(comparison, f"#1 {config.label()}", "#0 baseline"))
     if args.json:
         print(f"json: {write_json(results, args.json)}")
     return 0 if all(r.ok for r in results) else 1
@@ -230,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--report", default=DEFAULT_REPORT, help=f"HTML report path (default {DEFAULT_REPORT})")
     demo.add_argument("--json", default=None, help="also write every result as JSON here")
     demo.add_argument("--timeout", type=float, default=600.0, help="per-burst timeout in seconds")
+    demo.add_argument("--budget", type=float, default=DEMO_BUDGET_S,
+                      help="seconds each workload's rungs are measured again, interleaved, to give every speed-up "
+                           f"its interval and verdict (default {DEMO_BUDGET_S:g})")
     demo.set_defaults(handler=cmd_demo)
 
     run = commands.add_parser("run", help="run one burst of your workload (MODULE:FUNCTION) with chosen knobs")
@@ -238,7 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--demo", choices=DEMO_NAMES, default="mlp", help="a built-in workload instead")
     run.add_argument("--steps", type=int, default=None, help="measured steps (default 40)")
     run.add_argument("--seconds", type=float, default=None, help="measure for this long instead of --steps (not both)")
-    run.add_argument("--compare", action="store_true", help="also run the baseline Config() and compare")
+    run.add_argument("--compare", action="store_true",
+                     help="compare with the plain loop Config(): both measured again, interleaved, for an interval "
+                          "and a verdict")
+    run.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                     help=f"with --compare: seconds the comparison may take (default {DEFAULT_BUDGET_S:g})")
     run.add_argument("--json", default=None, help="write the result(s) as JSON here")
     run.add_argument("--profile-steps", type=int, default=0,
                      help="after measuring, record this many steps with torch.profiler and write a trace")

@@ -7,9 +7,10 @@ figure from the same numbers. Runs keep their colour and ``#n`` name from :mod:`
 carries ``meta`` with its ``kind`` and its run (``run``) or runs (``runs``), so tests find traces without
 relying on names or order. plotly is imported inside the functions, as everywhere in the package.
 
-Spread: a speed-up is a ratio of two medians, each measured with an IQR. Its error bar is half of each
-run's IQR relative to its median, the run's and its baseline's added in quadrature: the bar spans about
-what the middle half of the steps would give. The baseline itself is 1 by definition, without a bar.
+Spread: a speed-up's whiskers are its comparison's 95% anytime-valid interval (:mod:`accel_widgets.search.compare`),
+where the run was compared with its baseline; a run that was not is one burst against one burst, drawn without
+whiskers and labelled so: the drift between bursts, the largest noise here, is in no single ratio. The baseline
+itself is 1 by definition.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.compare import Row, comparison_rows
+from ..analysis.compare import Row, comparison_rows, with_comparison
 from ..results.burst import BurstResult
+from ..results.comparison import Comparison
 from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, run_colour, run_name, shorten
+from .table import speedup_reading, speedup_text
 from .timeline import has_activity, utilisation_title
 
 if TYPE_CHECKING:
@@ -50,12 +53,13 @@ COMPARISONS = {"speedup": "Speed-up", "waterfall": "Ladder waterfall", "breakdow
                "utilisation": "Utilisation per run"}
 
 
-def comparison_figures(results: Sequence[BurstResult], keys: Collection[str] = tuple(COMPARISONS)) -> dict[str, Figure]:
+def comparison_figures(results: Sequence[BurstResult], keys: Collection[str] = tuple(COMPARISONS),
+                       compared: Mapping[int, Comparison] | None = None) -> dict[str, Figure]:
     """The figures that compare finished runs, keyed as :data:`COMPARISONS` (the report shows them around the
-    timeline, the panel in its Compare tabs), only those in ``keys`` built. "waterfall" is left out when no
-    workload has a run besides its baseline, and "utilisation" when no run has telemetry: an empty chart is
-    only noise."""
-    rows = comparison_rows(results)
+    timeline, the panel in its Compare tabs), only those in ``keys`` built; ``compared`` maps a run to its
+    comparison with its baseline (the speed-up's interval). "waterfall" is left out when no workload has a run
+    besides its baseline, and "utilisation" when no run has telemetry: an empty chart is only noise."""
+    rows = [with_comparison(row, (compared or {}).get(i)) for i, row in enumerate(comparison_rows(results))]
     builders: dict[str, Callable[[], Figure | None]] = {
         "speedup": lambda: speedup_figure(rows),
         "waterfall": lambda: waterfall_figure(rows) if any(len(ladder(g)) > 1 for g in by_workload(rows).values())
@@ -68,22 +72,13 @@ def comparison_figures(results: Sequence[BurstResult], keys: Collection[str] = t
 
 
 # -- numbers ---------------------------------------------------------------------------------------
-def relative_half_spread(median_ms: float | None, iqr_ms: float | None) -> float | None:
-    """Half the IQR relative to the median: the ± of a median measured over steps (None when unknown)."""
-    if median_ms is None or iqr_ms is None or median_ms <= 0:
-        return None
-    return iqr_ms / median_ms / 2
-
-
-def speedup_error(row: Row, baseline: Row | None) -> float:
-    """The ± of ``row``'s speed-up: both runs' relative half-IQRs in quadrature, times the speed-up (see the
-    module docstring); 0 for the baseline itself and where a spread is unknown."""
-    if row["speedup"] is None or baseline is None or baseline["run"] == row["run"]:
-        return 0.0
-    spreads = [relative_half_spread(r["step_ms_median"], r["step_ms_iqr"]) for r in (row, baseline)]
-    if None in spreads:
-        return 0.0
-    return float(row["speedup"]) * math.hypot(*(s or 0.0 for s in spreads))
+def speedup_whiskers(row: Row) -> tuple[float, float]:
+    """How far the interval reaches below and above the speed-up (0, 0 without one: a lone ratio, or the baseline)."""
+    interval = row.get("speedup_interval")
+    if interval is None or row["speedup"] is None:
+        return 0.0, 0.0
+    low, high = interval
+    return float(row["speedup"]) - low, high - float(row["speedup"])
 
 
 def by_workload(rows: Sequence[Row]) -> dict[str, list[Row]]:
@@ -113,7 +108,8 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
     """Speed-up over each workload's baseline: one facet per workload, runs in ladder order, a 1× line.
 
     Workloads hundreds of times apart in samples/s share one axis this way, since a speed-up has no unit.
-    Error bars: :func:`speedup_error`. A noisy run's bar is hatched and labelled "~ noisy"; an unreliable run's
+    Whiskers: the comparison's interval (:func:`speedup_whiskers`), the verdict's mark beside the number; a run
+    not compared reads "1 burst". A noisy run's bar is hatched and labelled "~ noisy"; an unreliable run's
     (other load, a stalling machine: :attr:`~accel_widgets.results.burst.BurstResult.reliability`) is cross-hatched,
     faded and labelled "⚠ unreliable", so it never reads as a plain speed-up.
     """
@@ -128,12 +124,11 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
     for index, (workload, shown) in enumerate(groups.items(), start=1):
         figure.add_trace(_speedup_bars(workload, shown, runs), row=index, col=1)
         figure.update_yaxes(autorange="reversed", row=index, col=1)
-    top = max((r["speedup"] + speedup_error(r, runs.get(r["baseline"])) for g in groups.values() for r in g),
-              default=1.0)
+    top = max((r["speedup"] + speedup_whiskers(r)[1] for g in groups.values() for r in g), default=1.0)
     figure.add_vline(x=1.0, line={"color": "#444", "dash": "dash", "width": 1}, row="all", col=1)
     figure.update_xaxes(range=[0, max(1.2, top * 1.18)], ticksuffix="×", showticklabels=True)
-    figure.update_xaxes(title_text="speed-up over the workload's baseline (± IQR; hatched: noisy; crossed, faded: "
-                        "unreliable)",
+    figure.update_xaxes(title_text="speed-up over the workload's baseline (whiskers: 95% interval of the comparison; "
+                        "hatched: noisy; crossed, faded: unreliable)",
                         row=len(heights), col=1)
     figure.update_layout(**_LAYOUT, title="Speed-up per workload", height=_height(heights), showlegend=False,
                          margin={"l": 10, "r": 20, "t": 70, "b": 50}, bargap=0.25)
@@ -143,18 +138,19 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
 def _speedup_bars(workload: str, shown: Sequence[Row], runs: dict[int, Row]) -> Any:
     import plotly.graph_objects as go
 
-    errors = [speedup_error(r, runs.get(r["baseline"])) for r in shown]
+    whiskers = [speedup_whiskers(r) for r in shown]
     return go.Bar(
         x=[r["speedup"] for r in shown], y=[_short_name(r) for r in shown], orientation="h",
-        error_x={"type": "data", "array": errors, "color": "#333", "thickness": 1.2, "width": 4},
+        error_x={"type": "data", "symmetric": False, "array": [above for _, above in whiskers],
+                 "arrayminus": [below for below, _ in whiskers], "color": "#333", "thickness": 1.2, "width": 4},
         marker={"color": [run_colour(int(r["run"])) for r in shown],
                 "opacity": [UNRELIABLE_OPACITY if r.get("unreliable") else 1.0 for r in shown],
                 "pattern": {"shape": [_pattern(r) for r in shown], "fgcolor": "#222", "solidity": 0.2}},
-        text=[f"{r['speedup']:.2f}× {_mark(r)}".rstrip() for r in shown],
+        text=[f"{speedup_text(r)} {_mark(r)}".rstrip() for r in shown],
         textposition="inside", insidetextanchor="start",
         textfont={"color": [_text_colour(run_colour(int(r["run"]))) for r in shown]},
-        customdata=[[e, r["samples_per_s"]] for e, r in zip(errors, shown, strict=True)],
-        hovertemplate="%{y}: %{x:.2f}× ± %{customdata[0]:.2f} (%{customdata[1]:,.1f} samples/s)<extra></extra>",
+        customdata=[[speedup_reading(r).hover, r["samples_per_s"]] for r in shown],
+        hovertemplate="%{y}: %{customdata[0]} (%{customdata[1]:,.1f} samples/s)<extra></extra>",
         meta={"kind": "speedup", "workload": workload, "runs": [int(r["run"]) for r in shown],
               "noisy": [bool(r["noisy"]) for r in shown], "unreliable": [bool(r.get("unreliable")) for r in shown]},
     )

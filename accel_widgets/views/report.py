@@ -15,7 +15,7 @@ import json
 import os
 import pathlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..analysis.compare import Row, RunRow, best_run, run_rows
@@ -23,6 +23,8 @@ from ..analysis.compare import comparison_rows as comparison_rows  # re-exported
 from ..analysis.diagnosis import diagnose
 from ..job.recipe import recipe_of
 from ..results.burst import BurstResult
+from ..results.comparison import Comparison
+from .comparison import comparison_sentence
 from .style import COLOURS, UNRELIABLE, findings_html, run_colour, run_name, shorten
 from .table import COLUMNS, REPORT_COLUMNS, STATUS, TEXT_COLUMNS, TITLE, row_cells, row_title, status_colour
 from .timeline import step_times_only, timeline
@@ -85,7 +87,8 @@ def _line(cells: Sequence[str], widths: Sequence[int], right: set[int]) -> str:
 
 
 # -- figures ---------------------------------------------------------------------------------------
-def build_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
+def build_figures(results: Sequence[BurstResult],
+                  compared: Mapping[int, Comparison] | None = None) -> dict[str, Figure]:
     """The report's figures, in the order it shows them: "speedup" (per workload, ± IQR, noisy runs hatched),
     "waterfall" (what each ladder rung added), "breakdown" (where the median step goes, 100% stacked),
     "timeline" (the step-time half of the panel's figure: a log axis zoomed to the measured steps) and
@@ -98,12 +101,12 @@ def build_figures(results: Sequence[BurstResult]) -> dict[str, Figure]:
     """
     from .figures import comparison_figures
 
-    compared = comparison_figures(results)
+    figures_of_runs = comparison_figures(results, compared=compared)
     several_workloads = len({r.workload for r in results}) > 1
     names = [run_name(i, r.label or r.config.label(), r.workload if several_workloads else None)
              for i, r in enumerate(results)]
     order = ("speedup", "waterfall", "breakdown", "timeline", "utilisation")
-    figures = {**compared, "timeline": step_times_only(timeline(results, names))}
+    figures = {**figures_of_runs, "timeline": step_times_only(timeline(results, names))}
     return {key: figures[key] for key in order if key in figures}
 
 
@@ -120,15 +123,19 @@ pre {{ background: {COLOURS["code"]}; padding: 0.6em; overflow-x: auto; }}
 
 
 def write_report(results: Sequence[BurstResult], path: str | os.PathLike[str], *,
-                 title: str = "accel_widgets report", notes: Sequence[str] = ()) -> pathlib.Path:
+                 title: str = "accel_widgets report", notes: Sequence[str] = (),
+                 compared: Mapping[int, Comparison] | None = None,
+                 comparisons: Sequence[tuple[str, str, Comparison]] = ()) -> pathlib.Path:
     """Write one self-contained HTML file (plotly.js inlined once) that opens offline; return its path.
 
     The table and the diagnoses are the panel's: the same cells, colours and verdicts, each run judged
-    once against the baseline its speed-up refers to. The file is written to a temporary sibling and
-    renamed, so a reader never sees half a report.
+    once against the baseline its speed-up refers to. ``compared`` maps a run to its comparison with that
+    baseline (its interval and verdict replace the lone ratio); ``comparisons`` are more to say in words
+    (subject, reference, comparison: a ladder's rung against the one before). The file is written to a temporary
+    sibling and renamed, so a reader never sees half a report.
     """
-    rows = run_rows(results)
-    figures = build_figures(results)
+    rows = run_rows(results, compared=compared)
+    figures = build_figures(results, compared)
     figure_html = [
         fig.to_html(full_html=False, include_plotlyjs=n == 0, div_id=f"figure-{key}")
         for n, (key, fig) in enumerate(figures.items())
@@ -138,6 +145,7 @@ def write_report(results: Sequence[BurstResult], path: str | os.PathLike[str], *
         _environment_html(results),
         "<h2>Comparison</h2>",
         _table_html(rows),
+        _comparisons_html(rows, comparisons),
         _diagnosis_html(rows),
         _recipe_html(rows),
         _warnings_html(rows),
@@ -168,9 +176,12 @@ def _table_html(rows: Sequence[RunRow]) -> str:
                *((COLUMNS[key].header, COLUMNS[key].meaning) for key in REPORT_COLUMNS), STATUS]
     head = "".join(f'<th title="{html.escape(meaning)}">{html.escape(name)}</th>' for name, meaning in headers)
     body = "".join(_row_html(row) for row in rows)
-    note = ("<p><small>~ after a step time: noisy (IQR/median &ge; 10% or fewer than 4 steps). &#9888; after a "
-            "speed-up: unreliable, the steps spread past half their median or other load took a quarter of the machine "
-            "(hover its status; re-measure it paired with its baseline: aw.remeasure).</small></p>")
+    note = ("<p><small>A speed-up in brackets is its 95% anytime-valid interval from interleaved repeats of the run "
+            "and its baseline (aw.compare); &#9650; faster, &#9660; slower, ? undecided, \"same &plusmn;4%\" no "
+            "measurable effect; \"1 burst\" is one burst against one burst, with the drift between bursts in no "
+            "number. ~ after a step time: noisy (IQR/median &ge; 10% or fewer than 4 steps). &#9888;: unreliable, "
+            "the steps spread past half their median or other load took a quarter of the machine (hover its status; "
+            "re-measure it against its baseline: aw.remeasure).</small></p>")
     return f"<table class=\"runs\"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
 
 
@@ -191,6 +202,19 @@ def _cell_html(text: str, hover: str, *, numeric: bool, style: str = "") -> str:
     if style:
         attributes += f' style="{style}"'
     return f"<td{attributes}>{html.escape(text.strip())}</td>"
+
+
+def _comparisons_html(rows: Sequence[RunRow], more: Sequence[tuple[str, str, Comparison]]) -> str:
+    """Each comparison in one sentence: every compared run against its baseline, then the others given."""
+    def name(run: int) -> str:
+        return run_name(run, str(rows[run].values["label"]))
+
+    sentences = [comparison_sentence(row.comparison, name(row.run), name(int(row.values["baseline"])))
+                 for row in rows if row.comparison is not None and row.values["baseline"] is not None]
+    sentences += [comparison_sentence(comparison, subject, reference) for subject, reference, comparison in more]
+    if not sentences:
+        return ""
+    return "<h2>Comparisons</h2>\n<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in sentences) + "</ul>"
 
 
 def _diagnosis_html(rows: Sequence[RunRow]) -> str:
