@@ -121,7 +121,8 @@ def _reliability(result: BurstResult) -> list[Finding]:
     reliability = result.reliability
     if not reliability.reliable:
         return [Finding("warn", "Unreliable measurement", f"{reliability.text()}. {_load_advice(result)}Re-measure it "
-                        "paired with its baseline (Re-measure in the panel, aw.remeasure) before ranking it.")]
+                        "against its baseline (Re-measure in the panel, aw.remeasure: an interval and a verdict) "
+                        "before ranking it.")]
     other = (result.foreign_cpu_pct or 0.0) + (result.caller_cpu_pct or 0.0)
     busy = other >= THRESHOLDS.other_load_notice_pct
     load = f"other load took ~{other:.0f}% of the machine ({result.load_attribution()})" if busy else ""

@@ -49,7 +49,6 @@ class Thresholds:
     unreliable_relative_iqr: float = 0.50  # step IQR/median from which a run cannot rank a knob
     unreliable_other_load_pct: float = 25.0  # other processes' share of the machine that makes a run unreliable
     process_notice_core_pct: float = 5.0  # a process named in a run's load attribution (% of one core)
-    paired_max_relative_iqr: float = 0.10  # a re-measure's paired ratios spread less than this: it can rank a knob
 
 
 THRESHOLDS = Thresholds()

@@ -25,13 +25,16 @@ from ..inputs.workload import Workload
 from ..knobs import data
 from ..knobs.config import Config
 from ..knobs.rules import ConfigError
-from ..metrics.thresholds import THRESHOLDS
 from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
+from ..results.comparison import Comparison
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
 from ..search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
-from ..search.ladder import classic_ladder
+from ..search.bursts import Bursts, Contender, Failed
+from ..search.compare import DEFAULT_BUDGET_S, Progress, measure_pairs
+from ..search.ladder import classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
 from ..search.tuner import TuneResult, TuneStep
+from ..views.comparison import interval_text, verdict_text
 from ..views.progress import BurstProgress
 from .state import PanelState, ProfileShown, Ticker
 
@@ -193,13 +196,18 @@ class PanelController:
     def running(self) -> bool:
         return self.state.action is not None
 
-    def run_burst(self, length: dict[str, Any]) -> None:
+    def run_burst(self, length: dict[str, Any], budget_s: float = DEFAULT_BUDGET_S) -> None:
+        """A burst of the settings, then, when the table has a baseline for it, the comparison engine measures the
+        two again, interleaved, for up to ``budget_s``: the row's speed-up tightens into an interval and a verdict."""
         plan = [PlanItem("", self.state.runnable_config())]
-        self._start("Burst", lambda: self._run_plan("Burst", plan, length))
+        self._start("Burst", lambda: self._run_compared("Burst", plan, length, budget_s))
 
-    def run_ladder(self, length: dict[str, Any], leave_out: Collection[str] = ()) -> None:
+    def run_ladder(self, length: dict[str, Any], leave_out: Collection[str] = (),
+                   budget_s: float = DEFAULT_BUDGET_S) -> None:
+        """The classic ladder, one burst per rung, then every rung compared with the one before and the baseline,
+        interleaved, for up to ``budget_s``."""
         plan = ladder_plan(self.workload, self.state.device, leave_out, self.state.batch_search)
-        self._start("Ladder", lambda: self._run_plan("Ladder", plan, length))
+        self._start("Ladder", lambda: self._run_compared("Ladder", plan, length, budget_s))
 
     def profile(self, length: dict[str, Any]) -> None:
         config = self.state.runnable_config()
@@ -213,13 +221,13 @@ class PanelController:
         config = self.state.runnable_config()
         self._start("Batch size", lambda: self._run_batch_search(config, steps))
 
-    def remeasure(self, pairs: int) -> None:
-        """Re-measure the run the reading is about, interleaved with its baseline in ``pairs`` pairs."""
+    def remeasure(self, budget_s: float = DEFAULT_BUDGET_S) -> None:
+        """Compare the run the reading is about with its baseline again, for up to ``budget_s``."""
         run = self.state.remeasurable()
         if run is None:
-            raise RuntimeError("nothing to re-measure: the reading's run has no baseline to pair it with")
+            raise RuntimeError("nothing to re-measure: the reading's run has no baseline to compare it with")
         row = self.state.rows[run]
-        self._start("Re-measure", lambda: self._run_remeasure(run, row.result, row.baseline, pairs))
+        self._start("Re-measure", lambda: self._run_remeasure(run, row.result, row.baseline, budget_s))
 
     def load_history(self) -> None:
         if self.history is None:
@@ -331,6 +339,79 @@ class PanelController:
                         lambda fraction, index=index: (index + fraction) / len(plan), live=live)
         return self._final_status(what, len(plan))
 
+    def _run_compared(self, what: str, plan: list[PlanItem], length: dict[str, Any], budget_s: float) -> str:
+        """Each planned burst in turn, its ranks held (Run burst, Run ladder); then the comparison engine measures
+        them again, interleaved, until each run's verdict against its baseline (and a ladder's rung against the rung
+        before it) is settled or ``budget_s`` is spent. The table shows each first burst at once and its interval
+        as the blocks arrive; Stop ends the comparison and keeps what it measured."""
+        contenders: list[tuple[int, Contender]] = []
+        try:
+            for index, item in enumerate(plan):
+                if self._stop.is_set():
+                    break
+                position = f" {index + 1}/{len(plan)}" if len(plan) > 1 else ""
+                run, contender = self._held_burst(f"{what}{position}", item, length,
+                                                  lambda fraction, index=index: (index + fraction) / len(plan))
+                contenders.append((run, contender))
+            if not self._stop.is_set():
+                self._compare(contenders, budget_s, ladder=len(plan) > 1)
+        finally:
+            for _, contender in contenders:
+                contender.close()
+        return self._final_status(what, len(plan))
+
+    def _compare(self, contenders: list[tuple[int, Contender]], budget_s: float, *, ladder: bool) -> None:
+        """The comparison of the runs just measured. One run: with its baseline's config (a held burst of it, opened
+        here). A ladder: its rungs with each other, each against the one before and the first; a rung's row shows
+        its comparison with the first rung where that is its baseline's config."""
+        ok = [(run, contender) for run, contender in contenders if contender.first.ok]
+        if ladder:
+            if len(ok) < 2 or ok[0][0] != contenders[0][0]:
+                return  # a ladder whose first rung failed has nothing to read its rungs against
+            order = [run for run, _ in ok]
+            configs = [contender.config for _, contender in ok]
+            opened = {index: contender for index, (_, contender) in enumerate(ok)}
+            pairs = ladder_pairs(len(ok))
+        else:
+            if not ok:
+                return
+            run, contender = ok[0]
+            baseline = self.state.rows[run].values["baseline"]
+            if baseline is None or baseline == run:
+                return
+            order, configs = [baseline, run], [self.state.rows[baseline].result.config, contender.config]
+            opened, pairs = {1: contender}, [(0, 1)]
+        measured = measure_pairs(self.workload, configs, pairs, budget_s=budget_s, engine=self._engine,
+                                 stop=self._stop, labels=[self.state.runs[run].name for run in order], opened=opened,
+                                 on_progress=self._comparing(order, pairs, budget_s))
+        self._show(measured.comparisons, pairs, order, comparing=False)
+
+    def _comparing(self, order: list[int], pairs: list[tuple[int, int]], budget_s: float) -> Callable[[Progress], None]:
+        """What each block of a comparison shows: every run's interval against its baseline (live), and one status
+        line with the time used of the budget."""
+        def show(now: Progress) -> None:
+            self._show(now.comparisons, pairs, order, comparing=True)
+            counted = max((len(c.counted) for c in now.comparisons), default=0)
+            self.state.set_progress(min(1.0, now.elapsed_s / budget_s))
+            names = " and ".join(self.state.runs[run].name for run in order) if len(order) <= 2 else "the rungs"
+            self.state.set_status(f"Comparing {names}: {counted} block{'s' if counted != 1 else ''}, "
+                                  f"{now.elapsed_s:.0f} s of {budget_s:g} s (Stop keeps the intervals so far)",
+                                  busy=not self._stop.is_set())
+        return show
+
+    def _show(self, comparisons: list[Comparison], pairs: list[tuple[int, int]], order: list[int], *,
+              comparing: bool) -> None:
+        """Each run's comparison with its baseline into its row: the pairs against the first config, where that
+        config is the run's baseline's."""
+        rows = self.state.rows
+        for (reference, subject), comparison in zip(pairs, comparisons, strict=True):
+            run = order[subject]
+            baseline = rows[run].values["baseline"] if run < len(rows) else None
+            if reference != 0 or baseline is None or not comparison.counted:
+                continue
+            if rows[baseline].result.config == comparison.reference:
+                self.state.set_comparison(run, comparison, comparing=comparing and not comparison.settled)
+
     def _run_profile(self, config: Config, length: dict[str, Any]) -> str:
         self.state.show_profile(None)
         result = self._burst("Profile", PlanItem("", config), length, lambda fraction: fraction,
@@ -408,26 +489,18 @@ class PanelController:
         return (f"Batch size: the largest that fits is {search.largest_fitting:,}, the fastest {search.fastest:,} "
                 f"({len(search.tries)} tries in {search.wall_s:.0f} s). Set batch_size to try it.")
 
-    def _run_remeasure(self, run: int, result: BurstResult, baseline: BurstResult | None, pairs: int) -> str:
-        """Bursts of the run's and its baseline's configs, interleaved; the paired speed-up replaces the row's.
-        They are not runs of the table (they measure one run again), so they are not plotted or recorded."""
+    def _run_remeasure(self, run: int, result: BurstResult, baseline: BurstResult | None, budget_s: float) -> str:
+        """The run's and its baseline's configs measured again, interleaved, by the comparison engine: the interval
+        and verdict replace the row's speed-up. Its bursts are not runs of the table (they measure one run again),
+        so they are not plotted or recorded."""
         name = self.state.runs[run].name
-
-        def on_burst(_result: BurstResult, done: int, planned: int) -> None:
-            self.state.set_progress(done / planned)
-            self.state.set_status(f"Re-measure {name}: burst {done}/{planned}", busy=not self._stop.is_set())
-
-        comparison = remeasure(self.workload, result, baseline or result, pairs=pairs, engine=self._engine,
-                               stop=self._stop, on_burst=on_burst)
-        self.state.set_paired(run, comparison.speedup)
+        comparison = remeasure(self.workload, result, baseline or result, budget_s=budget_s, engine=self._engine,
+                               stop=self._stop, on_progress=self._comparing({0: run}, name, budget_s))
+        self.state.set_comparison(run, comparison, comparing=False)
         self.state.set_progress(1.0)
-        ratio = comparison.speedup
-        if ratio is None:
-            return f"Re-measure of {name} {'stopped' if comparison.stopped else 'failed'}: no pair finished."
-        verdict = ("the pairs agree" if ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
-                   else "the pairs still disagree: the machine is too busy to rank it")
-        return (f"Re-measured {name} in {ratio.n} pair{'s' if ratio.n != 1 else ''} with its baseline: "
-                f"{ratio.median:.2f}× (IQR {ratio.q1:.2f}-{ratio.q3:.2f}×); {verdict}.")
+        if not comparison.counted:
+            return f"Re-measure of {name} {'stopped' if self._stop.is_set() else 'ended'}: {comparison.stopped}."
+        return f"Re-measured {name} against its baseline: {verdict_text(comparison)} {interval_text(comparison)}."
 
     def _run_load(self) -> str:
         """Add the stored runs of this workload's fingerprint, oldest first, skipping those already shown."""
@@ -454,6 +527,31 @@ class PanelController:
                live: bool = False, **extra: Any) -> BurstResult:
         """One burst through the engine, streamed into the state, then finished there and recorded (a live
         burst that was stopped by the next edit is not: it measured nothing the user asked for)."""
+        def call(on_event: Callable[[Event], None]) -> BurstResult:
+            return self._engine(self.workload, item.config, **length, on_event=on_event, stop=self._stop,
+                                label=item.label, **extra)
+
+        return self._streamed(what, item, length, progress, call, live=live)[1]
+
+    def _held_burst(self, what: str, item: PlanItem, length: dict[str, Any],
+                    progress: Callable[[float], float]) -> tuple[int, Contender]:
+        """A burst like :meth:`_burst` whose ranks stay (with the default engine) for the comparison that follows;
+        returns its run and its contender, which the caller closes."""
+        opened: list[Contender] = []
+
+        def call(on_event: Callable[[Event], None]) -> BurstResult:
+            bursts = Bursts(self._engine, steps=length["steps"], seconds=length["seconds"], stop=self._stop)
+            opened.append(bursts.open(self.workload, item.config, label=item.label, on_event=on_event))
+            return opened[0].first
+
+        run, result = self._streamed(what, item, length, progress, call)
+        return run, opened[0] if opened else Failed(item.config, result)
+
+    def _streamed(self, what: str, item: PlanItem, length: dict[str, Any], progress: Callable[[float], float],
+                  call: Callable[[Callable[[Event], None]], BurstResult], *,
+                  live: bool = False) -> tuple[int, BurstResult]:
+        """``call(on_event)`` run as one run of the table: its events streamed into the state, its result finished
+        there and recorded; returns the run's index and its result."""
         label = f"live: {item.config.label()}" if live else item.label or item.config.label()
         run = self.state.begin_run(label, item.config.ranks, live=live)
         prefix = f"{what} · {self.state.runs[run].name}"
@@ -495,8 +593,7 @@ class PanelController:
 
         self.state.set_status(f"{prefix}: starting", busy=True)
         try:
-            result = self._engine(self.workload, item.config, **length, on_event=on_event, stop=self._stop,
-                                  label=item.label, **extra)
+            result = call(on_event)
         except BurstError as exc:
             result = exc.result
         except Exception as exc:  # a bad config or workload must not take the panel down
@@ -506,7 +603,7 @@ class PanelController:
         self.last_run = result
         if not (live and result.status == "stopped"):
             self._record(result)
-        return result
+        return run, result
 
     def _final_status(self, what: str, planned: int) -> str:
         if self._stop.is_set():

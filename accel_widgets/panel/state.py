@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.compare import RunRow, run_rows
-from ..analysis.diagnosis import Finding, diagnose
+from ..analysis.diagnosis import Finding, Severity, diagnose
 from ..analysis.guard import NoiseBand
 from ..inputs.device import DeviceInfo
 from ..knobs import KNOBS, Knob
 from ..knobs.config import Config
 from ..knobs.rules import RULES, ConfigError, check_config, knob_availability
-from ..metrics.stats import Summary
-from ..metrics.thresholds import THRESHOLDS
 from ..results.burst import BurstResult, ProfileCapture, StepRecord, TelemetrySample
+from ..results.comparison import Comparison
+from ..views.comparison import comparison_sentence
 from ..views.style import LOADED_MARK, run_name
 
 if TYPE_CHECKING:
@@ -241,8 +241,10 @@ class PanelState:
         self.replaced: int | None = None  # the run whose slot the newest live run took (the plots drop it)
         #: The baseline's measured noise band, when one is known (the controller looks it up; no bursts).
         self.noise_of: Callable[[BurstResult], NoiseBand | None] | None = None
-        #: Runs re-measured in interleaved pairs with their baseline: run index -> the paired speed-ups.
-        self.paired: dict[int, Summary] = {}
+        #: Runs compared with their baseline by the comparison engine: run index -> the comparison so far, and the
+        #: runs whose repeats are still arriving.
+        self.compared: dict[int, Comparison] = {}
+        self.comparing: set[int] = set()
         self.lock = threading.RLock()
         self._listeners: list[Listener] = []
 
@@ -291,7 +293,7 @@ class PanelState:
             if live and self.runs and self.runs[-1].live:
                 index = self.runs[-1].index
                 self.runs[index] = Run(index, run_name(index, label), ranks, live=True)
-                self.paired.pop(index, None)
+                self.compared.pop(index, None)
                 self.replaced = index
                 self._rejudge()
                 self._changed("replaced")
@@ -408,21 +410,23 @@ class PanelState:
             self.tune_result = outcome
 
     # -- internals --------------------------------------------------------------------------------
-    def set_paired(self, run: int, ratio: Summary | None) -> None:
-        """A re-measure of ``run`` paired with its baseline ended: its row shows that speed-up from now on."""
+    def set_comparison(self, run: int, comparison: Comparison, *, comparing: bool) -> None:
+        """``run``'s comparison with its baseline as it stands: its row shows the interval and verdict (live while
+        ``comparing``), and its reading says them in a sentence."""
         with self.lock:
-            if ratio is None:
-                return
-            self.paired[run] = ratio
+            self.compared[run] = comparison
+            (self.comparing.add if comparing else self.comparing.discard)(run)
             self._rejudge()
             self._changed("runs")
-            if self.reading is not None and self.reading.run == run:
-                agree = ratio.relative_iqr < THRESHOLDS.paired_max_relative_iqr
-                said = (f"{ratio.median:.2f}× over its baseline, the median of {ratio.n} interleaved pairs (IQR "
-                        f"{ratio.q1:.2f}-{ratio.q3:.2f}×): "
-                        + ("the number to rank it by." if agree else "they still disagree; the machine is too busy."))
-                finding = Finding("good" if agree else "warn", "Re-measured in pairs", said)
-                self.reading = Reading(run, self.reading.name, [finding, *self.reading.findings])
+            if self.reading is not None and self.reading.run == run and comparison.counted:
+                row = self.rows[run]
+                baseline = self.runs[int(row.values["baseline"])].name if row.values["baseline"] is not None else ""
+                sentence = comparison_sentence(comparison, self.runs[run].name, baseline or "its baseline")
+                severity: Severity = {"faster": "good", "same": "info"}.get(comparison.verdict, "warn")
+                finding = Finding(severity, "Compared with its baseline" + (" (so far)" if comparing else ""),
+                                  sentence)
+                kept = [f for f in self.reading.findings if not f.title.startswith("Compared with its baseline")]
+                self.reading = Reading(run, self.reading.name, [finding, *kept])
                 self._changed("reading")
 
     def remeasurable(self) -> int | None:
@@ -436,7 +440,7 @@ class PanelState:
 
     def _rejudge(self) -> None:
         self.rows = run_rows(self.results, loaded=self.loaded, judged=self.rows, noise_of=self.noise_of,
-                             paired=self.paired)
+                             compared=self.compared, comparing=self.comparing)
 
     def _changed(self, part: Part) -> None:
         for listener in self._listeners:

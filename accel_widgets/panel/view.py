@@ -25,7 +25,6 @@ from ..inputs.workload import Workload
 from ..knobs.config import Config
 from ..results.burst import BurstResult, ProfileCapture
 from ..results.history import RunHistory
-from ..search.remeasure import DEFAULT_PAIRS
 from ..search.tuner import TuneResult, tune
 from ..views.figures import COMPARISONS, comparison_figures
 from ..views.style import findings_html, themed
@@ -150,13 +149,16 @@ class TuningPanel:
         return self.controller.running
 
     def run_burst(self) -> None:
-        """Start one burst of the current settings (what the Run burst button does)."""
-        self.controller.run_burst(self._length())
+        """Start one burst of the current settings (what the Run burst button does); once it has a row, it is
+        compared with its baseline, interleaved, for up to the budget box's seconds: the row's speed-up becomes an
+        interval and a verdict as the repeats arrive (Stop keeps what they measured)."""
+        self.controller.run_burst(self._length(), self._budget())
 
     def run_ladder(self, leave_out: Collection[str] = ()) -> None:
         """Start the classic ladder (baseline, +loader, +precision, +compile, +rest), one burst per rung, but the
-        rungs named in ``leave_out`` (``{"+compile"}``: a cold compile costs tens of seconds on a CPU)."""
-        self.controller.run_ladder(self._length(), leave_out)
+        rungs named in ``leave_out`` (``{"+compile"}``: a cold compile costs tens of seconds on a CPU); then every
+        rung is compared with the one before and the baseline within the budget box's seconds."""
+        self.controller.run_ladder(self._length(), leave_out, self._budget())
 
     def profile(self) -> None:
         """Start one burst of the current settings with ``profile_steps`` profiled steps after the measured
@@ -175,11 +177,14 @@ class TuningPanel:
         batch sizes in worker processes, then shows samples/s against batch size and the largest that fits."""
         self.controller.find_batch_size(int(self._length()["steps"] or 8))
 
-    def remeasure(self, pairs: int = DEFAULT_PAIRS) -> None:
-        """Re-measure the run the reading is about interleaved with its baseline, ``pairs`` pairs (the Re-measure
-        button): its row then shows the paired speed-up with its spread, the number to believe on a busy
-        machine."""
-        self.controller.remeasure(pairs)
+    def remeasure(self) -> None:
+        """Compare the run the reading is about with its baseline again, interleaved, within the budget box's
+        seconds (the Re-measure button): its row then shows the interval and verdict."""
+        self.controller.remeasure(self._budget())
+
+    def _budget(self) -> float:
+        """The one budget the user sets: Tune's search, and what each comparison may spend."""
+        return float(self.budget.value)
 
     def load_history(self) -> None:
         """Add the history's runs of this workload that the table does not show yet (Load earlier runs)."""
@@ -311,7 +316,7 @@ class TuningPanel:
             unreliable = self.state.rows[target].values["unreliable"]
             self.remeasure_button.button_style = "warning" if unreliable else ""
             self.remeasure_button.tooltip = (f"measure {self.state.runs[target].name} again, interleaved with its "
-                                             f"baseline in {DEFAULT_PAIRS} pairs: the paired speed-up and its spread")
+                                             "baseline, for up to the budget's seconds: an interval and a verdict")
         self.stop_button.disabled = not running
         self.live_button.value = self.state.live
         self.pin_button.disabled = self.state.live_run is None
@@ -421,7 +426,8 @@ class TuningPanel:
                                     tooltip="search the knobs from the settings above for the fastest config "
                                             "that trains like the baseline, within the budget")
         self.budget = w.BoundedFloatText(value=60, min=5, max=86_400, step=10, layout=w.Layout(width="70px"),
-                                         tooltip="the tuner starts no burst that would end past this many seconds")
+                                         tooltip="the budget, in seconds: the tuner's search, and what each "
+                                                 "comparison of a run with its baseline may spend")
         self.batch_button = w.Button(description="Find batch size", icon="arrows-h",
                                      tooltip="try growing batch sizes of the settings above in worker processes: "
                                              "the largest that fits (on a CPU, under half the free RAM) and "

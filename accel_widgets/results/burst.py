@@ -194,7 +194,7 @@ class RankSummary:
 class Reliability:
     """Whether a run's numbers can rank a knob. Step times that spread past half their median, or a machine
     shared with other load past a quarter of its CPU (:mod:`~accel_widgets.metrics.thresholds`), measure the neighbours
-    as much as the knob: such a run is marked, kept out of rankings and offered a paired re-measure.
+    as much as the knob: such a run is marked, kept out of rankings and offered a re-measure against its baseline.
     ``reasons`` say why, with the numbers; none means reliable."""
 
     reasons: tuple[str, ...] = ()
@@ -771,8 +771,8 @@ class BurstResult:
         if self.joules_per_sample is not None:
             lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
         if not self.reliability.reliable:
-            lines.append(f"  unreliable  {self.reliability.text()}: re-measure paired with the baseline "
-                         "(aw.remeasure) or on a quiet machine")
+            lines.append(f"  unreliable  {self.reliability.text()}: re-measure it against the baseline "
+                         "(aw.remeasure: an interval and a verdict) or on a quiet machine")
         lines.extend(f"  warning     {w}" for w in self.warnings)
         return "\n".join(lines)
 

@@ -42,7 +42,7 @@ class Speedup:
     """How a row's speed-up reads, in parts a face can style: ``value`` ("1.23× [1.11–1.35]", "same ±4%", "same
     config: 0.91–1.24×"), the verdict's ``mark`` and the palette key of its ``tone``, a quiet ``hint`` ("1 burst":
     a single ratio, no interval), ``comparing`` while repeats still arrive, the ``flags`` every face has shown
-    ("p" paired, ⚠ unreliable) and the whole sentence on ``hover``."""
+    (⚠ unreliable) and the whole sentence on ``hover``."""
 
     value: str
     mark: str = ""
@@ -79,7 +79,7 @@ def speedup_reading(row: Row) -> Speedup:
     ratio = row.get("speedup")
     if ratio is None:
         return Speedup(MISSING)
-    flags = " ".join(flag for flag, on in (("p", row.get("paired")), (UNRELIABLE_MARK, row.get("unreliable"))) if on)
+    flags = UNRELIABLE_MARK if row.get("unreliable") else ""
     comparing = bool(row.get("comparing"))
     live = "Still comparing: repeats are arriving and the interval tightens with each.\n" if comparing else ""
     interval, verdict = row.get("speedup_interval"), row.get("verdict")
@@ -92,9 +92,9 @@ def speedup_reading(row: Row) -> Speedup:
     if interval is None:
         if row.get("baseline") == row.get("run"):
             return Speedup(f"{ratio:.2f}×", flags=flags, hover="the baseline: every speed-up is over its samples/s")
-        hover = paired_note(row) or (f"{ratio:.2f}× the baseline's samples/s, one burst against one burst: no "
+        hover = (f"{ratio:.2f}× the baseline's samples/s, one burst against one burst: no "
                                      "interval, so the drift between bursts is not in this number")
-        return Speedup(f"{ratio:.2f}×", hint="" if row.get("paired") else "1 burst", comparing=comparing,
+        return Speedup(f"{ratio:.2f}×", hint="1 burst", comparing=comparing,
                        flags=flags, hover=live + hover)
     low, high = interval
     margin = row.get("min_effect")
@@ -115,15 +115,8 @@ def speedup_reading(row: Row) -> Speedup:
 
 def speedup_text(row: Row) -> str:
     """The speed-up as plain text: the interval and the verdict's mark where the row was compared, "p" when it is a
-    paired re-measure's median, ⚠ when the run is unreliable."""
+    ⚠ when the run is unreliable."""
     return speedup_reading(row).text
-
-
-def paired_note(row: Row) -> str:
-    if not row.get("paired"):
-        return ""
-    q1, q3, pairs = row["paired"]
-    return f"median of {pairs} interleaved pairs with the baseline, IQR {q1:.2f}×-{q3:.2f}×"
 
 
 def flops_text(row: Row) -> str:
@@ -252,7 +245,7 @@ def status_cell(row: RunRow) -> Cell:
         return "faster but changes training" if faster else "changes training", "\n".join(row.verdict.reasons)
     text = f"{values['status']}: {values['error']}" if values["error"] else str(values["status"])
     if values["unreliable"]:
-        return UNRELIABLE, (f"finished, but unreliable: {values['unreliable_why']}.\nRe-measure it paired with "
+        return UNRELIABLE, (f"finished, but unreliable: {values['unreliable_why']}.\nRe-measure it against "
                             "its baseline (Re-measure in the panel, aw.remeasure) before ranking it.")
     unchecked = values["status"] == "ok" and row.verdict.status in ("not_comparable", "no_baseline", "cannot_tell")
     return text, f"{text}\ntraining not checked: {row.verdict.reasons[-1]}" if unchecked else text
