@@ -196,14 +196,15 @@ class PanelController:
     def running(self) -> bool:
         return self.state.action is not None
 
-    def run_burst(self, length: dict[str, Any], budget_s: float = DEFAULT_BUDGET_S) -> None:
+    def run_burst(self, length: dict[str, Any], budget_s: float | None = DEFAULT_BUDGET_S) -> None:
         """A burst of the settings, then, when the table has a baseline for it, the comparison engine measures the
-        two again, interleaved, for up to ``budget_s``: the row's speed-up tightens into an interval and a verdict."""
+        two again, interleaved, for up to ``budget_s``: the row's speed-up tightens into an interval and a verdict
+        (None: the burst alone)."""
         plan = [PlanItem("", self.state.runnable_config())]
         self._start("Burst", lambda: self._run_compared("Burst", plan, length, budget_s))
 
     def run_ladder(self, length: dict[str, Any], leave_out: Collection[str] = (),
-                   budget_s: float = DEFAULT_BUDGET_S) -> None:
+                   budget_s: float | None = DEFAULT_BUDGET_S) -> None:
         """The classic ladder, one burst per rung, then every rung compared with the one before and the baseline,
         interleaved, for up to ``budget_s``."""
         plan = ladder_plan(self.workload, self.state.device, leave_out, self.state.batch_search)
@@ -339,11 +340,14 @@ class PanelController:
                         lambda fraction, index=index: (index + fraction) / len(plan), live=live)
         return self._final_status(what, len(plan))
 
-    def _run_compared(self, what: str, plan: list[PlanItem], length: dict[str, Any], budget_s: float) -> str:
+    def _run_compared(self, what: str, plan: list[PlanItem], length: dict[str, Any], budget_s: float | None) -> str:
         """Each planned burst in turn, its ranks held (Run burst, Run ladder); then the comparison engine measures
         them again, interleaved, until each run's verdict against its baseline (and a ladder's rung against the rung
         before it) is settled or ``budget_s`` is spent. The table shows each first burst at once and its interval
-        as the blocks arrive; Stop ends the comparison and keeps what it measured."""
+        as the blocks arrive; Stop ends the comparison and keeps what it measured. Without a budget, each burst
+        alone, as it always was."""
+        if budget_s is None:
+            return self._run_plan(what, plan, length)
         contenders: list[tuple[int, Contender]] = []
         try:
             for index, item in enumerate(plan):
@@ -494,8 +498,10 @@ class PanelController:
         and verdict replace the row's speed-up. Its bursts are not runs of the table (they measure one run again),
         so they are not plotted or recorded."""
         name = self.state.runs[run].name
+        base = self.state.rows[run].values["baseline"]
+        order = [run if base is None else int(base), run]
         comparison = remeasure(self.workload, result, baseline or result, budget_s=budget_s, engine=self._engine,
-                               stop=self._stop, on_progress=self._comparing({0: run}, name, budget_s))
+                               stop=self._stop, on_progress=self._comparing(order, [(0, 1)], budget_s))
         self.state.set_comparison(run, comparison, comparing=False)
         self.state.set_progress(1.0)
         if not comparison.counted:

@@ -88,13 +88,15 @@ class TuningPanel:
 
     def __init__(self, workload: Workload, *, engine: Engine = run_burst, device: DeviceInfo | None = None,
                  steps: int = 20, history: HistoryArg = None, tuner: Tuner = tune,
-                 profile_steps: int = 5, profile_dir: str | os.PathLike[str] = "accel_widgets_profiles") -> None:
+                 profile_steps: int = 5, profile_dir: str | os.PathLike[str] = "accel_widgets_profiles",
+                 compare: bool = True) -> None:
         self.workload = workload
         self.device = device or probe_device()
         self.state = PanelState(self.device)
         self.controller = PanelController(workload, self.state, engine=engine, tuner=tuner, history=history,
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
         self._build_actions(steps)
+        self.compare_runs.value = compare
         self.controls = KnobControls(self.state.draft, self.state.edit, self.reset_button)
         self.plots = Timeline(self.device)
         self._width = WIDTH  # until the browser says how wide the panel is
@@ -152,13 +154,13 @@ class TuningPanel:
         """Start one burst of the current settings (what the Run burst button does); once it has a row, it is
         compared with its baseline, interleaved, for up to the budget box's seconds: the row's speed-up becomes an
         interval and a verdict as the repeats arrive (Stop keeps what they measured)."""
-        self.controller.run_burst(self._length(), self._budget())
+        self.controller.run_burst(self._length(), self._comparison_budget())
 
     def run_ladder(self, leave_out: Collection[str] = ()) -> None:
         """Start the classic ladder (baseline, +loader, +precision, +compile, +rest), one burst per rung, but the
         rungs named in ``leave_out`` (``{"+compile"}``: a cold compile costs tens of seconds on a CPU); then every
         rung is compared with the one before and the baseline within the budget box's seconds."""
-        self.controller.run_ladder(self._length(), leave_out, self._budget())
+        self.controller.run_ladder(self._length(), leave_out, self._comparison_budget())
 
     def profile(self) -> None:
         """Start one burst of the current settings with ``profile_steps`` profiled steps after the measured
@@ -185,6 +187,10 @@ class TuningPanel:
     def _budget(self) -> float:
         """The one budget the user sets: Tune's search, and what each comparison may spend."""
         return float(self.budget.value)
+
+    def _comparison_budget(self) -> float | None:
+        """What a run's comparison with its baseline may spend; None while Compare is off (one burst each)."""
+        return self._budget() if self.compare_runs.value else None
 
     def load_history(self) -> None:
         """Add the history's runs of this workload that the table does not show yet (Load earlier runs)."""
@@ -359,7 +365,8 @@ class TuningPanel:
         if key == "timeline":
             figure = self._timeline_figure(results)
         else:
-            figure = comparison_figures(results, keys=(key,)).get(key)  # only the tab looked at
+            # only the tab looked at
+            figure = comparison_figures(results, keys=(key,), compared=self.state.compared).get(key)
         if figure is None:
             why = "needs a ladder (runs besides the baseline)" if key == "waterfall" else "has nothing to show yet"
             self.compare.children[tab].children = (w.HTML(f"<i>This figure {why}.</i>"),)
@@ -428,6 +435,11 @@ class TuningPanel:
         self.budget = w.BoundedFloatText(value=60, min=5, max=86_400, step=10, layout=w.Layout(width="70px"),
                                          tooltip="the budget, in seconds: the tuner's search, and what each "
                                                  "comparison of a run with its baseline may spend")
+        self.compare_runs = w.Checkbox(value=True, description="Compare", indent=False,
+                                       layout=w.Layout(width="auto", margin="0 0 4px 8px"),
+                                       tooltip="after each run, measure it again against its baseline, interleaved, "
+                                               "within the budget: its speed-up becomes an interval and a verdict "
+                                               "(off: one burst each, a lone ratio)")
         self.batch_button = w.Button(description="Find batch size", icon="arrows-h",
                                      tooltip="try growing batch sizes of the settings above in worker processes: "
                                              "the largest that fits (on a CPU, under half the free RAM) and "
@@ -480,7 +492,7 @@ class TuningPanel:
                         layout=w.Layout(flex="0 0 auto", margin="0 0 4px auto"))
         actions = w.HBox(
             [w.HBox([self.run_button, self.stop_button, self.ladder_button], layout=group),
-             w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit)], layout=group),
+             w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit), self.compare_runs], layout=group),
              w.HBox([w.HTML("Burst", layout=label), self.length_value, self.length_unit], layout=group),
              w.HBox([self.live_button, self.pin_button, self.profile_button, self.remeasure_button, self.batch_button,
                      self.load_button], layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),

@@ -26,7 +26,7 @@ from ..analysis.compare import Row, comparison_rows, with_comparison
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
 from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, run_colour, run_name, shorten
-from .table import speedup_reading, speedup_text
+from .table import speedup_reading
 from .timeline import has_activity, utilisation_title
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def _speedup_bars(workload: str, shown: Sequence[Row], runs: dict[int, Row]) -> 
         marker={"color": [run_colour(int(r["run"])) for r in shown],
                 "opacity": [UNRELIABLE_OPACITY if r.get("unreliable") else 1.0 for r in shown],
                 "pattern": {"shape": [_pattern(r) for r in shown], "fgcolor": "#222", "solidity": 0.2}},
-        text=[f"{speedup_text(r)} {_mark(r)}".rstrip() for r in shown],
+        text=[_bar_text(r) for r in shown],
         textposition="inside", insidetextanchor="start",
         textfont={"color": [_text_colour(run_colour(int(r["run"]))) for r in shown]},
         customdata=[[speedup_reading(r).hover, r["samples_per_s"]] for r in shown],
@@ -154,6 +154,12 @@ def _speedup_bars(workload: str, shown: Sequence[Row], runs: dict[int, Row]) -> 
         meta={"kind": "speedup", "workload": workload, "runs": [int(r["run"]) for r in shown],
               "noisy": [bool(r["noisy"]) for r in shown], "unreliable": [bool(r.get("unreliable")) for r in shown]},
     )
+
+
+def _bar_text(row: Row) -> str:
+    """The cell's value and verdict mark, then the noise mark: "1.23× [1.11–1.35] ▲", "1.25× ⚠ unreliable"."""
+    reading = speedup_reading(row)
+    return " ".join(part for part in (reading.value, reading.mark, _mark(row)) if part)
 
 
 def _pattern(row: Row) -> str:

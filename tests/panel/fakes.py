@@ -77,7 +77,8 @@ class FakeEngine:
     until the stop event is set; ``fail`` raises: "worker" a WorkerError carrying a failed result,
     "plain" an exception without one; ``fail_times`` limits how many calls fail. ``profile_steps`` > 0
     puts a :class:`ProfileCapture` (two operators, a trace path under ``profile_dir``) on rank 0, as the
-    real engine does after a finished burst.
+    real engine does after a finished burst. ``speedups`` makes a config's bursts that many times faster than the
+    others' (their measured seconds shrink), for the comparisons that follow a run.
     """
 
     steps_default: int = 10
@@ -88,6 +89,7 @@ class FakeEngine:
     calls: list[Call] = field(default_factory=list)
     emitted: list[list[StepRecord | TelemetrySample]] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
+    speedups: dict[Config, float] = field(default_factory=dict)
 
     def __call__(self, workload: Any, config: Config, *, steps: int | None = None, seconds: float | None = None,
                  on_event: Any = None, stop: threading.Event | None = None, label: str = "",
@@ -126,7 +128,8 @@ class FakeEngine:
         return BurstResult(
             workload=workload.name, config=config, status="stopped" if stopped else "ok", world_size=config.ranks,
             warmup_steps=WARMUP, steps=steps_done, telemetry=[e for e in events if isinstance(e, TelemetrySample)],
-            ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)), 150 * MIB, "rss", 0.1, 0.05,
+            ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)) / self.speedups.get(config, 1.0),
+                               150 * MIB, "rss", 0.1, 0.05,
                                "cpu", profile=profile if r == 0 else None) for r in range(config.ranks)],
             error=why,
             label=label,

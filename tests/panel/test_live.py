@@ -22,7 +22,7 @@ from tests.workloads import tiny_workload
 
 def make_panel(engine: FakeEngine, **kwargs) -> TuningPanel:
     kwargs.setdefault("history", False)
-    return TuningPanel(tiny_workload(), engine=engine, device=CPU, steps=5, **kwargs)
+    return TuningPanel(tiny_workload(), engine=engine, device=CPU, steps=5, compare=False, **kwargs)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -40,7 +40,8 @@ CUDA_ONLY = [name for name, knob in KNOBS.items() if knob.applies_to == ("cuda",
 
 
 def make_panel(engine: FakeEngine | None = None, device=CPU, steps: int = 5) -> TuningPanel:
-    return TuningPanel(tiny_workload(), engine=engine or FakeEngine(), device=device, steps=steps)
+    return TuningPanel(tiny_workload(), engine=engine or FakeEngine(), device=device, steps=steps,
+                       compare=False)  # one burst per run, as these tests count them (test_panel_features compares)
 
 
 def run(panel: TuningPanel, button: str = "run_button") -> None:

@@ -30,6 +30,7 @@ from tests.workloads import tiny_workload
 
 def make_panel(engine: Any = None, **kwargs: Any) -> TuningPanel:
     kwargs.setdefault("history", False)
+    kwargs.setdefault("compare", False)  # one burst per run, as most tests count them (the last ones compare)
     return TuningPanel(tiny_workload(), engine=engine or FakeEngine(), device=CPU, steps=5, **kwargs)
 
 
@@ -406,10 +407,10 @@ class BusyMachine:
         return synthetic_result(config, step_s=step_s)
 
 
-def test_an_unreliable_run_is_marked_and_a_paired_re_measure_replaces_its_speed_up() -> None:
+def test_an_unreliable_run_is_marked_and_a_re_measure_gives_it_an_interval_and_a_verdict() -> None:
     engine = BusyMachine()
     panel = make_panel(engine)
-    assert panel.remeasure_button.disabled  # nothing to pair yet
+    assert panel.remeasure_button.disabled  # nothing to compare with yet
     click(panel, "run_button")
     panel.set_config(Config(num_workers=1))
     click(panel, "run_button")
@@ -420,12 +421,14 @@ def test_an_unreliable_run_is_marked_and_a_paired_re_measure_replaces_its_speed_
     assert "Unreliable measurement" in panel.diagnosis.value
     assert not panel.remeasure_button.disabled and panel.remeasure_button.button_style == "warning"
     click(panel, "remeasure_button")
-    assert engine.calls[2:] == [Config(), Config(num_workers=1)] * 4 + [Config()]  # 4 pairs, interleaved
+    repeats = engine.calls[2:]
+    # Both configs' first bursts, then balanced blocks until the verdict settles: 4 blocks, 8 windows each.
+    assert repeats.count(Config()) == repeats.count(Config(num_workers=1)) == 8 and len(repeats) == 16
     assert len(panel.runs) == 2  # the re-measure's bursts are not runs of the table
     row = table_text(panel.table)[1]
-    assert row[3] == "1.25× p" and row[-1] == "ok"
-    assert "Re-measured #1 num_workers=1 in 4 pairs with its baseline: 1.25×" in panel.status.value
-    assert "Re-measured in pairs" in panel.diagnosis.value and "the number to rank it by" in panel.diagnosis.value
+    assert row[3] == "1.25× [1.25–1.25] ▲" and row[-1] == "ok"  # its interval, not its lone burst, ranks it now
+    assert "Re-measured #1 num_workers=1 against its baseline: faster 1.25× [1.25–1.25]" in panel.status.value
+    assert "Compared with its baseline" in panel.diagnosis.value and "faster" in panel.diagnosis.value
 
 
 def test_unreliable_runs_are_marked_in_the_text_table_and_the_speed_up_figure() -> None:
@@ -440,3 +443,50 @@ def test_unreliable_runs_are_marked_in_the_text_table_and_the_speed_up_figure() 
     (bars,) = [t for t in speedup_figure(rows).data if t.meta and t.meta.get("kind") == "speedup"]
     assert bars.meta["unreliable"] == [False, True] and bars.text[1] == "1.25× ⚠ unreliable"
     assert bars.marker.pattern.shape[1] == "x" and bars.marker.opacity[1] < 1
+
+
+# -- a run compared with its baseline ----------------------------------------------------------------------------
+def test_a_run_is_compared_with_its_baseline_and_its_row_tightens_live() -> None:
+    engine = FakeEngine(speedups={Config(num_workers=1): 1.5})
+    panel = make_panel(engine, compare=True)
+    click(panel, "run_button")
+    assert len(engine.calls) == 1  # the first run is the baseline: nothing to compare it with
+    seen: list[tuple[Any, bool]] = []
+    panel.state.subscribe(lambda part: seen.append((panel.state.rows[-1].values.get("verdict"),
+                                                    1 in panel.state.comparing)) if part == "runs" else None)
+    panel.set_config(Config(num_workers=1))
+    click(panel, "run_button")
+    assert len(panel.runs) == 2  # the comparison's bursts are not runs of the table
+    labels = [call.kwargs["label"] for call in engine.calls[1:]]
+    assert labels[:2] == ["", "#0 baseline"] and {"#0 baseline · repeat", "#1 num_workers=1 · repeat"} <= set(labels)
+    row = table_text(panel.table)[1]
+    assert row[3] == "1.50× [1.50–1.50] ▲" and 1 not in panel.state.comparing
+    assert (None, True) in seen or ("undecided", True) in seen  # the row showed the comparison while it ran
+    assert "Compared with its baseline" in panel.diagnosis.value and "faster" in panel.diagnosis.value
+    assert panel.state.compared[1].verdict == "faster" and panel.state.compared[1].reference == Config()
+
+
+def test_the_same_config_again_reads_as_the_noise_floor_and_compare_off_as_one_burst() -> None:
+    engine = FakeEngine()
+    panel = make_panel(engine, compare=True)
+    click(panel, "run_button")
+    click(panel, "run_button")
+    assert table_text(panel.table)[1][3].startswith("same config: 1.00–1.00×")
+    panel.compare_runs.value = False
+    calls = len(engine.calls)
+    click(panel, "run_button")
+    assert len(engine.calls) == calls + 1 and table_text(panel.table)[2][3] == "same config: 1.00× 1 burst"
+
+
+def test_a_ladder_compares_its_rungs_and_each_row_reads_against_the_baseline_rung() -> None:
+    from accel_widgets.search.ladder import classic_ladder
+
+    rungs = classic_ladder(tiny_workload(), CPU)
+    engine = FakeEngine(speedups={rung.config: 1.0 + 0.5 * index for index, rung in enumerate(rungs)})
+    panel = make_panel(engine, compare=True)
+    click(panel, "ladder_button")
+    assert len(panel.runs) == len(rungs) > 2
+    for index in range(1, len(rungs)):
+        comparison = panel.state.compared[index]
+        assert comparison.verdict == "faster" and comparison.ratio == pytest.approx(1.0 + 0.5 * index)
+    assert "Ladder finished" in panel.status.value

@@ -20,8 +20,8 @@ from accel_widgets.views.figures import (
     by_workload,
     folklore_figure,
     ladder,
-    speedup_error,
     speedup_figure,
+    speedup_whiskers,
     step_distributions,
     utilisation_figure,
     waterfall_figure,
@@ -103,13 +103,11 @@ def test_groups_keep_run_order_with_the_baseline_first() -> None:
     assert [r["run"] for r in ladder(groups["a"])] == [2, 0]  # the baseline leads the ladder
 
 
-def test_speedup_error_adds_relative_half_iqrs_in_quadrature() -> None:
-    base = {"run": 0, "speedup": 1.0, "step_ms_median": 10.0, "step_ms_iqr": 1.0}  # ±5%
-    run = {"run": 1, "speedup": 2.0, "step_ms_median": 5.0, "step_ms_iqr": 1.2}  # ±12%
-    assert speedup_error(run, base) == pytest.approx(2.0 * math.hypot(0.05, 0.12))  # 0.26
-    assert speedup_error(base, base) == 0.0  # 1× by definition
-    assert speedup_error({**run, "step_ms_iqr": None}, base) == 0.0
-    assert speedup_error({**run, "speedup": None}, base) == 0.0
+def test_speedup_whiskers_are_the_comparisons_interval_and_a_lone_ratio_has_none() -> None:
+    compared = {"run": 1, "speedup": 1.2, "speedup_interval": (1.1, 1.35)}
+    assert speedup_whiskers(compared) == pytest.approx((0.1, 0.15))
+    assert speedup_whiskers({"run": 1, "speedup": 1.2, "speedup_interval": None}) == (0.0, 0.0)  # one burst
+    assert speedup_whiskers({"run": 1, "speedup": None, "speedup_interval": None}) == (0.0, 0.0)
 
 
 def test_speedup_bars_one_facet_per_workload_with_noise_marked(runs: list[BurstResult]) -> None:
@@ -121,8 +119,8 @@ def test_speedup_bars_one_facet_per_workload_with_noise_marked(runs: list[BurstR
     assert (cnn.yaxis, mlp.yaxis) == ("y", "y2")  # facets, one x axis shared
     assert list(cnn.x) == pytest.approx([rows[i]["speedup"] for i in range(5)])
     assert cnn.x[0] == pytest.approx(1.0) and cnn.x[1] == pytest.approx(42 / 18, rel=0.03)
-    assert list(cnn.error_x.array) == pytest.approx([speedup_error(rows[i], rows[0]) for i in range(5)])
-    assert cnn.error_x.array[0] == 0.0 and cnn.error_x.array[2] > 0.2  # the noisy bf16 rung's bar is wide
+    assert list(cnn.error_x.array) == [0.0] * 5  # one burst each: no interval to draw
+    assert all(text.startswith(f"{rows[i]['speedup']:.2f}×") for i, text in enumerate(cnn.text))
     assert cnn.meta["noisy"] == [False, False, True, False, False]
     assert list(cnn.marker.pattern.shape) == ["", "", NOISY_PATTERN, "", ""]
     assert cnn.text[2].endswith(NOISY_MARK) and NOISY_MARK not in cnn.text[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 from collections.abc import Callable
@@ -156,13 +157,16 @@ def test_on_a_terminal_the_live_line_is_redrawn_at_most_four_times_a_second_and_
 
 
 def fake_ladder_engine(record: list[str]) -> Callable[..., BurstResult]:
-    """A run_burst stand-in that emits a warm-up and two measured steps, then returns an ok result."""
-    def engine(workload: object, config: Config, *, label: str, on_event: Callable[[object], None],
+    """A run_burst stand-in that emits a warm-up and two measured steps, then returns an ok result: the n-th rung
+    (its repeats too) runs at n x 100 samples/s, steadily."""
+    def engine(workload: object, config: Config, *, label: str, on_event: Callable[[object], None] | None,
                steps: int, **_: object) -> BurstResult:
         record.append(label)
         for event in (BurstPhase(0.0, 0, "setup"), step(0, 0.1, warmup=True), step(1, 0.2), step(2, 0.3)):
-            on_event(event)
-        rate = 100.0 * len(record)
+            if on_event is not None:
+                on_event(event)
+        rungs = list(dict.fromkeys(name.split(" · ")[0] for name in record))
+        rate = 100.0 * (rungs.index(label.split(" · ")[0]) + 1)
         return BurstResult(workload="wl", config=config, status="ok", label=label, steps=[step(1, 0.2), step(2, 0.3)],
                            ranks=[RankSummary(0, int(rate), 1.0, 0, "rss", 0.0, 0.1, "cpu")])
     return engine
@@ -172,17 +176,22 @@ def test_the_demo_shows_a_progress_line_per_rung_then_its_result(monkeypatch: py
                                                                   capsys: pytest.CaptureFixture[str],
                                                                   tmp_path: Path) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(accel_widgets.search.ladder, "run_burst", fake_ladder_engine(ran))
-    code = main(["demo", "--workloads", "mlp", "--no-compile", "--steps", "2", "--report", f"{tmp_path}/r.html"])
+    monkeypatch.setattr(accel_widgets.cli, "run_ladder",
+                        functools.partial(accel_widgets.search.ladder.run_ladder, engine=fake_ladder_engine(ran)))
+    code = main(["demo", "--workloads", "mlp", "--no-compile", "--steps", "2", "--budget", "10",
+                 "--report", f"{tmp_path}/r.html"])
     out = capsys.readouterr().out.splitlines()
-    assert code == 0 and len(ran) >= 3
-    first = out.index(f"  rung 1/{len(ran)} baseline · starting · 0.0 s")
+    rungs = len(dict.fromkeys(label for label in ran if "repeat" not in label))
+    assert code == 0 and rungs >= 3 and len(ran) > rungs  # each rung's burst, then the repeats of the comparison
+    first = out.index(f"  rung 1/{rungs} baseline · starting · 0.0 s")
     lines = out[first:first + 6]
     assert [line.split(" · ")[1] for line in lines[:5]] == ["starting", "setting up", "warming up",
                                                             "measuring 1/2 steps", "finishing"]
     assert lines[5].startswith("  baseline") and "samples/s" in lines[5]
-    assert out[first + 6].startswith(f"  rung 2/{len(ran)} +loader · starting")
-    assert out[first + 11].startswith("  +loader") and "2.00x" in out[first + 11]  # against the baseline
+    assert out[first + 6].startswith(f"  rung 2/{rungs} +loader · starting")
+    assert out[first + 11].startswith("  +loader") and "2.00x" in out[first + 11]  # one burst against the baseline
+    assert f"  comparing the {rungs} rungs, interleaved, for up to 10 s ..." in out
+    assert any(line.startswith("  +loader    vs previous:") for line in out)  # the ladder read by its comparisons
 
 
 def test_a_real_burst_through_the_cli_shows_its_phases_in_order(capsys: pytest.CaptureFixture[str]) -> None:

@@ -249,7 +249,7 @@ def test_library_warnings_are_dropped_where_they_are_raised(tmp_path: Path) -> N
         warnings.warn("your model does something odd", UserWarning, stacklevel=1)  # from this file
         exec(compile("import warnings\nwarnings.warn('frozen', W)", torch.__file__, "exec"),
              {"W": CacheWarning})
-    assert caught == ["UserWarning: your model does something odd", "CacheWarning: frozen"]
+    assert caught() == ["UserWarning: your model does something odd", "CacheWarning: frozen"]
 
 
 # -- HTML report ---------------------------------------------------------------------------------------

@@ -193,8 +193,6 @@ def test_without_a_comparison_the_single_ratio_reads_as_before_with_a_quiet_hint
         single = speedup_reading(row)
         assert (single.text, single.hint) == ("1.23×", "1 burst") and "one burst against one burst" in single.hover
     assert speedup_text({"run": 1, "baseline": 0, "speedup": 1.25, "unreliable": True}) == "1.25× ⚠"
-    paired = speedup_reading({"run": 1, "baseline": 0, "speedup": 1.25, "paired": (1.2, 1.3, 4)})
-    assert (paired.text, paired.hint) == ("1.25× p", "") and "median of 4 interleaved pairs" in paired.hover
     baseline = speedup_reading({"run": 0, "baseline": 0, "speedup": 1.0})
     assert (baseline.text, baseline.hint) == ("1.00×", "")
     assert speedup_reading({"run": 1, "baseline": None, "speedup": None}).text == MISSING
