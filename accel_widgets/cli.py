@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .analysis.compare import run_rows
+from .analysis.compare import comparison_rows
 from .demos import DEMO_NAMES, demo_workload
 from .engine.launcher import BurstError, run_burst
 from .engine.request import check_burst_request
@@ -155,8 +155,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             if step is not None and index > 1:
                 stepwise.append((f"#{offset + index} {ladder.rungs[index].name}",
                                  f"#{offset + index - 1} {ladder.rungs[index - 1].name}", step))
-    rows = [row.values for row in run_rows(results, compared=compared)]
-    print("\n" + format_table(rows))
+    print("\n" + format_table(comparison_rows(results, compared=compared)))
     notes = [f"Each rung keeps the knobs of the rungs before it; {args.steps} measured steps in each rung's first "
              f"burst, then the rungs measured again, interleaved, for up to {args.budget:g} s per workload. A speed-up "
              "in brackets is its 95% anytime-valid interval against the workload's baseline."]
@@ -225,7 +224,7 @@ def _run_compared(args: argparse.Namespace, workload: Workload, config: Config) 
     comparison = measured.comparisons[0]
     for result in results:
         print(result.summary())
-    print("\n" + format_table([row.values for row in run_rows(results, compared={1: comparison})]))
+    print("\n" + format_table(comparison_rows(results, compared={1: comparison})))
     print("\n" + comparison_sentence(comparison, f"#1 {config.label()}", "#0 baseline"))
     if args.json:
         print(f"json: {write_json(results, args.json)}")

@@ -17,7 +17,8 @@ from .guard import GuardVerdict, NoiseBand, check_training
 Row = dict[str, Any]
 
 
-def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None = None) -> list[Row]:
+def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None = None, *,
+                    compared: Mapping[int, Comparison] | None = None) -> list[Row]:
     """One plain dict of numbers per run: what the terminal table, the CSV and every other face start from.
 
     Speed-ups are only meaningful within one workload, so each workload gets its own baseline: the
@@ -66,6 +67,7 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "verdict": None,
         "min_effect": None,
         "comparing": False,
+        "blocks": 0,
         "same_config": baseline is not None and baseline is not result and result.config == baseline.config,
         "step_ms_median": step.median * 1e3 if step is not None else None,
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
@@ -156,6 +158,7 @@ def with_comparison(values: Row, comparison: Comparison | None, *, comparing: bo
     bounded = found.bounded
     return {**values, "speedup": comparison.ratio, "speedup_interval": (found.low, found.high) if bounded else None,
             "verdict": comparison.verdict, "min_effect": comparison.min_effect, "comparing": comparing,
+            "blocks": len(comparison.counted),
             "same_config": comparison.same_config,
             "unreliable": values["unreliable"] and not bounded, "unreliable_why": "" if bounded
             else values["unreliable_why"]}

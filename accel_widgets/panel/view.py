@@ -24,6 +24,7 @@ from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs.config import Config
 from ..results.burst import BurstResult, ProfileCapture
+from ..results.comparison import Comparison
 from ..results.history import RunHistory
 from ..search.tuner import TuneResult, tune
 from ..views.figures import COMPARISONS, comparison_figures
@@ -89,7 +90,7 @@ class TuningPanel:
     def __init__(self, workload: Workload, *, engine: Engine = run_burst, device: DeviceInfo | None = None,
                  steps: int = 20, history: HistoryArg = None, tuner: Tuner = tune,
                  profile_steps: int = 5, profile_dir: str | os.PathLike[str] = "accel_widgets_profiles",
-                 compare: bool = True) -> None:
+                 compare: bool = True, budget_s: float = 60.0) -> None:
         self.workload = workload
         self.device = device or probe_device()
         self.state = PanelState(self.device)
@@ -97,6 +98,7 @@ class TuningPanel:
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
         self._build_actions(steps)
         self.compare_runs.value = compare
+        self.budget.value = budget_s
         self.controls = KnobControls(self.state.draft, self.state.edit, self.reset_button)
         self.plots = Timeline(self.device)
         self._width = WIDTH  # until the browser says how wide the panel is
@@ -132,6 +134,11 @@ class TuningPanel:
     @property
     def history(self) -> RunHistory | None:
         return self.controller.history
+
+    @property
+    def compared(self) -> dict[int, Comparison]:
+        """Run index -> its comparison with its baseline, for the runs that have one (the table's intervals)."""
+        return dict(self.state.compared)
 
     @property
     def tune_result(self) -> TuneResult | None:

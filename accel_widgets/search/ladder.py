@@ -103,6 +103,12 @@ class Ladder:
         """Rung ``index`` against the baseline: what the ladder has gained up to it."""
         return self.comparisons.get((0, index))
 
+    @property
+    def compared(self) -> dict[int, Comparison]:
+        """Each rung's comparison with the baseline, by its index in ``results``: what the comparison table takes
+        (``comparison_rows(ladder.results, compared=ladder.compared)``)."""
+        return {index: found for index in range(1, len(self.results)) if (found := self.overall(index)) is not None}
+
 
 def ladder_pairs(count: int) -> list[tuple[int, int]]:
     """The pairs a ladder of ``count`` rungs is read by: each rung against the one before, then against the

@@ -89,6 +89,12 @@ def speedup_reading(row: Row) -> Speedup:
                        comparing=comparing, flags=flags,
                        hover=f"{live}The same config as its baseline: this machine moves it {floor} from burst to "
                              "burst. That is the noise floor here, not a speed-up.")
+    if interval is None and verdict is not None:  # compared, but too few blocks yet to bound an interval
+        blocks = row.get("blocks") or 0
+        return Speedup(f"{ratio:.2f}×", mark=VERDICT_MARKS["undecided"][0], tone=VERDICT_MARKS["undecided"][1],
+                       hint=f"{blocks} block{'s' if blocks != 1 else ''}", comparing=comparing, flags=flags,
+                       hover=f"{live}{ratio:.2f}× the baseline's samples/s over {blocks} interleaved block"
+                             f"{'s' if blocks != 1 else ''}: too few yet for an interval; a longer budget bounds it")
     if interval is None:
         if row.get("baseline") == row.get("run"):
             return Speedup(f"{ratio:.2f}×", flags=flags, hover="the baseline: every speed-up is over its samples/s")

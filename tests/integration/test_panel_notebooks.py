@@ -39,12 +39,14 @@ def execute(name: str, tmp_path: Path, **parameters: object) -> tuple[str, set[s
 def test_tuning_notebook_opens_the_panel_and_runs_the_ladder(tmp_path: Path) -> None:
     """Without the compile rung: compiling is tested on its own (tests/engine/test_compile.py), and two cold compiles
     would take most of this test's time."""
-    text, mimes = execute("tuning.ipynb", tmp_path, STEPS=10, LEAVE_OUT=("+compile",))
+    text, mimes = execute("tuning.ipynb", tmp_path, STEPS=10, BUDGET=10, LEAVE_OUT=("+compile",))
     assert WIDGET_VIEW in mimes
     for rung in ("baseline", "+loader", "+rest"):
         assert rung in text
     assert "+compile" not in text
     assert "num_workers=2, persistent_workers=True, precision=bf16 [my-cnn]" in text
+    # The rungs' speed-ups as their comparisons left them: a verdict's mark, or "same", never a lone ratio.
+    assert any(mark in text for mark in ("▲", "▼", " ?", "same ±"))
     assert "[good]" in text or "[warn]" in text or "[info]" in text
 
 
@@ -70,7 +72,7 @@ def test_whatif_notebook_sweeps_and_plots(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_huggingface_notebook_trains_a_transformers_model_on_dict_batches(tmp_path: Path) -> None:
-    text, mimes = execute("huggingface.ipynb", tmp_path)
+    text, mimes = execute("huggingface.ipynb", tmp_path, BUDGET=8)
     assert WIDGET_VIEW in mimes
     assert "baseline [tiny-gpt2] ok" in text and "precision=bf16 [tiny-gpt2] ok" in text
     assert "tokens/s" in text and "+loader" in text and "+rest" in text

@@ -218,3 +218,9 @@ def test_the_panels_title_is_the_short_form_with_the_whole_config_on_hover() -> 
     assert compact_title_cell(rows[0])[1].endswith("whole config: every knob at its default")
     (loaded,) = run_rows([synthetic_result(label="mine")], loaded={0: "recorded on Monday"})
     assert compact_title_cell(loaded)[0] == "⟲ mine (baseline)"
+
+
+def test_a_comparison_too_short_for_an_interval_reads_as_undecided_with_its_blocks() -> None:
+    early = speedup_reading(compared(1.07, verdict="undecided", blocks=2, comparing=True))
+    assert early.text == f"1.07× ? {COMPARING_MARK}" and early.hint == "2 blocks"
+    assert "too few yet for an interval" in early.hover and "1 burst" not in early.hover
