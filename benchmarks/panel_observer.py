@@ -13,7 +13,9 @@ a pair faster or slower than the first, whatever the cause) lands on both sides 
 crossover estimate, the geometric mean of the P-H pairs' median ratio and the H-P pairs', which cancels such an
 effect (a plain median of all pairs does not once the two orders part, as they did by +-7% on the data
 workload). A same-vs-same control runs ``--control-pairs`` pairs of the headless burst against itself in the same
-alternation, estimated the same way: what this host's noise alone does to a ratio.
+alternation, estimated the same way: what this host's noise alone does to a ratio. On a host shared with other jobs,
+both are also given over the quiet pairs alone: those in which neither burst recorded other programs taking more than
+5% of a core (each burst records who else used the CPU during its window).
 
 Per burst, from the burst's own telemetry over its measured window (% of one core): the browser (chromium), the
 Jupyter server, the kernel (the caller: its event pump, the telemetry, and for a panel burst the panel's
@@ -64,6 +66,9 @@ WINDOW = {"width": 1400, "height": 1900}
 GOALS = {"compute": 0.97, "data": 0.95}
 BURST_TIMEOUT_MS = 300_000
 POLL_MS = 1_000  # the driver looks at the page once a second: its own reads must not cost the burst
+#: The benchmark's own programs; anything else a burst records taking the CPU is another user's load.
+OWN_PROGRAMS = ("chromium", "jupyter-server")
+QUIET_FOREIGN_PCT = 5.0  # % of one core: a pair is quiet when neither burst saw more than this from other programs
 
 WORKLOADS = {
     "compute": """
@@ -252,6 +257,8 @@ def summarise(kind: str, bursts: list[tuple[str, dict[str, Any]]]) -> dict[str, 
         "control": ({"crossover": crossover(control_by_order), "pair_ratios": control, "spread": spread(control)}
                     if control else None),
         "headless_after_panel_over_before": spread(followers) if followers else None,
+        "quiet": quiet_pairs(runs, "panel", "headless"),
+        "quiet_control": quiet_pairs(runs, "control A", "control B"),
         "cpu_by_process": {what: cpu_by_process([r for w, r in runs if w == what]) for what in ("panel", "headless")},
         "reliable_control": sum(r.reliability.reliable for w, r in runs if w.startswith("control")),
         "reliable": {what: sum(r.reliability.reliable for w, r in runs if w == what) for what in ("panel", "headless")},
@@ -268,6 +275,27 @@ def paired(rates: list[tuple[str, float]], a: str, b: str) -> tuple[list[float],
             ratios.append(pair[a] / pair[b])
             by_order[f"{first[0]} first"].append(ratios[-1])
     return ratios, by_order
+
+
+def foreign_pct(result: Any) -> float:
+    """What programs other than the benchmark's own took during the burst's measured window, % of one core: on a
+    shared host, another user's load."""
+    return sum(share for program, share in result.other_processes() if not program.startswith(OWN_PROGRAMS))
+
+
+def quiet_pairs(runs: list[tuple[str, Any]], a: str, b: str) -> dict[str, Any] | None:
+    """``a/b`` over the pairs in which neither burst saw more than QUIET_FOREIGN_PCT of a core taken by other
+    programs (each burst records them): on a host shared with other jobs, the pairs that measured this benchmark's
+    programs and nothing else. None when no pair was quiet."""
+    ratios = [first[1] / second[1] if first[0] == a else second[1] / first[1]
+              for first, second in zip(*[iter([(w, r.samples_per_s or 0.0, foreign_pct(r)) for w, r in runs
+                                               if w in (a, b)])] * 2, strict=False)
+              if {first[0], second[0]} == {a, b} and min(first[1], second[1]) > 0
+              and max(first[2], second[2]) < QUIET_FOREIGN_PCT]
+    if not ratios:
+        return None
+    return {"spread": spread(ratios), "geometric_mean": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+            "pair_ratios": ratios}
 
 
 def crossover(by_order: dict[str, list[float]]) -> float | None:
@@ -304,6 +332,12 @@ def print_summary(kind: str, summary: dict[str, Any]) -> None:
         print(f"  control (headless vs itself): crossover {control['crossover']:.3f}, pair ratios "
               f"{control['spread']['min']:.2f}-{control['spread']['max']:.2f} (IQR {control['spread']['q1']:.3f}-"
               f"{control['spread']['q3']:.3f})")
+    for key, what in (("quiet", "panel/headless"), ("quiet_control", "control")):
+        quiet = summary[key]
+        if quiet:
+            print(f"  quiet pairs only (other programs < {QUIET_FOREIGN_PCT:g}% of a core in both bursts), {what}: "
+                  f"median {quiet['spread']['median']:.3f}, geometric mean {quiet['geometric_mean']:.3f} over "
+                  f"{quiet['spread']['n']} pairs (IQR {quiet['spread']['q1']:.3f}-{quiet['spread']['q3']:.3f})")
     follower = summary["headless_after_panel_over_before"]
     if follower:
         print(f"  headless after a panel burst / before it: median {follower['median']:.3f}")
