@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -155,11 +154,6 @@ def main() -> None:
     parser.add_argument("--control-pairs", type=int, default=6,
                         help="pairs of the headless burst against itself (0: none)")
     args = parser.parse_args()
-    # The kernel's forkserver starts with the panel, not inside `import accel_widgets`: a server forked mid-import
-    # leaves the package "initializing" in every rank, and a rank's hang flusher that pickles a step batch after a
-    # stall past HANG_FLUSH_S then waits on that import's lock for ever (a busy host hung a run here; see #34's
-    # report). Where the server starts is outside every measured window.
-    os.environ.setdefault("ACCEL_WIDGETS_PRESTART", "0")
     if CHROMIUM is None:
         raise SystemExit("needs Debian's chromium: apt-get install -y chromium")
     report: dict[str, Any] = {"benchmark": "panel_observer", "pairs": args.pairs, "steps": args.steps,

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import nbformat
-import pytest
 
 from tests.browsers import (
     ARTIFACTS,
@@ -34,7 +33,7 @@ pytestmark = NEEDS_CHROMIUM
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "tuning.ipynb"
 #: The notebook's parameters: short bursts, and no cold compile (tests/engine/test_compile.py compiles).
-PARAMETERS = {"STEPS": 10, "LEAVE_OUT": ("+compile",)}
+PARAMETERS = {"STEPS": 10, "BUDGET": 10, "LEAVE_OUT": ("+compile",)}
 LOOKS = [((1440, 900), True), ((1280, 720), False)]  # (window, file browser open)
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 RUN_ALL_MS = 300_000
@@ -133,14 +132,9 @@ def tuning_notebook(path: Path) -> None:
     nbformat.write(notebook, path)
 
 
-def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_themes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_themes(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    # The kernel's forkserver starts with the panel, not inside `import accel_widgets`: a server forked mid-import
-    # leaves the package "initializing" in every rank, and a rank's hang flusher that pickles a step batch after a
-    # stall past HANG_FLUSH_S then waits on that import's lock for ever (engine/forkserver.py, reported with #34).
-    monkeypatch.setenv("ACCEL_WIDGETS_PRESTART", "0")
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir()
     tuning_notebook(root / "tuning.ipynb")
