@@ -157,9 +157,10 @@ def _speedup_bars(workload: str, shown: Sequence[Row], runs: dict[int, Row]) -> 
 
 
 def _bar_text(row: Row) -> str:
-    """The cell's value and verdict mark, then the noise mark: "1.23× [1.11–1.35] ▲", "1.25× ⚠ unreliable"."""
+    """The cell's value and verdict mark, then the noise mark: "1.23× [1.11–1.35] ▲", "1.25× (1 burst) ⚠ unreliable"."""
     reading = speedup_reading(row)
-    return " ".join(part for part in (reading.value, reading.mark, _mark(row)) if part)
+    hint = f"({reading.hint})" if reading.hint else ""
+    return " ".join(part for part in (reading.value, reading.mark, hint, _mark(row)) if part)
 
 
 def _pattern(row: Row) -> str:

@@ -42,6 +42,7 @@ NARROW_WIDTH = 1000
 LAYOUT_WIDTHS = (1400, NARROW_WIDTH)  # the panel's layout is checked at these window widths, file browser open
 LAYOUT_SETTLE_MS = 5_000  # a resize reaches the kernel (the width probe) and its relayout comes back
 BURST_S = 4  # long enough to see the page hold still while the window measures, then draw it
+COMPARE_S = 25  # the clicked run is compared with the baseline (the same config: the noise floor) for this long
 
 NOTEBOOK_CELLS = [
     f"""import torch
@@ -64,7 +65,7 @@ g = torch.Generator().manual_seed(0)
 x = torch.randn(4096, 32, generator=g)
 workload = aw.Workload(model=Net(), dataset=(x, x[:, :4].argmax(1)), loss_fn=F.cross_entropy, batch_size=64,
                        name="browser-mlp")
-panel = aw.TuningPanel(workload, steps=20)
+panel = aw.TuningPanel(workload, steps=20, budget_s={COMPARE_S})
 panel.length_unit.value = "seconds"
 panel.length_value.value = {BURST_S}
 panel""",
@@ -83,6 +84,10 @@ JS_TIMELINE = """() => {
   return runs;
 }"""
 JS_ROWS = "() => document.querySelectorAll('.aw-runs tr.aw-run').length"
+JS_SPEEDUP = """() => [...document.querySelectorAll('.aw-runs tr.aw-run')].map(row => {
+  const cell = row.querySelector('td.aw-col-speedup');
+  return cell ? cell.innerText.trim() : null;
+})"""
 JS_STATUS = "() => (document.querySelector('.aw-status') || {innerText: ''}).innerText"
 JS_WIDTHS = """() => {
   const width = selector => document.querySelector(selector).getBoundingClientRect().width;
@@ -222,8 +227,10 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
 
             page.locator(".aw-run-burst").click()
             updates = watch_live_updates(page, run=1)
-            page.wait_for_function(f"() => ({JS_STATUS})().includes('finished')", timeout=30_000, polling=100)
+            page.wait_for_function(f"() => ({JS_STATUS})().includes('finished')",
+                                   timeout=(2 * BURST_S + COMPARE_S + 30) * 1000, polling=100)
             traces = settled_timeline(page)
+            speedup = page.evaluate(JS_SPEEDUP)
             rows = page.evaluate(JS_ROWS)
             status = page.evaluate(JS_STATUS)
             page.wait_for_function(f"() => ({JS_WIDTHS})().fits", timeout=10_000, polling=100)
@@ -238,6 +245,8 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             browser.close()
 
     assert rows == 2, f"the runs table should have gained a row; status: {status!r}"
+    # The clicked run is the baseline's config: compared with it, the row reads as this machine's noise floor.
+    assert speedup[1].startswith("same config:"), speedup
     assert "finished" in status, status
     # "Use in my code" names the best run and writes it as a plain-PyTorch loop, then as TrainingArguments.
     assert recipes["button"].startswith("Use #") and recipes["button"].endswith("in my code"), recipes

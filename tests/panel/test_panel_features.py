@@ -441,7 +441,7 @@ def test_unreliable_runs_are_marked_in_the_text_table_and_the_speed_up_figure() 
     text = format_table(rows)
     assert "⚠ unreliable" in text and "#1 unreliable: other load took 40% of the machine" in text
     (bars,) = [t for t in speedup_figure(rows).data if t.meta and t.meta.get("kind") == "speedup"]
-    assert bars.meta["unreliable"] == [False, True] and bars.text[1] == "1.25× ⚠ unreliable"
+    assert bars.meta["unreliable"] == [False, True] and bars.text[1] == "1.25× (1 burst) ⚠ unreliable"
     assert bars.marker.pattern.shape[1] == "x" and bars.marker.opacity[1] < 1
 
 

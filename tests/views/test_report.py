@@ -210,7 +210,7 @@ def test_speedup_waterfall_and_breakdown(runs: list[BurstResult]) -> None:
     (bars,) = _traces(figures["speedup"], "speedup")
     assert bars.orientation == "h" and bars.meta["runs"] == [1, 0, 2, 3]  # the baseline first; the failed run has none
     assert list(bars.x) == pytest.approx([1.0, 2.0, 1.5, 1.8])
-    assert bars.meta["noisy"] == [False, False, True, False] and bars.text[2] == "1.50× ~ noisy"
+    assert bars.meta["noisy"] == [False, False, True, False] and bars.text[2] == "1.50× (1 burst) ~ noisy"
     (steps,) = _traces(figures["waterfall"], "waterfall")
     assert list(steps.x[:4]) == pytest.approx([1.0, 1.0, -0.5, 0.3])
     breakdown = figures["breakdown"]
