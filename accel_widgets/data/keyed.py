@@ -15,8 +15,10 @@ and draws anew. Its draws are then a function of the key alone: the batches are 
 workers, with or without ``persistent_workers``, with any prefetching or pinning, and after a resume at any step
 (the resumed epoch's order is redrawn and its first batches skipped: :mod:`.resume`). A ``collate_fn`` that draws
 (mixup in the collate) draws right after the batch's last item, from generators that item's key set: keyed too.
-In the rank's own process (no workers) the loop puts the generators back after each batch
-(:func:`generators_kept`), so what the model draws (dropout) does not depend on what the items drew.
+In the rank's own process (no workers) the generators are noted before a batch's first read and put back once it
+is collated (:class:`CollateKept`), so what the model draws (dropout) does not depend on what the items drew, and a
+sampler that draws its order from torch's global generator (a ``DataLoader(shuffle=True)`` without a generator)
+still advances it, as it does with workers.
 
 The ecosystem's route is torchdata's ``StatefulDataLoader``: it checkpoints each worker's RNG state and position
 and restores them into as many workers. It resumes exactly only with the same worker count (the state is per
@@ -45,13 +47,13 @@ import copy
 import hashlib
 import itertools
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler, TensorDataset
+from torch.utils.data import Dataset, Sampler, TensorDataset, get_worker_info
 
 #: An item's key as the sampler hands it to the dataset: (epoch, the sampler's index, position in the epoch's order).
 ItemKey = tuple[int, Any, int]
@@ -75,12 +77,25 @@ def seed_generators(seed: int) -> None:
     np.random.seed(seed >> 32)  # the legacy global generator takes 32 bits: the half torch's seed starts with
 
 
+#: The states of torch's CPU generator, Python's ``random`` and NumPy's global generator.
+GeneratorStates = tuple[torch.Tensor, Any, Any]
+
+
+def generator_states() -> GeneratorStates:
+    return torch.random.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def restore_generators(states: GeneratorStates) -> None:
+    torch.random.set_rng_state(states[0])
+    random.setstate(states[1])
+    np.random.set_state(states[2])
+
+
 @contextlib.contextmanager
 def generators_kept(seed: int | None = None) -> Iterator[None]:
     """Every generator an augmentation draws from (torch's, Python's, NumPy's) put back as it was afterwards, and
-    seeded with ``seed`` meanwhile when one is given: reading data in a rank's own process must not move what
-    training draws."""
-    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
+    seeded with ``seed`` meanwhile when one is given: a probe of the data must not move what training draws."""
+    states = generator_states()
     if seed is not None:
         torch.manual_seed(seed)
         random.seed(seed)
@@ -88,14 +103,40 @@ def generators_kept(seed: int | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.random.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
+        restore_generators(states)
 
 
 class KeyedReading:
-    """A dataset whose reads set the reading process's generators from each item's key: in a rank's own process
-    (no loader workers) the loop keeps its generators around each batch (:func:`generators_kept`)."""
+    """A dataset whose reads set the reading process's generators from each item's key. Read in a rank's own process
+    (no loader workers), it notes the generators before a batch's first read (:meth:`note_generators`), and its
+    loader's :class:`CollateKept` puts them back once the batch is collated."""
+
+    _noted: GeneratorStates | None = None
+
+    def note_generators(self) -> None:
+        """The generators as they are, noted once per batch, in the rank's own process only (a loader worker draws
+        nothing else)."""
+        if self._noted is None and get_worker_info() is None:
+            self._noted = generator_states()
+
+    def put_back_generators(self) -> None:
+        if self._noted is not None:
+            restore_generators(self._noted)
+            self._noted = None
+
+
+class CollateKept:
+    """``collate`` of a keyed dataset's batch, then the generators its reads moved put back (in a loader worker, where
+    nothing was noted, nothing)."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any], reading: KeyedReading) -> None:
+        self.collate, self.reading = collate, reading
+
+    def __call__(self, items: list[Any]) -> Any:
+        try:
+            return self.collate(items)
+        finally:
+            self.reading.put_back_generators()
 
 
 class FixedItems:
@@ -150,6 +191,7 @@ class KeyedItems(Dataset, KeyedReading):
         return self.dataset[index]
 
     def __getitems__(self, keys: list[ItemKey]) -> list[Any]:
+        self.note_generators()
         whole_batch = getattr(self.dataset, "__getitems__", None)
         if whole_batch is None:
             return [self[key] for key in keys]
@@ -159,19 +201,23 @@ class KeyedItems(Dataset, KeyedReading):
 
 class KeyedStream(Iterable[Any]):
     """The items of ``stream`` pulled by one reader in one epoch, the generators set before each pull from
-    ``(data seed, epoch, reader, position)`` (and before the stream starts, for what its ``__iter__`` draws)."""
+    ``(data seed, epoch, reader, position)`` (and before the stream starts, for what its ``__iter__`` draws), noted
+    first by ``reading`` (put back by its collate, or here when the stream ends before a batch is full)."""
 
-    def __init__(self, stream: Iterable[Any], data_seed: int, epoch: int, reader: int) -> None:
-        self.stream, self.data_seed, self.epoch, self.reader = stream, data_seed, epoch, reader
+    def __init__(self, stream: Iterable[Any], data_seed: int, epoch: int, reader: int, reading: KeyedReading) -> None:
+        self.stream, self.data_seed, self.epoch, self.reader, self.reading = stream, data_seed, epoch, reader, reading
 
     def __iter__(self) -> Iterator[Any]:
+        self.reading.note_generators()
         seed_generators(item_seed(self.data_seed, self.epoch, self.reader, -1))
         items = iter(self.stream)
         for position in itertools.count():
+            self.reading.note_generators()
             seed_generators(item_seed(self.data_seed, self.epoch, self.reader, position))
             try:
                 item = next(items)
             except StopIteration:
+                self.reading.put_back_generators()
                 return
             yield item
 

@@ -179,7 +179,7 @@ class SplitStream(IterableDataset, KeyedReading):
 
     def __iter__(self) -> Iterator[Any]:
         epoch, self._reads = self.epoch + self._reads, self._reads + 1
-        items = iter(KeyedStream(self.dataset, self.data_seed, epoch, self._reader()))
+        items = iter(KeyedStream(self.dataset, self.data_seed, epoch, self._reader(), self))
         if self.counted_by_stream:
             return items
         return self.counts.deal(items, self._keeps())

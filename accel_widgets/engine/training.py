@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..data.cache import CacheInfo
-from ..data.keyed import DataRandomness, KeyedReading, generators_kept, map_randomness
+from ..data.keyed import DataRandomness, map_randomness
 from ..data.resume import DataPosition, ResumableSampler
 from ..data.streams import StreamReading, stream_randomness
 from ..inputs.workload import Workload, callable_name
@@ -58,15 +58,13 @@ class EpochIterator:
     again (:mod:`accel_widgets.data.resume`): the epoch's order drawn as it was and the batches already taken
     skipped at the sampler, without reading them; a stream, which has no sampler, is read through them
     (``resumed`` says which was done). Items read by keys (:mod:`accel_widgets.data.keyed`) learn their epoch from
-    the sampler, or the stream, each epoch; read in this process (no loader workers), they leave its generators as
-    they found them, so what the model draws does not depend on what the items drew.
+    the sampler, or the stream, each epoch.
     """
 
     def __init__(self, loader: DataLoader, resume_at: DataPosition | None = None) -> None:
         self._loader, self._epoch, self._taken = loader, 0, 0
         self._sampler = next((s for s in (loader.sampler, loader.batch_sampler) if isinstance(s, ResumableSampler)),
                              None)
-        self._keep_generators = loader.num_workers == 0 and isinstance(loader.dataset, KeyedReading)
         self.resumed = ""
         if resume_at is not None:
             self._epoch, self._taken = resume_at.epoch, resume_at.batches
@@ -78,7 +76,7 @@ class EpochIterator:
         self._iterator = iter(loader)
         if resume_at is not None and not self.resumed:
             for _ in range(resume_at.batches):
-                self._read()
+                next(self._iterator)
             self.resumed = (f"epoch {resume_at.epoch}: a stream has no sampler to skip in, so its first "
                             f"{resume_at.batches} batches were read through")
 
@@ -99,12 +97,6 @@ class EpochIterator:
             if set_epoch is not None:
                 set_epoch(self._epoch)
 
-    def _read(self) -> Any:
-        if not self._keep_generators:
-            return next(self._iterator)
-        with generators_kept():
-            return next(self._iterator)
-
     def close(self) -> None:
         """End the loader's worker processes now, not whenever the iterator is collected: a held rank builds a new
         loader for its next window, and two sets of workers must never compete for the cores."""
@@ -115,13 +107,13 @@ class EpochIterator:
 
     def __next__(self) -> Any:
         try:
-            batch = self._read()
+            batch = next(self._iterator)
         except StopIteration:
             self._epoch, self._taken = self._epoch + 1, 0
             self._set_epoch()
             self._iterator = iter(self._loader)
             try:
-                batch = self._read()
+                batch = next(self._iterator)
             except StopIteration:
                 raise ValueError(
                     "the DataLoader yielded no batch in a whole epoch: this rank's share of the dataset (for a stream, "

@@ -25,7 +25,7 @@ from torch.utils.data import (
 )
 
 from ..data.cache import CacheInfo, cache_dataset
-from ..data.keyed import KeyedItems, KeyedOrder, draws_nothing
+from ..data.keyed import CollateKept, KeyedItems, KeyedOrder, KeyedReading, draws_nothing
 from ..data.resume import ResumableSampler
 from ..data.streams import split_stream
 from . import parallel
@@ -325,11 +325,13 @@ def build_loader(
         dataset = KeyedItems(dataset, data_seed(workload)) if keyed else dataset
     user = workload.loader
     workers = config.num_workers
+    collate = workload.collate_fn or default_collate
     return DataLoader(
         dataset,
         **batching,
         num_workers=workers,
-        collate_fn=workload.collate_fn,
+        # Read without workers, keyed items put the rank's generators back once collated: the model draws as it would.
+        collate_fn=CollateKept(collate, dataset) if isinstance(dataset, KeyedReading) else workload.collate_fn,
         worker_init_fn=user.worker_init_fn if user is not None else None,
         # Why: pinned host memory lets the copy engine DMA batches to the GPU asynchronously.
         pin_memory=config.pin_memory and device.type == "cuda",

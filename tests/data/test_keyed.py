@@ -11,11 +11,20 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, TensorDataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    TensorDataset,
+    default_collate,
+)
 
 from accel_widgets.data.keyed import (
     KEYED_READING_CODE,
     KEYED_READING_IMPORTS,
+    CollateKept,
     DataRandomness,
     KeyedItems,
     KeyedOrder,
@@ -58,13 +67,19 @@ class OwnGenerator(Drawing):
         return torch.tensor([float(index), torch.rand((), generator=self.generator).item()])
 
 
-def loader(dataset: Dataset, workers: int, persistent: bool = False, batch_size: int = 4) -> DataLoader:
-    """As knobs/data.py builds one: a seeded shuffle, keys, resumable, its own generator for the workers' seeds."""
-    sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(SEED))
+def loader(dataset: Dataset, workers: int, persistent: bool = False, batch_size: int = 4,
+           global_shuffle: bool = False) -> DataLoader:
+    """As knobs/data.py builds one: a seeded shuffle (or, ``global_shuffle``, one that draws its seed from torch's
+    global generator, as ``DataLoader(shuffle=True)`` does), keys, resumable, its own generator for the workers'
+    seeds, the collate putting back what reading moved."""
+    sampler = RandomSampler(dataset, generator=None if global_shuffle else torch.Generator().manual_seed(SEED))
     loader_generator = torch.Generator().manual_seed(SEED)
-    return DataLoader(KeyedItems(dataset, SEED), batch_size=batch_size, drop_last=True, num_workers=workers,
-                      sampler=ResumableSampler(KeyedOrder(sampler), [loader_generator, sampler.generator], batch_size),
-                      generator=loader_generator, persistent_workers=persistent and workers > 0,
+    generators = [loader_generator] + ([] if global_shuffle else [sampler.generator])
+    keyed = KeyedItems(dataset, SEED)
+    return DataLoader(keyed, batch_size=batch_size, drop_last=True, num_workers=workers,
+                      sampler=ResumableSampler(KeyedOrder(sampler), generators, batch_size),
+                      collate_fn=CollateKept(default_collate, keyed), generator=loader_generator,
+                      persistent_workers=persistent and workers > 0,
                       multiprocessing_context="fork" if workers else None)
 
 
@@ -86,6 +101,18 @@ def uninterrupted() -> list[torch.Tensor]:
 def test_any_number_of_loader_workers_persistent_or_not_reads_the_same_batches(
         workers: int, persistent: bool, uninterrupted: list[torch.Tensor]) -> None:
     assert same(batches(EpochIterator(loader(Drawing(), workers, persistent)), 21), uninterrupted)
+
+
+def test_a_shuffle_from_the_global_generator_still_draws_from_it_with_or_without_workers() -> None:
+    """The sampler draws its order outside the items' reads, so it advances torch's global generator with no
+    workers as with two: each epoch a new order, the same either way."""
+    def epochs(workers: int) -> list[list[int]]:
+        torch.manual_seed(3)
+        read = batches(EpochIterator(loader(Drawing(), workers, global_shuffle=True)), 18)
+        return [sorted(int(row[0]) for batch in read[epoch * 6:epoch * 6 + 3] for row in batch) for epoch in range(3)]
+
+    orders = epochs(0)
+    assert orders == epochs(2) and len({tuple(order) for order in orders}) == 3
 
 
 def test_the_epochs_draw_anew_and_the_training_process_keeps_its_generators(uninterrupted: list[torch.Tensor]) -> None:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from accel_widgets import BurstResult, Config, StreamReading, Workload, run_burst
 from accel_widgets.analysis.diagnosis import diagnose
+from accel_widgets.analysis.guard import check_training
 from accel_widgets.data.streams import StreamSplitWarning, split_stream
 from accel_widgets.engine.training import EpochIterator
 from tests.devices import cpu_device
@@ -323,6 +324,29 @@ def test_the_probe_tells_a_split_from_augmentation_and_leaves_every_generator_as
     assert split.split.random_data is random
     said = [str(w.message) for w in caught if w.category is StreamSplitWarning]
     assert len(said) == (workers == "stream"), said  # a split it left to the stream is said; dealing out is not
+
+
+def test_an_augmented_stream_the_tool_deals_out_trains_the_same_with_any_workers_and_a_self_split_one_says_so(
+        tmp_path: Path) -> None:
+    """Items keyed by their position in the stream, batches dealt out whole: 0, 1 and 2 workers, persistent or not,
+    train on the same batches over several epochs, and the guard passes them without a band. A stream that splits
+    itself between its workers batches other items with each worker count: the guard does not compare those."""
+    def burst(stream: IterableDataset, config: Config) -> BurstResult:
+        result = run_burst(stream_workload(tmp_path, stream), config, steps=10, isolation="inprocess",
+                           device=cpu_device())
+        assert result.ok, result.error
+        return result
+
+    base = burst(Augmented(), Config())
+    assert base.random_data and base.keyed_data
+    for config in (Config(num_workers=1), Config(num_workers=2, persistent_workers=True)):
+        run = burst(Augmented(), config)
+        assert run.losses() == base.losses(), config
+        assert check_training(run, base).status == "ok"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StreamSplitWarning)
+        split = burst(DocsStream(), Config(num_workers=2))
+    assert check_training(split, burst(DocsStream(), Config())).status == "not_comparable"
 
 
 # -- MosaicML's StreamingDataset, for real where it imports -------------------------------------------------
