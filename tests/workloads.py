@@ -190,6 +190,17 @@ def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
                     name="tiny", **kwargs)
 
 
+def fast_learning_workload(**kwargs) -> Workload:
+    """:func:`tiny_workload` at a learning rate of 1e-2, where its loss falls within ten steps: at AdamW's default
+    1e-3 the tiny task needs ~30, and a shorter burst's fall depends on which batches came first."""
+    return tiny_workload(optimizer=functools.partial(torch.optim.AdamW, lr=1e-2), **kwargs)
+
+
+def loss_fell(losses: list[float]) -> bool:
+    """The last three losses' mean below the first three's (one batch's loss is noisy)."""
+    return sum(losses[-3:]) < sum(losses[:3])
+
+
 def conv_data() -> tuple[torch.Tensor, torch.Tensor]:
     """256 small RGB images and their labels."""
     generator = torch.Generator().manual_seed(0)

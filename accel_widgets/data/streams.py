@@ -152,10 +152,6 @@ class _Split:
     known_from: Literal["declared", "library", "probe", "unknown", "none"]
     randomness: DataRandomness = UNKNOWN
 
-    @property
-    def random_data(self) -> bool | None:
-        return self.randomness.random
-
 
 class SplitStream(IterableDataset, KeyedReading):
     """The stream as one rank's readers read it: pulled by keys (:class:`~accel_widgets.data.keyed.KeyedStream`),

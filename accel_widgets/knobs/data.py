@@ -325,13 +325,14 @@ def build_loader(
         dataset = KeyedItems(dataset, data_seed(workload)) if keyed else dataset
     user = workload.loader
     workers = config.num_workers
-    collate = workload.collate_fn or default_collate
+    collate = workload.collate_fn
+    if isinstance(dataset, KeyedReading):  # read without workers, the rank's generators put back once collated
+        collate = CollateKept(collate or default_collate, dataset)
     return DataLoader(
         dataset,
         **batching,
         num_workers=workers,
-        # Read without workers, keyed items put the rank's generators back once collated: the model draws as it would.
-        collate_fn=CollateKept(collate, dataset) if isinstance(dataset, KeyedReading) else workload.collate_fn,
+        collate_fn=collate,
         worker_init_fn=user.worker_init_fn if user is not None else None,
         # Why: pinned host memory lets the copy engine DMA batches to the GPU asynchronously.
         pin_memory=config.pin_memory and device.type == "cuda",

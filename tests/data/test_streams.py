@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from accel_widgets import BurstResult, Config, StreamReading, Workload, run_burst
 from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.guard import check_training
+from accel_widgets.data.keyed import DataRandomness
 from accel_widgets.data.streams import StreamSplitWarning, split_stream
 from accel_widgets.engine.training import EpochIterator
 from tests.devices import cpu_device
@@ -308,11 +309,12 @@ class Unseeded(Augmented):
         return ((x[i] + torch.from_numpy(noise.standard_normal(FEATURES)).float(), y[i], i) for i in range(64))
 
 
-@pytest.mark.parametrize(("stream", "workers", "random"), [
-    (DocsStream(), "stream", False), (Augmented(), "tool", True), (Unseeded(), "tool", None),
+@pytest.mark.parametrize(("stream", "workers", "randomness"), [
+    (DocsStream(), "stream", DataRandomness(False, True)), (Augmented(), "tool", DataRandomness(True, True)),
+    (Unseeded(), "tool", DataRandomness(None, False)),
 ], ids=["splits itself", "augmented", "unseeded randomness"])
 def test_the_probe_tells_a_split_from_augmentation_and_leaves_every_generator_as_it_was(
-        stream: IterableDataset, workers: str, random: bool | None) -> None:
+        stream: IterableDataset, workers: str, randomness: DataRandomness) -> None:
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
@@ -321,7 +323,7 @@ def test_the_probe_tells_a_split_from_augmentation_and_leaves_every_generator_as
         split = split_stream(stream, 0, 1, workers=2)
     assert torch.equal(torch.rand(3), expected)  # the probe drew from seeded generators it put back
     assert split.reading().workers == workers and split.reading().known_from == "probe"
-    assert split.split.random_data is random
+    assert split.split.randomness == randomness
     said = [str(w.message) for w in caught if w.category is StreamSplitWarning]
     assert len(said) == (workers == "stream"), said  # a split it left to the stream is said; dealing out is not
 
