@@ -27,6 +27,11 @@ differently from one with 0: the correctness guard could not compare a data knob
 with another worker count would not equal its burst. Keys give both, with nothing to save beyond the epoch and
 the batches taken, for ~8 us per item (``benchmarks/keyed_items.py``); the package does not depend on torchdata.
 
+It is how bursts, jobs and recipes read data, not a knob: turning keys off would buy back only their microseconds
+and give up what they make true (a burst equals its job and its recipe with any worker count, a resume is exact,
+the guard compares the data knobs exactly); a knob that a search must never pick and the guard must treat apart
+would be all cost. Datasets known to draw nothing (a ``TensorDataset``, the data caches) skip the keys instead.
+
 Streams (``IterableDataset``) have no index: :class:`KeyedStream` sets the generators before each item it pulls,
 from ``(data seed, epoch, reader, position)``, where ``reader`` is the reader among those the stream splits itself
 between (0 when the tool deals the stream out: every reader then reads every item, at the same position) and
@@ -176,8 +181,9 @@ class KeyedOrder(Sampler[Any]):
 
 class KeyedItems(Dataset, KeyedReading):
     """``dataset`` read by :class:`KeyedOrder`'s keys: the generators set from the item's key, then
-    ``dataset[index]``. A dataset that reads a whole batch at once (``__getitems__``, as Hugging Face datasets do)
-    reads it so, from its first item's key (unique in the epoch: no two items share a position)."""
+    ``dataset[index]``. A dataset that reads a whole batch at once (``__getitems__``: Hugging Face datasets, and
+    torch's ``Subset``, which ``random_split`` makes) reads it so, from its first item's key (unique in the epoch: no
+    two items share a position): the batch's draws then follow one another, the same with any workers."""
 
     def __init__(self, dataset: Any, data_seed: int) -> None:
         self.dataset, self.data_seed = dataset, data_seed

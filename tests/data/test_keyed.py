@@ -97,7 +97,7 @@ def uninterrupted() -> list[torch.Tensor]:
     return batches(EpochIterator(loader(Drawing(), 0)), 21)
 
 
-@pytest.mark.parametrize(("workers", "persistent"), [(1, False), (2, False), (2, True), (4, True)])
+@pytest.mark.parametrize(("workers", "persistent"), [(1, False), (2, False), (2, True), (8, True)])
 def test_any_number_of_loader_workers_persistent_or_not_reads_the_same_batches(
         workers: int, persistent: bool, uninterrupted: list[torch.Tensor]) -> None:
     assert same(batches(EpochIterator(loader(Drawing(), workers, persistent)), 21), uninterrupted)
