@@ -25,7 +25,8 @@ and restores them into as many workers. It resumes exactly only with the same wo
 worker), and it leaves the draws depending on the worker count, so a burst with 2 workers still trains
 differently from one with 0: the correctness guard could not compare a data knob exactly, and a job exported
 with another worker count would not equal its burst. Keys give both, with nothing to save beyond the epoch and
-the batches taken, for ~8 us per item (``benchmarks/keyed_items.py``); the package does not depend on torchdata.
+the batches taken, for 8-13 us per item on a shared 2-core host (``benchmarks/keyed_items.py``); the package does
+not depend on torchdata.
 
 It is how bursts, jobs and recipes read data, not a knob: turning keys off would buy back only their microseconds
 and give up what they make true (a burst equals its job and its recipe with any worker count, a resume is exact,
