@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import signal
 import sys
 import threading
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -188,6 +190,17 @@ def tiny_workload(model: nn.Module | None = None, **kwargs) -> Workload:
                     name="tiny", **kwargs)
 
 
+def fast_learning_workload(**kwargs) -> Workload:
+    """:func:`tiny_workload` at a learning rate of 1e-2, where its loss falls within ten steps: at AdamW's default
+    1e-3 the tiny task needs ~30, and a shorter burst's fall depends on which batches came first."""
+    return tiny_workload(optimizer=functools.partial(torch.optim.AdamW, lr=1e-2), **kwargs)
+
+
+def loss_fell(losses: list[float]) -> bool:
+    """The last three losses' mean below the first three's (one batch's loss is noisy)."""
+    return sum(losses[-3:]) < sum(losses[:3])
+
+
 def conv_data() -> tuple[torch.Tensor, torch.Tensor]:
     """256 small RGB images and their labels."""
     generator = torch.Generator().manual_seed(0)
@@ -324,21 +337,46 @@ class SignalsItself(TinyNet):
         return super().forward(x)
 
 
-def job_workload() -> Workload:
-    """``tests.workloads:job_workload``: TinyNet with an LR schedule and an evaluation set.
-    ``AW_TEST_SIGNAL=SIGKILL@13`` makes rank 0 send itself that signal at the 13th training forward of its process
-    (same weights: the subclass builds the same layers from the same seed)."""
+def armed_model() -> nn.Module:
+    """TinyNet, or under ``AW_TEST_SIGNAL=SIGKILL@13`` one that makes rank 0 send itself that signal at the 13th
+    training forward of its process (same weights: the subclass builds the same layers from the same seed)."""
     armed = os.environ.get("AW_TEST_SIGNAL")
+    if not armed:
+        return TinyNet()
+    name, at_call = armed.split("@")
+    return SignalsItself(signal.Signals[name], int(at_call))
 
-    def model() -> nn.Module:
-        if not armed:
-            return TinyNet()
-        name, at_call = armed.split("@")
-        return SignalsItself(signal.Signals[name], int(at_call))
 
-    return Workload(model=model, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32, name="job",
+def job_workload() -> Workload:
+    """``tests.workloads:job_workload``: TinyNet (:func:`armed_model`) with an LR schedule and an evaluation set."""
+    return Workload(model=armed_model, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32, name="job",
                     scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5),
                     eval_dataset=tensors(96, seed=1))
+
+
+class AugmentedItems(torch.utils.data.Dataset):
+    """The tiny task, each read augmented from torch's, Python's and NumPy's generators: noise from torch and NumPy,
+    and half the time (Python's ``random``) the features that do not decide the label reversed."""
+
+    def __init__(self, n: int = 96) -> None:
+        self.x, self.y = tensors(n)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[index] + 0.3 * torch.randn(FEATURES) + 0.1 * float(np.random.standard_normal())
+        if random.random() < 0.5:
+            x = torch.cat([x[:CLASSES], x[CLASSES:].flip(0)])
+        return x, self.y[index]
+
+
+def augmented_job_workload() -> Workload:
+    """``tests.workloads:augmented_job_workload``: :func:`armed_model` on 96 randomly augmented items in batches of
+    16 (6 batches an epoch, 3 per rank under DDP x 2), with an LR schedule."""
+    return Workload(model=armed_model, dataset=AugmentedItems(), loss_fn=F.cross_entropy, batch_size=16,
+                    name="augmented job",
+                    scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5))
 
 
 def gpt_workload(*, n_layer: int = 8, d_model: int = 16, seq_len: int = 64, batch_size: int = 128) -> Workload:

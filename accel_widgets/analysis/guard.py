@@ -12,15 +12,19 @@ baseline's and says ``"changes_training"`` when:
 - the smoothed trajectory leaves the baseline's by more than noise explains: more than reseeding the
   baseline's data moves it (a :class:`NoiseBand`, when measured) and more than the precision in use does.
 
-On randomly augmented data (the engine found two reads of an item to differ: ``BurstResult.random_data``)
-and without a band, a trajectory beyond the precision's tolerance is no evidence either way: the verdict is
-``"cannot_tell"``, saying how to measure the band, never a false "changes_training".
+Randomly augmented data needs no band where its draws are keyed to the item (``BurstResult.keyed_data``: two
+reads under one key agree, :mod:`~accel_widgets.data.keyed`): every item then draws the same whichever process
+reads it, so loader workers, pinning, prefetching, persistence and a cache that froze nothing leave the batches
+as they were, and an fp32 run traces its fp32 baseline exactly. Only an augmentation that draws from a generator
+of its own (two reads under one key differ) still moves with them; there, without a band, a trajectory beyond
+the precision's tolerance is no evidence either way: the verdict is ``"cannot_tell"``, saying how to measure the
+band, never a false "changes_training".
 
-Why a measured band: with random augmentation, a config that changes only speed still changes which
-random draw each item gets (loader workers draw from their own seeded generators), so its loss moves by
-as much as the data's randomness moves it -- 2.5-3.1% where the precision table allows fp32 1.2%. What
-that randomness moves is a property of the workload, not of the precision: the baseline runs again with
-another data seed (same weights, other data order and augmentation draws), once per workload
+Why a measured band there: a config that changes only speed still changes which random draw each item gets
+(loader workers draw from their own seeded generators), so its loss moves by as much as the data's randomness
+moves it -- 2.5-3.1% where the precision table allows fp32 1.2%. What that randomness moves is a property of
+the workload, not of the precision: the baseline runs again with another data seed (same weights, other data
+order and augmentation draws), once per workload
 (:func:`~accel_widgets.search.tuner.measure_noise`, which runs the bursts: the guard itself only reads results), and
 the band is kept in this process and in the run history (:func:`keep_noise`, :func:`cached_noise`). The
 precision table stays as the floor, so a near-deterministic workload is not judged on a hair trigger.
@@ -188,7 +192,20 @@ def _batch_mismatch(run: BurstResult, baseline: BurstResult) -> str:
     if mine != theirs:
         return (f"the run trains on {_describe_batch(run, mine)} per step and the baseline on "
                 f"{_describe_batch(baseline, theirs)}: the batches differ from step 0")
-    return ""
+    return _stream_split_mismatch(run, baseline)
+
+
+def _stream_split_mismatch(run: BurstResult, baseline: BurstResult) -> str:
+    """Why a stream that splits itself between its loader workers gives the two runs other batches ("" when it does
+    not): its own split decides which items each worker reads, so each worker count batches other items."""
+    mine, theirs = run.stream, baseline.stream
+    if mine is None or theirs is None or "stream" not in (mine.workers, theirs.workers):
+        return ""
+    if (mine.workers, mine.readers) == (theirs.workers, theirs.readers):
+        return ""
+    return (f"the stream splits itself between its loader workers, and the run reads it with {mine.readers} "
+            f"reader(s) per rank where the baseline reads it with {theirs.readers}: its own split decides which "
+            "items each reader batches, so the batches differ; compare runs with the same loader workers")
 
 
 # -- the verdict ----------------------------------------------------------------------------------
@@ -216,7 +233,7 @@ def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseB
         return GuardVerdict("changes_training" if reasons else "not_comparable",
                             (*reasons, "no step has a finite loss in both runs"))
     beyond = comparison.reasons(fp16=_precision(run) == "fp16")
-    if beyond and not reasons and noise is None and (run.random_data or baseline.random_data):
+    if beyond and not reasons and noise is None and (_unkeyed_draws(run) or _unkeyed_draws(baseline)):
         return GuardVerdict("cannot_tell", (beyond[0] + _RANDOM_DATA,), max(comparison.deviations),
                             len(comparison.steps), True)
     reasons += beyond
@@ -224,13 +241,21 @@ def check_training(run: BurstResult, baseline: BurstResult | None, noise: NoiseB
                         len(comparison.steps), bool(beyond))
 
 
-#: Why a trajectory beyond the precision's tolerance on randomly augmented data is no verdict without a band.
+#: Why a trajectory beyond the precision's tolerance on randomly augmented data whose draws are not keyed to the
+#: item is no verdict without a band.
 _RANDOM_DATA = (
-    "; but the data is randomly augmented (two reads of the same item differ), so a config that changes only speed "
+    "; but the data is randomly augmented from a generator the items' keys do not set (two reads of the same item "
+    "under one key differ: the dataset draws from a generator of its own), so a config that changes only speed "
     "still gives items other random draws (loader workers draw from their own generators) and moves the loss by as "
     "much as that randomness does, which the precision's tolerance does not cover. Cannot tell without measuring "
     "it: band = aw.measure_noise(workload, baseline), then aw.check_training(run, baseline, band)"
 )
+
+
+def _unkeyed_draws(result: BurstResult) -> bool:
+    """Whether ``result``'s data draws randomly from something its items' keys do not set (or its keys are not
+    known: a result from before them), so that its batches may depend on the loader's workers."""
+    return bool(result.random_data) and result.keyed_data is not True
 
 
 def tolerance(precision: str, step: int) -> float:

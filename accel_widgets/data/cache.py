@@ -26,7 +26,6 @@ without racing a writer that is placing a good one.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import fcntl
 import json
@@ -49,8 +48,8 @@ from numpy.lib.format import open_memmap
 from torch.utils.data import Dataset, IterableDataset
 
 from .fingerprint import FingerprintError, dataset_fingerprint
+from .keyed import FixedItems
 from .layout import DataCacheError, Layout, check_matches, layout_of, numpy_dtype, read_item
-from .streams import generators_kept
 
 #: Bumped whenever the on-disk layout changes; caches of another version count as damaged and are rebuilt.
 FORMAT_VERSION = 1
@@ -145,19 +144,6 @@ def _fingerprint(dataset: Any) -> str:
 # -- randomness ----------------------------------------------------------------------------------------
 
 
-def items_differ(dataset: Any) -> bool | None:
-    """Whether two reads of the same item differ (random augmentation), as :func:`first_random_item` finds on a
-    shallow copy of ``dataset`` (a dataset that opens a file on first use must not hand the loader workers the
-    handle), with every random generator put back; None for a stream or a dataset whose items cannot be read so."""
-    if isinstance(dataset, IterableDataset):
-        return None
-    try:
-        with generators_kept():
-            return first_random_item(copy.copy(dataset)) is not None
-    except Exception:  # an item the cache could not hold (strings, ragged lists): the loader reads it as it is
-        return None
-
-
 def first_random_item(dataset: Any) -> int | None:
     """The first of two probed indices (the first and the middle item) whose two reads differ; None if both match.
 
@@ -231,7 +217,7 @@ def _materialise(dataset: Any, n: int, layout: Layout, first: list[tuple[str, to
 # -- memory --------------------------------------------------------------------------------------------
 
 
-class _MemoryCache(Dataset):
+class _MemoryCache(Dataset, FixedItems):
     """Items served from one stacked tensor per field.
 
     Rows are cloned: a caller mutating an item in place cannot corrupt the cache, and a loader worker
@@ -264,7 +250,7 @@ def _cache_memory(dataset: Any, n: int, fingerprint: str) -> tuple[Dataset, Cach
 # -- memmap --------------------------------------------------------------------------------------------
 
 
-class _MemmapCache(Dataset):
+class _MemmapCache(Dataset, FixedItems):
     """Items served from the ``.npy`` files of a finished cache directory.
 
     Pickles as its path and layout only; the memmaps open lazily on the first ``__getitem__`` in each

@@ -8,10 +8,11 @@ notes the states of those generators as each epoch's order is drawn. A job's che
 sampler draws the same order again and skips the batches already taken at the index level, so no item is read for
 them, and the generators carry on from where the interrupted run had them after that draw.
 
-What a position cannot bring back: the random state of DataLoader *worker processes* (each is seeded when an epoch's
-workers start, and a resumed epoch's workers start afresh), so random augmentation done in workers draws
-differently after a resume; items prepared in the main process (``num_workers=0``) resume exactly. A stream
-(``IterableDataset``) has no sampler: a resumed stream is read through the batches already taken.
+Random augmentation resumes exactly too, in loader workers as in the rank's own process: each item's draws are
+keyed to its (epoch, index, position) (:mod:`.keyed`), which a resumed epoch hands it again, whatever state a
+resumed epoch's fresh workers start from. Only what :mod:`.keyed` says stays unkeyed draws differently (a generator
+the dataset holds itself). A stream (``IterableDataset``) has no sampler: a resumed stream is read through the
+batches already taken, its items keyed by their positions.
 """
 
 from __future__ import annotations

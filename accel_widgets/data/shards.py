@@ -98,7 +98,9 @@ class ShardStream(SplitsItself):
         items = map(self._decode, _samples(self.path, self.shards[index::readers] if whole_shards else self.shards))
         if self.counts is None:
             return items if whole_shards else islice(items, index, None, readers)
-        return self.counts.deal(items, 0, 1) if whole_shards else self.counts.deal(items, index, readers)
+        if whole_shards:
+            return self.counts.deal(items, lambda position: True)
+        return self.counts.deal(items, lambda position: position % readers == index)
 
     def _decode(self, sample: dict[str, Any]) -> Any:
         fields = self.layout.fields

@@ -25,33 +25,39 @@ half the data (or more) is never trained on. So :func:`split_stream` decides, fo
   drawn from torch's, Python's or numpy's generator reads the same twice; a stream whose reads differ anyway
   cannot be judged by its items, and the tool then splits it, saying so.
 
-What the stream leaves to the tool is dealt out item by item: reader ``i`` of ``N`` keeps items ``i, i + N,
-...`` of what it reads. Each such reader still reads (and decodes) the whole stream and drops the rest, the
-price of splitting a stream that cannot seek: the result counts it (items read and kept per rank,
+What the stream leaves to the tool is dealt out in whole batches: batch ``b`` of the stream (items ``b * B`` to
+``b * B + B - 1``) goes to rank ``b mod R``, and the ``j``-th of a rank's batches to its loader worker ``j mod W``.
+A rank's loader takes its workers' batches in turn, so every rank trains on its batches in the stream's order
+whatever its number of workers. Each such reader still reads (and decodes) the whole stream and drops the rest,
+the price of splitting a stream that cannot seek: the result counts it (items read and kept per rank,
 :class:`~accel_widgets.data.streams.StreamReading`) and the diagnosis points to shards. Batches stay full-sized
 as for map-style data (``drop_last``): each loader worker batches its own share.
+
+Every reader pulls the stream's items through :class:`~accel_widgets.data.keyed.KeyedStream`: its generators set
+from the item's position before each pull, so random augmentation in the stream draws the same whichever reader
+keeps the item. A stream the tool deals out therefore gives the same batches with any number of loader workers,
+and a resumed one (read through the batches already taken) the batches it would have given; a stream that splits
+itself decides by itself what each reader reads, so only the same readers read the same batches.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import mmap
-import random
 import sys
 import warnings
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
 
-import numpy as np
-import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils import worker as torch_worker
+
+from .keyed import UNKNOWN, DataRandomness, KeyedReading, KeyedStream, generators_kept, item_digest
 
 #: The attribute a stream sets to say which readers it splits between on its own (see the module docstring).
 SPLITS_ITSELF = "splits_itself"
@@ -76,6 +82,7 @@ class StreamReading:
     "unknown" (the probe could not tell: the tool split it) or "none" (one reader: nothing to split).
     ``items_read`` and ``items_kept`` count what this rank's readers took from the stream and kept as their share,
     over the whole burst (warm-up and prefetched batches included); their ratio is the read amplification.
+    ``readers``: the rank's readers (its loader workers, or the rank itself).
     """
 
     ranks: SplitBy
@@ -83,6 +90,7 @@ class StreamReading:
     known_from: Literal["declared", "library", "probe", "unknown", "none"]
     items_read: int = 0
     items_kept: int = 0
+    readers: int = 1
 
 
 class StreamSplitWarning(UserWarning):
@@ -114,14 +122,14 @@ class ReadCounts:
         self._memory = mmap.mmap(-1, 16 * max(1, workers))
         self._slots = memoryview(self._memory).cast("q")
 
-    def deal(self, items: Iterator[Any], index: int, count: int) -> Iterator[Any]:
-        """``items[index::count]``, every item read and every item kept counted for this reader."""
+    def deal(self, items: Iterator[Any], keep: Callable[[int], bool]) -> Iterator[Any]:
+        """The items at the positions ``keep`` says, every item read and every item kept counted for this reader."""
         info = get_worker_info()
         read = 2 * (info.id if info is not None else 0)
         slots = self._slots
         for position, item in enumerate(items):
             slots[read] += 1
-            if position % count == index:
+            if keep(position):
                 slots[read + 1] += 1
                 yield item
 
@@ -136,62 +144,88 @@ class ReadCounts:
 
 @dataclass(frozen=True)
 class _Split:
-    """Whether the stream splits itself across ranks and across loader workers, and how that is known."""
+    """Whether the stream splits itself across ranks and across loader workers, and how that is known; what its
+    probe found its items to draw (:class:`~accel_widgets.data.keyed.DataRandomness`, unknown when not probed)."""
 
     by_rank: bool
     by_worker: bool
     known_from: Literal["declared", "library", "probe", "unknown", "none"]
-    random_data: bool | None = None
+    randomness: DataRandomness = UNKNOWN
 
 
-class SplitStream(IterableDataset):
-    """The stream as one rank's readers read it: dealt out across what it does not split itself, every item counted
-    (read, and kept) for :meth:`reading`."""
+class SplitStream(IterableDataset, KeyedReading):
+    """The stream as one rank's readers read it: pulled by keys (:class:`~accel_widgets.data.keyed.KeyedStream`),
+    dealt out in whole batches of ``batch_size`` across what it does not split itself, every item counted (read,
+    and kept) for :meth:`reading`.
+
+    The epoch a read keys its items by: the one :meth:`set_epoch` set (the rank's loop sets it before each epoch's
+    loader starts, so fresh loader workers copy it), plus the reads this copy made since: a persistent loader
+    worker holds the copy made when it started and reads one epoch after another.
+    """
 
     def __init__(self, dataset: IterableDataset, rank: int, world_size: int, workers: int, split: _Split,
-                 counts: ReadCounts, *, counted_by_stream: bool = False) -> None:
+                 counts: ReadCounts, *, batch_size: int, data_seed: int, counted_by_stream: bool = False) -> None:
         self.dataset, self.rank, self.world_size, self.workers = dataset, rank, world_size, workers
         self.split, self.counts, self.counted_by_stream = split, counts, counted_by_stream
+        self.batch_size, self.data_seed = batch_size, data_seed
+        self.epoch, self._reads = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._reads = epoch, 0
 
     def __iter__(self) -> Iterator[Any]:
+        epoch, self._reads = self.epoch + self._reads, self._reads + 1
+        items = iter(KeyedStream(self.dataset, self.data_seed, epoch, self._reader(), self))
         if self.counted_by_stream:
-            return iter(self.dataset)
-        index, count = self._share()
-        return self.counts.deal(iter(self.dataset), index, count)
+            return items
+        return self.counts.deal(items, self._keeps())
 
-    def _share(self) -> tuple[int, int]:
-        """(index, count) of this reader among those the tool splits between."""
-        by_rank, by_worker = not self.split.by_rank, not self.split.by_worker
-        if by_rank and by_worker:
-            return reader(self.rank, self.world_size)
-        if by_rank:
-            return self.rank, self.world_size
-        if by_worker:
-            info = get_worker_info()
-            return (info.id, info.num_workers) if info is not None else (0, 1)
-        return 0, 1
+    def _reader(self) -> int:
+        """This reader among those the stream splits itself between (0 when the tool deals it all out: every reader
+        then pulls every item, at the same position)."""
+        info = get_worker_info()
+        rank = self.rank if self.split.by_rank else 0
+        worker, workers = (info.id, info.num_workers) if self.split.by_worker and info is not None else (0, 1)
+        return rank * workers + worker
+
+    def _keeps(self) -> Callable[[int], bool]:
+        """Which positions of what this reader pulls it keeps: whole batches, batch ``b`` to rank ``b mod R`` and the
+        ``j``-th of a rank's batches to its worker ``j mod W``, over the ranks and workers the tool deals to."""
+        info = get_worker_info()
+        rank, ranks = (0, 1) if self.split.by_rank else (self.rank, self.world_size)
+        worker, workers = (0, 1) if self.split.by_worker or info is None else (info.id, info.num_workers)
+        size = self.batch_size
+
+        def keep(position: int) -> bool:
+            batch = position // size
+            return batch % ranks == rank and batch // ranks % workers == worker
+
+        return keep
 
     def reading(self) -> StreamReading:
         """Who split the stream, how that was known, and what this rank's readers read and kept so far."""
         return StreamReading(self._who(self.split.by_rank, self.world_size),
                              self._who(self.split.by_worker, self.workers), self.split.known_from,
-                             self.counts.read, self.counts.kept)
+                             self.counts.read, self.counts.kept, max(1, self.workers))
 
     @staticmethod
     def _who(by_stream: bool, readers: int) -> SplitBy:
         return "none" if readers <= 1 else "stream" if by_stream else "tool"
 
 
-def split_stream(dataset: IterableDataset, rank: int, world_size: int, workers: int) -> SplitStream:
+def split_stream(dataset: IterableDataset, rank: int, world_size: int, workers: int, *, batch_size: int = 1,
+                 data_seed: int = 0) -> SplitStream:
     """``dataset`` as rank ``rank`` of ``world_size`` reads it with ``workers`` loader workers: only its own
-    share, each reader's once, counted. The stream's own split is found as the module docstring says."""
+    share, each reader's once, counted, dealt out in whole batches of ``batch_size`` (1: item by item), its items
+    keyed from ``data_seed``. The stream's own split is found as the module docstring says."""
     counts = ReadCounts(workers)
     if isinstance(dataset, SplitsItself):
         return SplitStream(dataset.for_rank(rank, world_size, counts), rank, world_size, workers,
-                           _Split(True, True, "library"), counts, counted_by_stream=True)
+                           _Split(True, True, "library"), counts, batch_size=batch_size, data_seed=data_seed,
+                           counted_by_stream=True)
     split = _declared(dataset) or _library_split(dataset, world_size) or _probed(dataset, world_size, workers)
     _say_what_was_done(dataset, split, world_size, workers)
-    return SplitStream(dataset, rank, world_size, workers, split, counts)
+    return SplitStream(dataset, rank, world_size, workers, split, counts, batch_size=batch_size, data_seed=data_seed)
 
 
 def stream_reading(dataset: Any) -> StreamReading | None:
@@ -199,10 +233,10 @@ def stream_reading(dataset: Any) -> StreamReading | None:
     return dataset.reading() if isinstance(dataset, SplitStream) else None
 
 
-def stream_random_data(dataset: Any) -> bool | None:
-    """Whether the stream's items differ between two reads from the same seeds' neighbours (random augmentation),
-    as its probe found; None when it was not probed (declared, a library's, or it could not be read)."""
-    return dataset.split.random_data if isinstance(dataset, SplitStream) else None
+def stream_randomness(dataset: Any) -> DataRandomness:
+    """Whether the stream's items differ between reads from other seeds (random augmentation) and agree between two
+    reads from the same ones (keyed), as its probe found; unknown when it was not probed (declared, a library's)."""
+    return dataset.split.randomness if isinstance(dataset, SplitStream) else UNKNOWN
 
 
 # -- what the stream says, or its library -------------------------------------------------------------------
@@ -275,23 +309,6 @@ class _WatchedWorkerInfo(torch_worker.WorkerInfo):
 
 
 @contextmanager
-def generators_kept(seed: int | None = None) -> Iterator[None]:
-    """Every generator an augmentation draws from (torch's, Python's, numpy's) put back as it was afterwards, and
-    seeded with ``seed`` meanwhile when one is given: a probe of the data must not move what training draws."""
-    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
-    if seed is not None:
-        torch.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])
-
-
-@contextmanager
 def _as_worker(info: torch_worker.WorkerInfo | None) -> Iterator[None]:
     """``get_worker_info()`` answers ``info`` for the duration, as in a loader worker (None: the rank itself)."""
     previous = torch_worker._worker_info
@@ -312,7 +329,7 @@ def _prefix(dataset: IterableDataset, worker: int | None, workers: int, seed: in
         info = _WatchedWorkerInfo(id=worker, num_workers=workers, seed=seed + worker, dataset=reader_copy)
     with generators_kept(seed), _as_worker(info):
         try:
-            digests = [_digest(item) for item in islice(iter(reader_copy), PROBE_ITEMS)]
+            digests = [item_digest(item) for item in islice(iter(reader_copy), PROBE_ITEMS)]
         except Exception:  # the real loader will raise it again, with the user's traceback
             digests = None
     return digests, set(info.reads) if info is not None else set()
@@ -334,9 +351,10 @@ def _probed(dataset: IterableDataset, world_size: int, workers: int) -> _Split:
     if world_size > 1:
         decided.append(_splits_by_rank(first, deterministic))
     by_rank = world_size > 1 and decided[-1][0]
+    randomness = DataRandomness(random_data, deterministic if first is not None else None)
     if not decided:
-        return _Split(False, False, "none", random_data)
-    return _Split(by_rank, by_worker, "probe" if all(known for _, known in decided) else "unknown", random_data)
+        return _Split(False, False, "none", randomness)
+    return _Split(by_rank, by_worker, "probe" if all(known for _, known in decided) else "unknown", randomness)
 
 
 def _splits_by_worker(first: list[str] | None, second: list[str] | None, asked: bool,
@@ -371,35 +389,6 @@ def _splits_by_rank(own: list[str] | None, deterministic: bool) -> tuple[bool, b
             return False, False
         seen.update(items)
     return True, True
-
-
-def _digest(item: Any) -> str:
-    """A digest of an item's content: tensors and arrays by dtype, shape and bytes, containers by their parts."""
-    digest = hashlib.sha1()
-    _feed(digest, item)
-    return digest.hexdigest()
-
-
-def _feed(digest: Any, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu().contiguous()
-        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    elif isinstance(value, np.ndarray):
-        digest.update(f"A{value.dtype}{value.shape}".encode())
-        digest.update(np.ascontiguousarray(value).tobytes())
-    elif isinstance(value, Mapping):
-        for key in sorted(value, key=repr):
-            digest.update(f"K{key!r}".encode())
-            _feed(digest, value[key])
-    elif isinstance(value, (list, tuple)):
-        digest.update(f"L{len(value)}".encode())
-        for part in value:
-            _feed(digest, part)
-    elif isinstance(value, (bytes, bytearray)):
-        digest.update(b"B" + bytes(value))
-    else:
-        digest.update(f"V{value!r}".encode())
 
 
 # -- what the result says ----------------------------------------------------------------------------------

@@ -27,9 +27,10 @@ from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..data.cache import CacheInfo, items_differ
+from ..data.cache import CacheInfo
+from ..data.keyed import DataRandomness, map_randomness
 from ..data.resume import DataPosition, ResumableSampler
-from ..data.streams import StreamReading, stream_random_data
+from ..data.streams import StreamReading, stream_randomness
 from ..inputs.workload import Workload, callable_name
 from ..knobs import CodePaths, attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
 from ..knobs.compiling import CompileReport
@@ -56,7 +57,8 @@ class EpochIterator:
     :meth:`position` says where it is between two steps, for a job's checkpoint; ``resume_at`` starts it there
     again (:mod:`accel_widgets.data.resume`): the epoch's order drawn as it was and the batches already taken
     skipped at the sampler, without reading them; a stream, which has no sampler, is read through them
-    (``resumed`` says which was done).
+    (``resumed`` says which was done). Items read by keys (:mod:`accel_widgets.data.keyed`) learn their epoch from
+    the sampler, or the stream, each epoch.
     """
 
     def __init__(self, loader: DataLoader, resume_at: DataPosition | None = None) -> None:
@@ -88,9 +90,12 @@ class EpochIterator:
         return DataPosition(self._epoch, self._taken, start)
 
     def _set_epoch(self) -> None:
-        set_epoch = getattr(self._loader.sampler, "set_epoch", None)
-        if set_epoch is not None:  # a DistributedSampler draws each epoch's order from its seed and the epoch
-            set_epoch(self._epoch)
+        """The epoch handed to the sampler (a DistributedSampler draws each epoch's order from its seed and the
+        epoch; keys carry it to the items) and to a stream that keys its items."""
+        for reader in (self._sampler or self._loader.sampler, self._loader.dataset):
+            set_epoch = getattr(reader, "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(self._epoch)
 
     def close(self) -> None:
         """End the loader's worker processes now, not whenever the iterator is collected: a held rank builds a new
@@ -344,7 +349,7 @@ class TrainingLoop:
     set_phase: Callable[[Phase], None] = lambda phase: None
     step_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
     max_grad_norm: float | None = None
-    random_data: bool | None = None  # two reads of the same item differ (random augmentation); None: not known
+    random_data: DataRandomness | None = None  # whether items draw randomly, and from generators their keys set
     cache: CacheInfo | None = None  # what the data cache did, when the config caches the data
     scheduler: Any = None  # the workload's learning-rate schedule (torch.optim.lr_scheduler.LRScheduler), if any
     hooks: StepHooks | None = None  # a job's (None in a burst)
@@ -689,9 +694,10 @@ def build_loop(
     """Everything one rank trains with, built in the same order by a burst and by an exported script.
 
     Seeded first, so every burst and every run of the exported script starts from the same weights and
-    reads the data in the same order. Reseeded with the data seed once the model is built, so random
-    augmentation (main process) draws from the data seed while the weights stay those of ``seed``: a
-    workload reseeded in its data alone shows how far data randomness moves the loss (the guard's band).
+    reads the data in the same order. Items draw from keys of the data seed (:mod:`accel_widgets.data.keyed`);
+    the rank is reseeded with the data seed once the model is built, so what else draws in it (dropout) follows
+    the data seed too while the weights stay those of ``seed``: a workload reseeded in its data alone shows how
+    far data randomness moves the loss (the guard's band).
     ``resume_at``: a job's data position from its checkpoint (the loader starts there). Returns the loop and the
     unwrapped model (for FLOP counting, a job's evaluation and its saved state).
     """
@@ -707,7 +713,8 @@ def build_loop(
     scheduler = workload.build_scheduler(optimizer)
     torch.manual_seed(data.data_seed(workload))
     timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
-    random_data = stream_random_data(loader.dataset) if isinstance(dataset, IterableDataset) else items_differ(dataset)
+    random_data = (stream_randomness(loader.dataset) if isinstance(dataset, IterableDataset)
+                   else map_randomness(dataset, data.data_seed(workload)))
     loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader, resume_at),
                         config,
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
@@ -720,7 +727,8 @@ def build_loop(
 def rank_summary(
     rank: int, device: torch.device, device_name: str, window: MeasuredWindow, setup_s: float,
     scaler_skipped_steps: int | None = None, flops_by_math: dict[str, float] | None = None,
-    profile: ProfileCapture | None = None, code_paths: CodePaths | None = None, random_data: bool | None = None,
+    profile: ProfileCapture | None = None, code_paths: CodePaths | None = None,
+    random_data: DataRandomness | None = None,
     stream: StreamReading | None = None, cache: CacheInfo | None = None, compile_report: CompileReport | None = None,
 ) -> RankSummary:
     return RankSummary(
@@ -741,7 +749,8 @@ def rank_summary(
         flops_by_math=flops_by_math,
         profile=profile,
         code_paths=code_paths,
-        random_data=random_data,
+        random_data=random_data.random if random_data is not None else None,
+        keyed_data=random_data.keyed if random_data is not None else None,
         stream=stream,
         cache=cache,
         compile_report=compile_report,

@@ -317,7 +317,7 @@ def _measure_held(held: HeldWindows, built: _Built, first: RankSummary, rank: in
         window = loop.measure(command.steps, None, first_step_s)
         set_phase(Phase.FINISHING)
         summary = rank_summary(rank, device, first.device, window, setup_s, loop.scaler_skipped_steps(),
-                               first.flops_by_math, None, first.code_paths, first.random_data, first.stream,
+                               first.flops_by_math, None, first.code_paths, loop.random_data, first.stream,
                                first.cache)
         emit(RankDone(summary, window=command.window, held=True))
         del loop, spacer

@@ -6,9 +6,12 @@ no equivalent and what to do instead); this module only lays the parts out, each
 
 ``pytorch`` is a module with no accel_widgets import that defines ``train(model, dataset, loss_fn, make_optimizer,
 steps, seed=0) -> list[float]``. It is seeded and stepped as a burst is -- the weights built under ``seed``, the data
-order from its own generator, the step's autocast, scaling, accumulation and sync -- so its losses are the burst's:
-equal in fp32 on a CPU. The framework styles give the keyword arguments of their object (``.kwargs``), the code
-around it (``.code``) and what they cannot say (``.missing``).
+order from its own generator, each item's random draws keyed to the item (a ``Dataset`` wrapper and a sampler:
+:data:`~accel_widgets.data.keyed.KEYED_READING_CODE`), the step's autocast, scaling, accumulation and sync -- so its
+losses are the burst's, with any number of loader workers: equal in fp32 on a CPU. The framework styles give the
+keyword arguments of their object (``.kwargs``), the code around it (``.code``) and what they cannot say
+(``.missing``). Lightning and Accelerate read through the same wrapper (the user builds their DataLoader, and both
+hand its sampler the epoch); Hugging Face's Trainer builds its own sampler, so its code says what keying needs there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.keyed import KEYED_READING_CODE, KEYED_READING_IMPORTS
 from ..inputs.workload import Workload
 from ..knobs import KNOBS, OWNERS
 from ..knobs.base import STYLES, Code, Construct, Flag, NoEquivalent, RecipeContext, RecipePart, Setting, Style
@@ -144,9 +148,15 @@ def _settings(parts: Sequence[RecipePart], call: str) -> list[Setting]:
     return [part for part in parts if isinstance(part, Setting) and part.call == call]
 
 
+def _comment(text: str) -> str:
+    return "\n".join(textwrap.wrap(text, LINE_WIDTH, initial_indent="# ", subsequent_indent="# "))
+
+
 def _missing_lines(missing: dict[str, str]) -> list[str]:
-    return ["\n".join(textwrap.wrap(f"No equivalent here for {knob}: {instead}", LINE_WIDTH, initial_indent="# ",
-                                     subsequent_indent="# ")) for knob, instead in missing.items()]
+    return [_comment(f"No equivalent here for {knob}: {instead}") for knob, instead in missing.items()]
+
+
+_KEYED_WHY = "each item's random draws keyed to the item: the same batches with any num_workers"
 
 
 # -- plain PyTorch -------------------------------------------------------------------------------------------------
@@ -182,10 +192,9 @@ def _pytorch(title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -
     flags = [part for part in parts if isinstance(part, Flag)]
     launch = [f"Launch: {part.code}" for part in _of(parts, "doc")]
     doc = "\n".join(['"""' + "\n".join(textwrap.wrap(title, LINE_WIDTH - 3)), "",
-                     "train(...) trains as the burst did (the same seeds, data order and step), so its losses are the "
-                     "burst's.", *launch, '"""'])
-    contextlib = ["import contextlib"] if flags or _of(parts, "around_backward") else []
-    imports = [*contextlib, "import os", "import torch", "from torch import nn",
+                     "train(...) trains as the burst did (the same seeds, data order, item draws and step), so its "
+                     "losses are the", "burst's, with any num_workers.", *launch, '"""'])
+    imports = ["import os", *KEYED_READING_IMPORTS, "from torch import nn",
                "from torch.utils.data import DataLoader, RandomSampler", *(part.code for part in _of(parts, "imports"))]
     head = _Lines()
     for part in _of(parts, "constants"):
@@ -194,7 +203,7 @@ def _pytorch(title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -
     for part in _of(parts, "to_device"):
         to_device.add(8, part.code, _why(part))
     to_kwargs = "".join(f", {part.name}={_value_code(part)}" for part in _settings(parts, "to"))
-    helpers = [part.code for part in _unique(_of(parts, "helpers"))]
+    helpers = [KEYED_READING_CODE, *(part.code for part in _unique(_of(parts, "helpers")))]
     helpers.append(_HELPERS.format(to_device=to_device.text() + "\n" if to_device.lines else "", to_kwargs=to_kwargs))
     if flags:
         helpers.append(_flags_function(flags))
@@ -206,8 +215,13 @@ def _pytorch(title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -
     return doc + "\n\n" + "\n\n\n".join(section for section in sections if section) + "\n"
 
 
+#: The packages a recipe imports beside the standard library.
+_THIRD_PARTY = ("numpy", "torch")
+
+
 def _sorted_imports(imports: list[str]) -> str:
-    """The imports as a linter sorts them: the standard library, then torch; the names of one module in one line."""
+    """The imports as a linter sorts them: the standard library, then numpy and torch; the names of one module in one
+    line."""
     modules: dict[str, set[str]] = {}
     plain: set[str] = set()
     for line in imports:
@@ -216,8 +230,9 @@ def _sorted_imports(imports: list[str]) -> str:
             modules.setdefault(module, set()).update(name.strip() for name in names.split(","))
         else:
             plain.add(line)
-    standard = sorted(line for line in plain if not line.startswith("import torch"))
-    third = sorted(line for line in plain if line.startswith("import torch"))
+    third_party = {line for line in plain if line.split()[1].partition(".")[0] in _THIRD_PARTY}
+    standard = sorted(plain - third_party)
+    third = sorted(third_party)
     third += [f"from {module} import {', '.join(sorted(names))}" for module, names in sorted(modules.items())]
     return "\n".join([*standard, "", *third])
 
@@ -252,14 +267,16 @@ def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
     if i > 4:
         lines.add(4, "with backend_flags():")
     lines.add(i, "torch.manual_seed(seed)", "the weights' seed, as in a burst")
-    lines.add(i, "generator = torch.Generator().manual_seed(seed)", "the data order and the loader workers' seeds")
+    lines.add(i, "generator = torch.Generator().manual_seed(seed)", "the data order")
     samplers = _of(parts, "sampler")
     if samplers:
         code("sampler", i)
     else:
         lines.add(i, "sampler = RandomSampler(dataset, generator=generator)", "a shuffle drawn from that generator")
     lines.add(i, "loader = DataLoader(")
-    lines.add(i + 4, "dataset, sampler=sampler, generator=generator,")
+    lines.add(i + 4, "KeyedItems(dataset, seed), sampler=KeyedOrder(sampler),", _KEYED_WHY)
+    lines.add(i + 4, "generator=torch.Generator().manual_seed(seed),",
+              "the workers' base seeds, apart from the order (persistent workers draw them once)")
     lines.add(i + 4, "drop_last=True,", "full batches only, as in a burst: shapes stay the same every step")
     for setting in _settings(parts, "DataLoader"):
         lines.add(i + 4, f"{setting.name}={_value_code(setting)},", _why(setting))
@@ -279,12 +296,10 @@ def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
     code("loss_fn", i)
     lines.add(i, "torch.manual_seed(seed)", "as in a burst: what draws randomly in this process draws from the data "
                                             "seed now")
-    new_epoch = _of(parts, "new_epoch")
     around_backward = _of(parts, "around_backward")
     read = next(part for part in _of(parts, "read_loss"))
     uses_step = read.code not in ("True", "False") or bool(_of(parts, "after_step"))
-    lines.add(i, "losses, pending, batches = [], [], iter(loader)" + ("" if not new_epoch else "\n"
-                                                                      "epoch = 0"))
+    lines.add(i, "losses, pending, batches, epoch = [], [], iter(loader), 0")
     lines.add(i, f"for {'step' if uses_step else '_'} in range(steps):")
     lines.add(i + 4, "total = None")
     uses_micro = bool(around_backward or _of(parts, "micro_batch"))
@@ -293,9 +308,8 @@ def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
     lines.add(j, "try:")
     lines.add(j + 4, "batch = next(batches)")
     lines.add(j, "except StopIteration:", "a new epoch")
-    if new_epoch:
-        lines.add(j + 4, "epoch += 1")
-        code("new_epoch", j + 4)
+    lines.add(j + 4, "epoch += 1")
+    lines.add(j + 4, "loader.sampler.set_epoch(epoch)", "the items' keys follow it, a DistributedSampler too")
     lines.add(j + 4, "batches = iter(loader)")
     lines.add(j + 4, "batch = next(batches)")
     lines.add(j, "batch = to_device(batch, device)")
@@ -367,19 +381,25 @@ def _framework(style: Style, title: str, parts: Sequence[RecipePart], missing: d
         lines.add(0, f"from {construct.module} import {construct.name}")
     loader = _settings(parts, "DataLoader")
     if loader:
-        lines.add(0, "from torch.utils.data import DataLoader")
+        for line in _imports_of(KEYED_READING_IMPORTS, "from torch.utils.data import DataLoader, RandomSampler"):
+            lines.add(0, line)
     codes = _unique(_of(parts, "code"))
     imports = [code for code in codes if code.code.startswith(("import ", "from "))]
     for code in imports:  # at the top, as a linter wants them
         lines.add(0, code.code)
+    if loader:
+        lines.add(0, f"\n\n{KEYED_READING_CODE}\n\n\n")  # two blank lines around the definitions
     for code in (code for code in codes if code not in imports):
         lines.add(0, code.code, f"{code.knob}: {_why(code)}" if not code.code.startswith(("#", "def ")) else "")
     if loader:
         lines.add(0, "loader = DataLoader(")
-        lines.add(4, "dataset, shuffle=True, drop_last=True,")
+        lines.add(4, "KeyedItems(dataset, seed=0),", _KEYED_WHY)
+        lines.add(4, "sampler=KeyedOrder(RandomSampler(dataset, generator=torch.Generator().manual_seed(0))),")
+        lines.add(4, "drop_last=True,")
         for setting in loader:
             lines.add(4, f"{setting.name}={_value_code(setting)},", _why(setting))
         lines.add(0, ")")
+    lines.add(0, _comment(_EPOCH_NOTES[style]))
     lines.add(0, f"{name} = {call}(")
     if style == "hf":
         lines.add(4, 'output_dir="out",', "where the Trainer writes (yours)")
@@ -389,6 +409,27 @@ def _framework(style: Style, title: str, parts: Sequence[RecipePart], missing: d
     for line in _missing_lines(missing):
         lines.add(0, line)
     return lines.text() + "\n"
+
+
+def _imports_of(*groups: str | Sequence[str]) -> list[str]:
+    """The import lines of ``groups`` (a line, or a sequence of them), the names of one module merged in one line."""
+    lines = [line for group in groups for line in ([group] if isinstance(group, str) else group)]
+    return _sorted_imports(lines).replace("\n\n", "\n").splitlines()
+
+
+#: How each framework hands the keyed sampler its epoch, or what keying needs there.
+_EPOCH_NOTES: dict[Style, str] = {
+    "lightning": "Lightning hands loader.sampler the epoch before each epoch (set_epoch), and the items' keys follow "
+                 "it. Under DDP it swaps in its own DistributedSamplerWrapper and hands the epoch to that: pass "
+                 "use_distributed_sampler=False and shard with KeyedOrder(DistributedSampler(dataset, seed=0)), built "
+                 "in your LightningModule's train_dataloader(), where the process group exists.",
+    "accelerate": "After accelerator.prepare(loader), call loader.set_epoch(epoch) before each epoch: Accelerate hands "
+                  "it to this sampler, and the items' keys follow it.",
+    "hf": "Each item's random draws keyed to the item, as a burst reads data, has no TrainingArguments setting: the "
+          "Trainer builds its own sampler and DataLoader. For it, train on KeyedItems(dataset, seed) and subclass "
+          "Trainer so that its (private) _get_train_sampler returns KeyedOrder(RandomSampler(...)): the Trainer hands "
+          "that sampler the epoch. The plain PyTorch recipe holds both helpers.",
+}
 
 
 def _keyword(lines: _Lines, setting: Setting, entries: list[Setting]) -> None:

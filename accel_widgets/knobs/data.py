@@ -25,6 +25,7 @@ from torch.utils.data import (
 )
 
 from ..data.cache import CacheInfo, cache_dataset
+from ..data.keyed import CollateKept, KeyedItems, KeyedOrder, KeyedReading, draws_nothing
 from ..data.resume import ResumableSampler
 from ..data.streams import split_stream
 from . import parallel
@@ -301,7 +302,9 @@ def prepare_dataset(dataset: Any, config: Config, cache_dir: str) -> tuple[Any, 
 def build_loader(
     dataset: Dataset, workload: Workload, config: Config, device: torch.device, rank: int, world_size: int
 ) -> DataLoader:
-    """The DataLoader with the data-loading knobs; the same seeded order in every burst.
+    """The DataLoader with the data-loading knobs; the same seeded order in every burst, and each item's random
+    draws keyed to the item (:mod:`~accel_widgets.data.keyed`), so the other knobs here change how fast batches
+    come, never which: none of workers, persistence, prefetching and pinning changes a batch.
 
     A stream (``IterableDataset``) has no length to check and no sampler: each rank and loader worker reads
     its own share of it (:func:`~accel_widgets.data.streams.split_stream`), and an epoch ends where the
@@ -317,14 +320,19 @@ def build_loader(
                 f"the dataset has {len(dataset)} items ({per_rank} per rank), fewer than one batch of {batch_size}: "
                 "use a smaller batch_size or a larger dataset"
             )
-        batching = _batching(dataset, workload, batch_size, rank, world_size)
+        keyed = not draws_nothing(dataset)  # stored tensors draw nothing: read as they are, at no cost
+        batching = _batching(dataset, workload, batch_size, rank, world_size, keyed)
+        dataset = KeyedItems(dataset, data_seed(workload)) if keyed else dataset
     user = workload.loader
     workers = config.num_workers
+    collate = workload.collate_fn
+    if isinstance(dataset, KeyedReading):  # read without workers, the rank's generators put back once collated
+        collate = CollateKept(collate or default_collate, dataset)
     return DataLoader(
         dataset,
         **batching,
         num_workers=workers,
-        collate_fn=workload.collate_fn,
+        collate_fn=collate,
         worker_init_fn=user.worker_init_fn if user is not None else None,
         # Why: pinned host memory lets the copy engine DMA batches to the GPU asynchronously.
         pin_memory=config.pin_memory and device.type == "cuda",
@@ -408,37 +416,47 @@ def tensor_bytes(obj: Any) -> int:
 
 def _streaming(dataset: IterableDataset, workload: Workload, batch_size: int, rank: int, world_size: int,
                workers: int) -> tuple[IterableDataset, dict[str, Any]]:
-    """This rank's share of a stream, batched without a sampler (a sampler would index the stream).
+    """This rank's share of a stream, batched without a sampler (a sampler would index the stream), its items keyed
+    from the data seed (:class:`~accel_widgets.data.keyed.KeyedStream`).
 
-    Full batches as for map-style data: each loader worker batches its own share and drops its last
-    partial batch. The generator seeds the loader workers' RNG (augmentation) from the data seed.
-    """
-    generator = torch.Generator().manual_seed(data_seed(workload))
-    batching = {"batch_size": batch_size, "drop_last": True, "generator": generator}
-    return split_stream(dataset, rank, world_size, workers), batching
-
-
-def _batching(dataset: Dataset, workload: Workload, batch_size: int, rank: int, world_size: int) -> dict[str, Any]:
-    """How items become batches: the user's own sampler or batch sampler when they gave a DataLoader (a
-    sampler is sharded per DDP rank), else a shuffle seeded by the data seed; every batch full-sized.
-
-    Why full batches (drop_last): equal batch shapes keep compiled graphs and cuDNN plans valid every step.
+    Full batches as for map-style data: each loader worker batches its own share, dealt out in whole batches, and
+    drops its last partial batch. The generator seeds the loader workers' own generators, which keyed items no
+    longer draw from.
     """
     seed = data_seed(workload)
-    generator = torch.Generator().manual_seed(seed)  # also seeds the loader workers' augmentation
+    batching = {"batch_size": batch_size, "drop_last": True, "generator": torch.Generator().manual_seed(seed)}
+    return split_stream(dataset, rank, world_size, workers, batch_size=batch_size, data_seed=seed), batching
+
+
+def _batching(dataset: Dataset, workload: Workload, batch_size: int, rank: int, world_size: int,
+              keyed: bool) -> dict[str, Any]:
+    """How items become batches: the user's own sampler or batch sampler when they gave a DataLoader (a
+    sampler is sharded per DDP rank), else a shuffle seeded by the data seed; every batch full-sized, and each
+    index handed on as its key when the items are ``keyed``.
+
+    Why full batches (drop_last): equal batch shapes keep compiled graphs and cuDNN plans valid every step.
+    Why two generators: the loader draws its workers' base seed from its own each time its workers start, every
+    epoch for fresh workers and once for persistent ones; a shuffle drawn from that one would then depend on
+    ``persistent_workers`` from the second epoch on.
+    """
+    seed = data_seed(workload)
+    loader_generator = torch.Generator().manual_seed(seed)
     user = workload.loader
     if user is not None and _custom_batch_sampler(user):  # DDP refused before launch
         batches = user.batch_sampler
-        return {"batch_sampler": ResumableSampler(batches, _generators(batches, generator), 1), "generator": generator}
+        order = KeyedOrder(batches, batched=True) if keyed else batches
+        return {"batch_sampler": ResumableSampler(order, _generators(batches, loader_generator), 1),
+                "generator": loader_generator}
     if user is not None and user.sampler is not None:
         sampler: Any = user.sampler if world_size == 1 else RankShard(user.sampler, rank, world_size)
     elif world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
     else:
-        sampler = RandomSampler(dataset, generator=generator)
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     # Resumable: a job's checkpoint notes how each epoch's order was drawn (data/resume.py); a burst never resumes.
-    resumable = ResumableSampler(sampler, _generators(sampler, generator), batch_size)
-    return {"batch_size": batch_size, "sampler": resumable, "drop_last": True, "generator": generator}
+    resumable = ResumableSampler(KeyedOrder(sampler) if keyed else sampler, _generators(sampler, loader_generator),
+                                 batch_size)
+    return {"batch_size": batch_size, "sampler": resumable, "drop_last": True, "generator": loader_generator}
 
 
 def _generators(sampler: Any, loader_generator: torch.Generator) -> list[torch.Generator]:

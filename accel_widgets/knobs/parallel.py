@@ -155,8 +155,6 @@ def _ddp(config: Config, context: RecipeContext) -> list[RecipePart]:
                                     "shuffle=True, seed=seed)\n           if world_size > 1 else "
                                     "RandomSampler(dataset, generator=generator))",
              "each rank trains on its own shard of every epoch (one rank: the plain shuffle, as in a burst)"),
-        Code("parallel", "new_epoch", "if world_size > 1:\n    sampler.set_epoch(epoch)",
-             "a new shuffle each epoch, the same on every rank"),
     ]
     if sharded(config):
         return parts + _fully_shard_lines(config, context)

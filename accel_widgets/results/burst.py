@@ -157,7 +157,9 @@ class ProfileCapture:
 class RankSummary:
     """What one rank measured about itself over its steady-state window, and what it saw its workload do: the code
     paths its step ran (``code_paths``: what a knob needs to act), whether its data differs between reads of the same
-    item (``random_data``: random augmentation; None where it was not checked), how it read a stream (``stream``),
+    item (``random_data``: random augmentation; None where it was not checked) and agrees between two reads under one
+    key (``keyed_data``: its draws come from the generators each item's key sets, so its batches do not depend on
+    the loader's workers; :mod:`~accel_widgets.data.keyed`), how it read a stream (``stream``),
     what its data cache did (``cache``: built or reused, and whether it froze random augmentation) and what
     torch.compile did in its steps (``compile_report``: None where nothing was compiled, or before it was recorded).
     """
@@ -188,6 +190,7 @@ class RankSummary:
     # CUDA only: whether the caching allocator's segments were expandable, as its snapshot said (None: no CUDA, no
     # segment, or a result recorded before it was read)
     allocator_expandable: bool | None = None
+    keyed_data: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -554,6 +557,12 @@ class BurstResult:
     def random_data(self) -> bool | None:
         """Whether two reads of the same item differ (random augmentation), as rank 0 found; None: not checked."""
         return self.ranks[0].random_data if self.ranks else None
+
+    @property
+    def keyed_data(self) -> bool | None:
+        """Whether two reads of an item under one key agree (its draws keyed to the item, so the batches do not
+        depend on the loader's workers), as rank 0 found; None: not checked (a result from before keys)."""
+        return self.ranks[0].keyed_data if self.ranks else None
 
     @property
     def stream(self) -> StreamReading | None:

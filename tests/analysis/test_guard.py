@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from accel_widgets import BurstResult, Config, RankSummary, StepRecord, demo_workload, run_burst
+from accel_widgets import BurstResult, Config, RankSummary, StepRecord, StreamReading, demo_workload, run_burst
 from accel_widgets.analysis.guard import check_training, comparable, find_baseline, tolerance
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.measured import as_measured
@@ -176,6 +177,26 @@ def test_runs_that_read_different_batches_are_not_comparable(run, baseline, why)
     verdict = check_training(run, baseline)
     assert verdict.status == "not_comparable"
     assert verdict.reasons == (reason,)
+
+
+def streamed(workers: str, readers: int, **config) -> BurstResult:
+    """A run on a stream whose split across its rank's ``readers`` loader workers is ``workers``'s."""
+    run = result(falling(), **config)
+    reading = StreamReading("none", workers, "probe", readers=readers)
+    return dataclasses.replace(run, ranks=[dataclasses.replace(run.ranks[0], stream=reading)])
+
+
+def test_a_stream_that_splits_itself_between_workers_is_not_comparable_across_worker_counts():
+    """Its own split decides which items each worker batches; a stream the tool deals out reads the same batches with
+    any workers (its items keyed by position), and a self-split stream with the same workers does too."""
+    two, one = streamed("stream", 2, num_workers=2), streamed("none", 1)
+    ok, why = comparable(two, one)
+    assert not ok and why.startswith("the stream splits itself between its loader workers, and the run reads it with "
+                                     "2 reader(s) per rank where the baseline reads it with 1: ")
+    assert check_training(two, one).status == "not_comparable"
+    assert not comparable(streamed("stream", 4, num_workers=4), two)[0]
+    assert comparable(streamed("stream", 2, num_workers=2, prefetch_factor=4), two) == (True, "")
+    assert comparable(streamed("tool", 2, num_workers=2), one) == (True, "")
 
 
 def test_accumulation_with_the_same_samples_per_step_is_comparable():

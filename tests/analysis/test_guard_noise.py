@@ -44,7 +44,8 @@ STEPS = 30  # measured; with 2 warm-up steps every trajectory has 32
 
 class Augmented(Dataset):
     """The tiny learnable task (label = argmax of the first CLASSES features) with random augmentation on every
-    read: Gaussian noise, and half the time the features that do not decide the label reversed (a "flip").
+    read, drawn from torch's generator: Gaussian noise, and half the time the features that do not decide the label
+    reversed (a "flip"). Its draws are keyed to the item (:mod:`accel_widgets.data.keyed`).
 
     ``cost_s`` of CPU time per item stands for decoding; ``shuffle_labels`` breaks the task on purpose.
     """
@@ -62,14 +63,31 @@ class Augmented(Dataset):
         started = time.thread_time()
         while time.thread_time() - started < self.cost_s:
             pass
-        x = self.x[index] + self.noise * torch.randn(FEATURES)
-        if torch.rand(()) < 0.5:
+        return self.augment(self.x[index], None), self.y[index]
+
+    def augment(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        x = x + self.noise * torch.randn(FEATURES, generator=generator)
+        if torch.rand((), generator=generator) < 0.5:
             x = torch.cat([x[:CLASSES], x[CLASSES:].flip(0)])
-        return x, self.y[index]
+        return x
 
 
-def augmented(name: str = "augmented", *, lr: float = 3e-3, model: Any = TinyNet, **dataset: Any) -> Workload:
-    return Workload(model=model, dataset=Augmented(**dataset), loss_fn=F.cross_entropy, batch_size=64, name=name,
+class OwnGenerator(Augmented):
+    """The same augmentation drawn from a generator the dataset holds itself: no key reaches it, so an item's draws
+    depend on the process that reads it and on what that process read before."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.augment(self.x[index], self.generator), self.y[index]
+
+
+def augmented(name: str = "augmented", *, lr: float = 3e-3, model: Any = TinyNet, own_generator: bool = False,
+              **dataset: Any) -> Workload:
+    items = OwnGenerator(**dataset) if own_generator else Augmented(**dataset)
+    return Workload(model=model, dataset=items, loss_fn=F.cross_entropy, batch_size=64, name=name,
                     optimizer=functools.partial(torch.optim.AdamW, lr=lr))
 
 
@@ -111,36 +129,78 @@ def test_a_workload_with_another_data_seed_is_another_workload_in_the_history():
     assert workload_fingerprint(dataclasses.replace(workload, data_seed=4)) != fingerprint
 
 
-# -- real bursts: what the band lets through and what it still catches ------------------------------
+# -- real bursts: keyed augmentation needs no band; what the band lets through and what it still catches -----
+#: What changes only how batches are loaded (pin_memory is a no-op on a CPU, where these tests run).
+LOADING = {
+    "1 worker": Config(num_workers=1),
+    "2 workers": Config(num_workers=2),
+    "4 workers": Config(num_workers=4),
+    "2 persistent workers, prefetch 4, pinned": Config(num_workers=2, persistent_workers=True, prefetch_factor=4,
+                                                       pin_memory=True),
+}
+
+
 @pytest.fixture(scope="module")
-def augmented_runs() -> Iterator[dict[str, Any]]:
-    """The augmented workload's fp32 baseline, its noise band, and runs that must (not) be flagged."""
+def keyed_runs() -> Iterator[dict[str, Any]]:
+    """The augmented workload's fp32 baseline (8 batches an epoch: 32 steps cross 3 epoch ends), the loading configs,
+    and runs that must (not) be flagged."""
+    workload = augmented()
+    runs = {"base": INPROCESS(workload, Config(), steps=STEPS)}
+    runs |= {name: INPROCESS(workload, config, steps=STEPS) for name, config in LOADING.items()}
+    runs |= {"bf16": INPROCESS(workload, Config(precision="bf16"), steps=STEPS),
+             "lr x10": INPROCESS(augmented(lr=3e-2), Config(), steps=STEPS),
+             "shuffled labels": INPROCESS(augmented(shuffle_labels=True), Config(), steps=STEPS)}
+    yield runs
+
+
+def test_on_keyed_augmented_data_loading_knobs_train_exactly_as_the_baseline_and_pass_without_a_band(keyed_runs):
+    base = keyed_runs["base"]
+    assert base.random_data and base.keyed_data  # two draws of an item differ; two under one key agree
+    for name in LOADING:
+        run = keyed_runs[name]
+        assert run.losses() == base.losses(), name  # fp32, step for step: equal, not close
+        verdict = check_training(run, base)
+        assert verdict.status == "ok" and verdict.max_relative_deviation == 0.0, (name, verdict)
+        assert not [f for f in diagnose(run, base) if "training" in f.title]
+
+
+def test_bf16_on_augmented_data_is_not_flagged(keyed_runs):
+    verdict = check_training(keyed_runs["bf16"], keyed_runs["base"])
+    assert verdict.status == "ok", verdict.reasons
+    assert verdict.max_relative_deviation < tolerance("bf16", 0) / 10  # same draws: rounding only
+
+
+@pytest.mark.parametrize("broken", ["lr x10", "shuffled labels"])
+def test_a_real_change_on_keyed_augmented_data_is_flagged_without_a_band(keyed_runs, broken):
+    verdict = check_training(keyed_runs[broken], keyed_runs["base"])
+    assert verdict.status == "changes_training" and verdict.beyond_tolerance
+    (reason,) = verdict.reasons
+    assert reason.startswith("loss deviates") and "there for fp32" in reason
+
+
+@pytest.fixture(scope="module")
+def own_generator_runs() -> Iterator[dict[str, Any]]:
+    """The same workload augmenting from a generator of its own: its fp32 baseline, its noise band, and runs."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(guard, "_NOISE_BANDS", {})
-        workload = augmented()
+        workload = augmented("own generator", own_generator=True)
         base = INPROCESS(workload, Config(), steps=STEPS)
-        runs = {
-            "base": base,
-            "noise": measure_noise(workload, base, engine=INPROCESS),
-            "workers": INPROCESS(workload, Config(num_workers=2), steps=STEPS),
-            "bf16": INPROCESS(workload, Config(precision="bf16"), steps=STEPS),
-            "lr x10": INPROCESS(augmented(lr=3e-2), Config(), steps=STEPS),
-            "shuffled labels": INPROCESS(augmented(shuffle_labels=True), Config(), steps=STEPS),
-        }
-        yield runs
+        yield {"base": base, "noise": measure_noise(workload, base, engine=INPROCESS),
+               "workers": INPROCESS(workload, Config(num_workers=2), steps=STEPS),
+               "lr x10": INPROCESS(augmented("own generator", own_generator=True, lr=3e-2), Config(), steps=STEPS)}
 
 
-def test_loader_workers_on_augmented_data_move_the_loss_less_than_a_reseeded_baseline(augmented_runs):
-    base, noise, workers = augmented_runs["base"], augmented_runs["noise"], augmented_runs["workers"]
+def test_an_augmentation_no_key_reaches_moves_with_loader_workers_and_needs_the_band(own_generator_runs):
+    base, noise, workers = own_generator_runs["base"], own_generator_runs["noise"], own_generator_runs["workers"]
     assert noise.data_seeds == (1, 2) and noise.steps == STEPS + 2
     assert 0.02 < noise.spread < 0.2  # about 5%: a batch of 64 augmented items moves the loss that much
 
-    assert workers.losses() != base.losses()  # each item got another random draw in the workers
-    assert workers.random_data and base.random_data  # the engine read two draws of the same item
+    assert workers.losses() != base.losses()  # each worker's copy of the generator draws its own
+    assert workers.random_data and not workers.keyed_data  # two reads under one key differ
     alone = check_training(workers, base)  # the precision's tolerance alone would be a false alarm: no verdict
     assert alone.status == "cannot_tell" and alone.beyond_tolerance
     (reason,) = alone.reasons
-    assert "there for fp32" in reason and "the data is randomly augmented" in reason
+    assert "there for fp32" in reason and "a generator the items' keys do not set" in reason
     assert reason.endswith("band = aw.measure_noise(workload, baseline), then aw.check_training(run, baseline, band)")
     (finding,) = [f for f in diagnose(workers, base) if f.title == "Cannot tell whether training changed"]
     assert finding.severity == "info" and not [f for f in diagnose(workers, base) if "changes training" in f.title]
@@ -148,23 +208,11 @@ def test_loader_workers_on_augmented_data_move_the_loss_less_than_a_reseeded_bas
     verdict = check_training(workers, base, noise)
     assert verdict.status == "ok", verdict.reasons
     assert verdict.max_relative_deviation == alone.max_relative_deviation
-    assert verdict.max_relative_deviation < NOISE_MARGIN * noise.deviation_at(SMOOTHING_WINDOW)  # the narrowest
 
-
-def test_bf16_on_augmented_data_is_not_flagged(augmented_runs):
-    verdict = check_training(augmented_runs["bf16"], augmented_runs["base"], augmented_runs["noise"])
-    assert verdict.status == "ok", verdict.reasons
-    assert verdict.max_relative_deviation < tolerance("bf16", 0) / 10  # same draws: rounding only
-
-
-@pytest.mark.parametrize("broken", ["lr x10", "shuffled labels"])
-def test_a_real_change_still_leaves_the_band(augmented_runs, broken):
-    noise = augmented_runs["noise"]
-    verdict = check_training(augmented_runs[broken], augmented_runs["base"], noise)
-    assert verdict.status == "changes_training" and verdict.beyond_tolerance
-    assert verdict.max_relative_deviation > 2 * NOISE_MARGIN * noise.deviation_at(SMOOTHING_WINDOW)
-    (reason,) = verdict.reasons
-    assert f"{NOISE_MARGIN:g}x the" in reason and "a baseline with reseeded data moves" in reason
+    broken = check_training(own_generator_runs["lr x10"], base, noise)
+    assert broken.status == "changes_training" and broken.beyond_tolerance
+    assert broken.max_relative_deviation > 2 * NOISE_MARGIN * noise.deviation_at(SMOOTHING_WINDOW)
+    assert f"{NOISE_MARGIN:g}x the" in broken.reasons[0] and "a baseline with reseeded data moves" in broken.reasons[0]
 
 
 def test_fp16_that_overflows_is_flagged_whatever_the_noise():
@@ -332,9 +380,14 @@ def test_a_run_on_frozen_augmentation_is_marked_and_never_a_baseline():
     assert ("Engine warning", None) not in findings
 
 
-def test_a_deterministic_dataset_caches_without_a_mark():
+@pytest.mark.parametrize("mode", ["memory", "memmap"])
+def test_a_cache_that_freezes_nothing_trains_exactly_as_the_baseline(mode: str, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ACCEL_WIDGETS_CACHE", str(tmp_path))
     workload = Workload(model=TinyNet, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32, name="plain")
-    base = INPROCESS(workload, Config(), steps=4)
-    cached = INPROCESS(workload, Config(data_cache="memory"), steps=4)
-    assert cached.warnings == []
-    assert check_training(cached, base).status == "ok"
+    base = INPROCESS(workload, Config(), steps=8)
+    cached = INPROCESS(workload, Config(data_cache=mode, num_workers=2), steps=8)
+    assert cached.warnings == [] and cached.cache.frozen_item is None
+    assert cached.losses() == base.losses()
+    verdict = check_training(cached, base)
+    assert verdict.status == "ok" and verdict.max_relative_deviation == 0.0

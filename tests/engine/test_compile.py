@@ -12,6 +12,8 @@ from tests.workloads import (
     MatmulStack,
     PrintingNet,
     ShrinkingBatches,
+    fast_learning_workload,
+    loss_fell,
     matmul_workload,
     net_with_broken_compiler,
     tiny_workload,
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.slow
 def test_a_compiled_burst_reports_compile_time_apart_and_keeps_its_kernels_in_the_private_cache(private_cache_dir):
     """One cold compile (tens of seconds on a CPU) checks both: the first step paid for compiling, and the rank's
     kernels went to the private 0700 cache, not to the shared default torch's preload fixes in the environment."""
-    result = run_burst(tiny_workload(), Config(compile_mode="default"), steps=10)
+    result = run_burst(fast_learning_workload(), Config(compile_mode="default"), steps=10)
     assert result.ok and result.warmup_steps == 3
     assert result.environment["model_wrappers"] == ["OptimizedModule", "TinyNet"]
     assert result.compile_s is not None and result.compile_s > 0
@@ -32,8 +34,7 @@ def test_a_compiled_burst_reports_compile_time_apart_and_keeps_its_kernels_in_th
     assert (report.scope, report.graphs, report.graph_break_count, report.recompiles) == ("the whole model", 1, 0, 0)
     assert 0 < report.compile_s < result.first_step_s
     assert "  compile     " in result.summary() and "1 graph, no graph breaks, no recompiles" in result.summary()
-    losses = result.losses()
-    assert losses[-1] < losses[0]
+    assert loss_fell(result.losses()), result.losses()
     cache = Path(private_cache_dir) / "inductor"
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert any(path.is_file() for path in cache.rglob("*"))

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,14 @@ from accel_widgets import Config, Workload, run_burst
 from accel_widgets.job.recipe import recipe_of
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.devices import cpu_device
-from tests.workloads import MatmulStack, gpt_workload, job_workload, matmul_workload, tiny_workload
+from tests.workloads import (
+    MatmulStack,
+    augmented_job_workload,
+    gpt_workload,
+    job_workload,
+    matmul_workload,
+    tiny_workload,
+)
 
 STEPS = 10  # 2 warm-up steps and 8 measured ones in the burst; with 2 micro-batches a step, past an epoch's end
 
@@ -60,6 +68,14 @@ def test_the_pytorch_snippet_trains_loss_for_loss_as_the_burst_in_fp32(monkeypat
     assert not torch.are_deterministic_algorithms_enabled()  # the snippet put the flag back
 
 
+def test_the_snippet_with_loader_workers_on_augmented_data_trains_as_the_burst_without_them() -> None:
+    """Random augmentation from torch, Python and NumPy, read by 2 persistent workers in the pasted code and in this
+    process by the burst, over an epoch's end: each item's draws are keyed to the item in both, so equal."""
+    workload = augmented_job_workload()
+    snippet = snippet_losses(Config(num_workers=2, persistent_workers=True), workload)
+    assert snippet == burst_losses(Config(), workload)
+
+
 def test_the_snippet_under_ddp_with_fp16_scaling_and_no_sync_trains_as_the_burst(tmp_path: Path) -> None:
     """DDP (one rank: the wrapper, DistributedSampler and no_sync are all there) with GradScaler and accumulation."""
     config = Config(parallel="ddp", world_size=1, precision="fp16", grad_accum_steps=2)
@@ -93,6 +109,42 @@ def test_hf_training_arguments_built_from_the_recipe_hold_every_setting(tmp_path
     assert args.optim == "adamw_torch_fused"
     assert set(made.missing) == {"channels_last", "data_cache"}
     assert "TrainingArguments(" in made.code and "torch.channels_last" in made.code
+
+
+def framework_loader(style: str, workers: int) -> Any:
+    """The DataLoader a framework recipe writes (its code up to the framework's object), over augmented items."""
+    code = aw.recipe(Config(num_workers=workers), style=style).code
+    namespace: dict[str, Any] = {"dataset": augmented_job_workload().dataset}
+    exec(compile(code.partition("\ntrainer = ")[0].partition("\naccelerator = ")[0], "<recipe>", "exec"), namespace)
+    return namespace["loader"]
+
+
+def test_an_accelerate_loader_from_the_recipe_reads_the_same_batches_with_any_workers_once_told_the_epoch() -> None:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    def two_epochs(workers: int) -> list[torch.Tensor]:
+        try:
+            loader = Accelerator(cpu=True).prepare(framework_loader("accelerate", workers))
+            read = []
+            for epoch in range(2):
+                loader.set_epoch(epoch)  # as the recipe says: Accelerate hands it to the keyed sampler
+                read += [inputs for inputs, _ in loader]
+            return read
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+
+    reference = two_epochs(0)
+    assert len(reference) == 2  # 96 items: one full batch of 64 an epoch
+    assert all(torch.equal(a, b) for a, b in zip(two_epochs(2), reference, strict=True))
+
+
+def test_lightning_hands_the_recipes_keyed_sampler_the_epoch() -> None:
+    from lightning.fabric.utilities.data import _set_sampler_epoch  # what Lightning's fit loop calls each epoch
+
+    loader = framework_loader("lightning", 2)
+    _set_sampler_epoch(loader, 3)
+    assert {epoch for epoch, _, _ in loader.sampler} == {3}
 
 
 def test_a_lightning_trainer_built_from_the_recipe_holds_every_setting() -> None:

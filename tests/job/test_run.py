@@ -28,15 +28,15 @@ from accel_widgets.job.options import JobOptions
 from accel_widgets.job.signals import StopRequest
 from accel_widgets.knobs.plan import resolve
 from tests.devices import cpu_device
-from tests.workloads import TinyNet, job_workload, tiny_workload
+from tests.workloads import TinyNet, augmented_job_workload, job_workload, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "tests.workloads:job_workload"
 STEPS = 20
 
 
-def launch(script: Path, nproc: int, where: Path, *flags: str, signal_at: str | None = None
-           ) -> subprocess.CompletedProcess[str]:
+def launch(script: Path, nproc: int, where: Path, *flags: str, signal_at: str | None = None, steps: int = STEPS,
+           checkpoint_every: int = 4) -> subprocess.CompletedProcess[str]:
     """The script as a user starts it: plain ``python`` for one process, ``torchrun`` for DDP."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(where)}
     env.pop("AW_TEST_SIGNAL", None)
@@ -44,7 +44,8 @@ def launch(script: Path, nproc: int, where: Path, *flags: str, signal_at: str | 
         env["AW_TEST_SIGNAL"] = signal_at
     runner = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                   "--nproc-per-node", str(nproc)]
-    common = ["--steps", str(STEPS), "--checkpoint-dir", str(where / "ckpt"), "--checkpoint-every", "4"]
+    common = ["--steps", str(steps), "--checkpoint-dir", str(where / "ckpt"), "--checkpoint-every",
+              str(checkpoint_every)]
     if "--log-every" not in flags:
         common += ["--log-every", "5"]
     return subprocess.run([*runner, str(script), *common, *flags], cwd=where, env=env, capture_output=True,
@@ -66,6 +67,82 @@ def burst_losses(config: Config) -> list[float]:
 
 def steps_saved(where: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in (where / "ckpt").glob("step_*") if (p / ".metadata").is_file())
+
+
+def logged_losses(where: Path) -> list[tuple[int, float]]:
+    """(step, loss) of every line the job's launches logged, in order (a step trained again after a resume twice)."""
+    lines = (where / "ckpt" / "log.jsonl").read_text().splitlines()
+    return [(record["step"], record["loss"]) for record in map(json.loads, lines)]
+
+
+# -- random augmentation in loader workers: every item keyed, so a resume at any step is exact -------------------
+AUGMENTED = "tests.workloads:augmented_job_workload"
+
+
+def augmented_reference(config: Config, steps: int) -> list[float]:
+    """The uninterrupted run: a burst of ``config`` with no loader workers (keyed items make the workers' count
+    irrelevant, so the job's 2 workers per rank must reproduce it too)."""
+    burst = run_burst(augmented_job_workload(), config, steps=steps - 2, warmup_steps=2, device=cpu_device())
+    assert burst.ok, burst.error
+    assert burst.random_data and burst.keyed_data
+    return burst.losses(rank=0)
+
+
+def test_one_process_with_augmenting_loader_workers_killed_five_times_inside_epochs_resumes_exactly(
+        short_tmp: Path) -> None:
+    """2 loader workers, random augmentation from torch, Python and NumPy, 6 batches an epoch, a checkpoint every 5
+    steps: stopped in steps 7 (SIGKILL), 9 (SIGTERM), 13 (SIGKILL), 14 (SIGTERM) and 17 (SIGKILL), resumed each time
+    from a checkpoint inside an epoch (after steps 5, 9, 10, 14, 15), then trained to step 22. Every step any launch
+    trained, logged each step, has the uninterrupted run's loss: equal, not close."""
+    steps = 22
+    script = export_script(AUGMENTED, Config(num_workers=2), short_tmp / "train.py")
+    reference = augmented_reference(Config(), steps)
+
+    def run(*flags: str, signal_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        return launch(script, 1, short_tmp, "--log-every", "1", *flags, signal_at=signal_at, steps=steps,
+                      checkpoint_every=5)
+
+    assert run(signal_at="SIGKILL@7").returncode == -9
+    stopped = run("--resume", signal_at="SIGTERM@4")  # step 9 of a job resumed after step 5
+    assert stopped.returncode == 0 and "stopped by SIGTERM after step 9" in stopped.stdout, stopped.stderr[-3000:]
+    assert final_line(stopped) == (reference[5:9], 5)
+    assert run("--resume", signal_at="SIGKILL@4").returncode == -9  # step 13, resumed after step 9
+    stopped = run("--resume", signal_at="SIGTERM@4")  # step 14, resumed after step 10
+    assert "stopped by SIGTERM after step 14" in stopped.stdout and final_line(stopped) == (reference[10:14], 10)
+    assert run("--resume", signal_at="SIGKILL@3").returncode == -9  # step 17, resumed after step 14
+    done = run("--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "epoch 2, its first 3 batches skipped at the sampler (not read)" in done.stdout
+    assert final_line(done) == (reference[15:], 15)
+
+    logged = logged_losses(short_tmp)
+    assert [step for step, _ in logged] == [*range(1, 7), *range(6, 10), *range(10, 13), *range(11, 15),
+                                            *range(15, 17), *range(16, 23)]
+    assert max(abs(loss - reference[step - 1]) for step, loss in logged) == 0.0
+
+
+def test_ddp_ranks_with_augmenting_loader_workers_killed_and_stopped_inside_epochs_resume_exactly(
+        short_tmp: Path) -> None:
+    """DDP x 2, 2 loader workers each, 3 batches an epoch per rank, a checkpoint every 5 steps: rank 0 SIGKILLed in
+    step 7, resumed after step 5 (epoch 1); a SIGTERM on rank 0 in step 8 stops both ranks after it (epoch 2, its
+    second batch), resumed from there to step 13: rank 0's every step is the uninterrupted run's."""
+    steps = 13
+    config = Config(parallel="ddp", world_size=2)
+    script = export_script(AUGMENTED, config.replace(num_workers=2), short_tmp / "train.py")
+    reference = augmented_reference(config, steps)
+
+    def run(*flags: str, signal_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        return launch(script, 2, short_tmp, "--log-every", "1", *flags, signal_at=signal_at, steps=steps,
+                      checkpoint_every=5)
+
+    assert run(signal_at="SIGKILL@7").returncode != 0 and steps_saved(short_tmp) == [5]
+    stopped = run("--resume", signal_at="SIGTERM@3")
+    assert stopped.returncode == 0 and "stopped by SIGTERM after step 8" in stopped.stdout, stopped.stderr[-3000:]
+    assert final_line(stopped) == (reference[5:8], 5)
+    done = run("--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert final_line(done) == (reference[8:], 8)
+    assert max(abs(loss - reference[step - 1]) for step, loss in logged_losses(short_tmp)) == 0.0
 
 
 def test_one_process_stopped_by_sigterm_then_killed_resumes_exactly(short_tmp: Path) -> None:
