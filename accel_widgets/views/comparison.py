@@ -28,6 +28,22 @@ def verdict_text(comparison: Comparison) -> str:
     return comparison.verdict
 
 
+def outcome_text(comparison: Comparison) -> str:
+    """The verdict with what it rests on, for a line of text (a tuner's decision, a sweep's point): "faster: 1.12×
+    [1.05–1.20]", "same within ±3%", "undecided after 6 blocks: 1.02× [0.95–1.10]", "not compared: <why>"."""
+    if comparison.error:
+        return f"not compared: {comparison.error}"
+    blocks = len(comparison.counted)
+    if comparison.verdict == "same":
+        found = comparison.interval
+        return f"same within ±{same_within_pct(found.low, found.high)}%"
+    if comparison.verdict != "undecided":
+        return f"{comparison.verdict}: {interval_text(comparison)}"
+    if not blocks:
+        return "undecided: no block was measured"
+    return f"undecided after {blocks} block{'s' if blocks != 1 else ''}: {interval_text(comparison)}"
+
+
 def comparison_sentence(comparison: Comparison, subject: str, reference: str) -> str:
     """One sentence for the comparison of ``subject`` with ``reference`` (their names as the face shows them)."""
     if comparison.error:
