@@ -10,29 +10,31 @@ Why: the tuner exists to save the grid's cost, so it is judged against the grid 
    single burst per config is the measurement), its wall time on the clock;
 2. the tuner, ``--tuner-runs`` times, on the same subset (``knobs=`` the same mapping) with a budget of
    ``--budget-share`` of the grid's wall time (the target itself: "within a quarter of the grid's time"),
-   with its own shorter bursts (``tuner`` steps: interleaved A/B and repeats for close contenders make up
-   for the length, as designed); whether it finished or the budget cut it short is reported;
-3. a fair comparison of the two winners: their samples/s re-measured side by side, interleaved
-   (grid, tuner, tuner, grid, ...) ``--pairs`` times at the grid's burst length, so both see the same
-   machine; the ratio is the median of the pairs' tuner/grid ratios (1 when both picked the same config).
+   with its own shorter first bursts (``tuner`` steps: each candidate is then judged by the comparison engine,
+   in interleaved windows until its verdict is settled or its share of the budget is spent); whether it
+   finished or the budget cut it short is reported;
+3. a fair comparison of the two winners: the comparison engine (:func:`accel_widgets.search.compare.compare`)
+   measures the tuner's pick against the grid's, interleaved, within ``--compare-budget-s``, so both see the
+   same machine; the ratio is its tuner/grid ratio with its 95% interval and verdict (1 when both picked the
+   same config).
 
 Every burst of all three starts once the machine is quiet (other processes under 15% of the CPU, waiting
 at most ``--quiet-wait-s`` in all), one that other processes still took >= 25% of the CPU from is run again
 (up to 3 times), and both wall times are read on a clock that leaves the waiting and the discarded bursts out.
+Through this gate every window is a burst of its own (the tuner's contenders are not held between windows).
 
 Targets (the issue): tuner best / grid best >= 0.95 and tuner wall / grid wall <= 0.25. This 2-core machine
 is shared with other jobs, so the load average and each burst's foreign CPU share are recorded next to
 the numbers: under load, single grid bursts can mis-rank configs, and the tuner's noise-aware margins
 refuse to accept gains they cannot see.
 
-Run:  .venv/bin/python benchmarks/tuner_vs_grid.py [--workloads mlp,lm] [--tuner-runs 2] [--pairs 3]
+Run:  .venv/bin/python benchmarks/tuner_vs_grid.py [--workloads mlp,lm] [--tuner-runs 2] [--compare-budget-s 60]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import textwrap
 import time
 from typing import Any
@@ -40,7 +42,8 @@ from typing import Any
 from _common import QUIET_PCT, QuietGate, load_average, positive_int, spread, table, workloads_arg, write_json
 
 import accel_widgets as aw
-from accel_widgets.engine.launcher import FOREIGN_LOAD_WARN_PCT
+from accel_widgets.metrics.thresholds import THRESHOLDS
+from accel_widgets.search.compare import compare
 from accel_widgets.search.tuner import TuneResult, tune
 
 SUBSET: dict[str, tuple[Any, ...]] = {
@@ -63,7 +66,7 @@ class QuietBursts:
     Why: other jobs share this 2-core machine, and a burst that lands on their work runs several times
     slower (10-25x seen here), which mis-ranks the grid and makes wall times say more about the other
     jobs than about grid vs tuner. So each burst starts once the machine is quiet, and one that other
-    processes still took a large share of the CPU from (``foreign_cpu_pct`` at the package's warning level)
+    processes still took a large share of the CPU from (``foreign_cpu_pct`` at the package's unreliable level)
     is run again, up to ``RETRIES`` times. The grid, the tuner and the re-runs all burst through this and
     are timed on its clock, which leaves the waiting and the discarded bursts out: neither method pays for
     the other jobs, both pay for everything they run themselves.
@@ -83,7 +86,7 @@ class QuietBursts:
             started = time.perf_counter()
             result = aw.run_burst(workload, config, **kwargs)
             foreign = result.foreign_cpu_pct
-            if foreign is None or foreign < FOREIGN_LOAD_WARN_PCT or attempt == RETRIES:
+            if foreign is None or foreign < THRESHOLDS.unreliable_other_load_pct or attempt == RETRIES:
                 break
             self.discarded += 1
             self.discarded_s += time.perf_counter() - started
@@ -111,17 +114,13 @@ def run_grid(engine: QuietBursts, workload: aw.Workload, steps: int) -> tuple[li
 
 
 def side_by_side(engine: QuietBursts, workload: aw.Workload, grid_best: aw.Config, tuner_best: aw.Config,
-                 steps: int, pairs: int) -> list[float]:
-    """Tuner/grid samples/s ratio of each interleaved pair (order alternates so a drift cancels)."""
-    ratios = []
-    for i in range(pairs):
-        grid_first = i % 2 == 0
-        first, second = (grid_best, tuner_best) if grid_first else (tuner_best, grid_best)
-        rate_first, rate_second = (burst(engine, workload, c, steps).samples_per_s for c in (first, second))
-        grid_rate, tuner_rate = (rate_first, rate_second) if grid_first else (rate_second, rate_first)
-        if grid_rate and tuner_rate:
-            ratios.append(tuner_rate / grid_rate)
-    return ratios
+                 steps: int, budget_s: float) -> dict[str, Any]:
+    """The tuner's pick against the grid's by the comparison engine: its ratio, 95% interval and verdict."""
+    found = compare(workload, grid_best, tuner_best, budget_s=budget_s, steps=steps, engine=engine)
+    interval = found.interval
+    return {"ratio": found.ratio, "low": interval.low if interval.bounded else None,
+            "high": interval.high if interval.bounded else None, "verdict": found.verdict,
+            "blocks": len(found.counted), "stopped": found.stopped}
 
 
 def decisions(result: TuneResult) -> list[dict[str, Any]]:
@@ -129,7 +128,8 @@ def decisions(result: TuneResult) -> list[dict[str, Any]]:
              "bursts": len(s.results)} for s in result.decisions]
 
 
-def measure(engine: QuietBursts, name: str, tuner_runs: int, pairs: int, budget_share: float) -> dict[str, Any]:
+def measure(engine: QuietBursts, name: str, tuner_runs: int, compare_budget_s: float,
+            budget_share: float) -> dict[str, Any]:
     workload = aw.demo_workload(name)
     grid_steps, tuner_steps = STEPS[name]
     burst(engine, workload, aw.Config(), 3)  # unmeasured: starts the forkserver and pays first-burst costs
@@ -145,17 +145,18 @@ def measure(engine: QuietBursts, name: str, tuner_runs: int, pairs: int, budget_
         result = tune(workload, budget_s=budget_share * grid_wall, knobs=SUBSET, steps=tuner_steps, engine=engine,
                       clock=engine.clock)
         if result.best == grid_best.config:
-            ratios, same = [1.0], True
+            against, same = {"ratio": 1.0, "verdict": "same config"}, True
         else:
-            ratios, same = side_by_side(engine, workload, grid_best.config, result.best, grid_steps, pairs), False
-        ratio = statistics.median(ratios) if ratios else None
-        runs.append({"best": result.best.label(), "same_as_grid": same, "ratio_pairs": ratios, "ratio": ratio,
+            against = side_by_side(engine, workload, grid_best.config, result.best, grid_steps, compare_budget_s)
+            same = False
+        ratio = against["ratio"]
+        runs.append({"best": result.best.label(), "same_as_grid": same, "against_grid": against, "ratio": ratio,
                      "wall_s": result.wall_s, "wall_share": result.wall_s / grid_wall, "bursts": len(result.bursts),
-                     "measured_steps": tuner_steps * len(result.bursts), "stopped_reason": result.stopped_reason,
-                     "speedup_claimed": result.speedup, "decisions": decisions(result),
-                     "burst_results": [describe(b) for b in result.bursts]})
+                     "measured_steps": sum(len(b.step_times()) for b in result.bursts),
+                     "stopped_reason": result.stopped_reason, "speedup_claimed": result.speedup,
+                     "decisions": decisions(result), "burst_results": [describe(b) for b in result.bursts]})
         print(f"  tuner run {i + 1}: {result.best.label()} in {result.wall_s:.1f} s ({len(result.bursts)} bursts; "
-              f"{result.stopped_reason}); vs grid best {'same config' if same else _fmt(ratio)}", flush=True)
+              f"{result.stopped_reason}); vs grid best {'same config' if same else _against(against)}", flush=True)
         print(textwrap.indent(result.summary(), "    "), flush=True)
     return {
         "workload": name,
@@ -174,12 +175,18 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def _against(found: dict[str, Any]) -> str:
+    interval = f" [{found['low']:.3f}-{found['high']:.3f}]" if found.get("low") is not None else ""
+    return f"{_fmt(found['ratio'])}{interval} ({found['verdict']})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=workloads_arg, default=["mlp", "lm"],
                         help="comma-separated small demos (default mlp,lm; image takes minutes per grid here)")
     parser.add_argument("--tuner-runs", type=positive_int, default=2, help="tuner runs per workload (default 2)")
-    parser.add_argument("--pairs", type=positive_int, default=3, help="interleaved re-run pairs (default 3)")
+    parser.add_argument("--compare-budget-s", type=float, default=60.0,
+                        help="seconds the comparison of the two picks may take (default 60)")
     parser.add_argument("--budget-share", type=float, default=TARGET_WALL_SHARE,
                         help="tuner budget as a share of the grid's wall time (default 0.25)")
     parser.add_argument("--quiet-wait-s", type=float, default=120.0,
@@ -187,12 +194,13 @@ def main() -> None:
     args = parser.parse_args()
     load_at_start = load_average()
     engine = QuietBursts(QuietGate(budget_s=args.quiet_wait_s))
-    results = [measure(engine, name, args.tuner_runs, args.pairs, args.budget_share) for name in args.workloads]
+    results = [measure(engine, name, args.tuner_runs, args.compare_budget_s, args.budget_share)
+               for name in args.workloads]
 
     rows = []
     for r in results:
         for i, run in enumerate(r["tuner_runs"], 1):
-            rows.append([r["workload"], i, r["grid"]["best"], run["best"], _fmt(run["ratio"]),
+            rows.append([r["workload"], i, r["grid"]["best"], run["best"], _against(run["against_grid"]),
                          f"{run['wall_s']:.1f} / {r['grid']['wall_s']:.1f} s = {run['wall_share']:.2f}",
                          f"{run['bursts']} / {r['grid']['bursts']}", run["stopped_reason"].split(":")[0],
                          "yes" if (run["ratio"] or 0) >= TARGET_RATIO and run["wall_share"] <= TARGET_WALL_SHARE
@@ -208,7 +216,7 @@ def main() -> None:
     path = write_json("tuner_vs_grid", {
         "subset": {k: list(v) for k, v in SUBSET.items()}, "targets": {"ratio": TARGET_RATIO,
                                                                        "wall_share": TARGET_WALL_SHARE},
-        "budget_share": args.budget_share, "pairs": args.pairs, "quiet_pct": QUIET_PCT,
+        "budget_share": args.budget_share, "compare_budget_s": args.compare_budget_s, "quiet_pct": QUIET_PCT,
         "waited_for_quiet_s": engine.gate.waited_s, "discarded_bursts": engine.discarded,
         "discarded_bursts_s": engine.discarded_s, "load_average_at_start": load_at_start,
         "load_average_at_end": load_at_end, "workloads": results})

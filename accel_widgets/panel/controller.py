@@ -34,7 +34,7 @@ from ..search.compare import DEFAULT_BUDGET_S, Progress, measure_pairs
 from ..search.ladder import classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
 from ..search.tuner import TuneResult, TuneStep
-from ..views.comparison import interval_text, verdict_text
+from ..views.comparison import interval_text, outcome_text, verdict_text
 from ..views.progress import BurstProgress
 from .state import PanelState, ProfileShown, Ticker
 
@@ -462,10 +462,9 @@ class PanelController:
             rates = f"; {outcome.baseline_samples_per_s:,.1f} → {outcome.best_samples_per_s:,.1f} samples/s"
         stopped = "stopped" if self._stop.is_set() else "finished"
         confirmation = outcome.confirmation
-        gain = (f"{confirmation.median:.2f}× over the start side by side ({confirmation.spread[0]:.2f}–"
-                f"{confirmation.spread[1]:.2f}, {len(confirmation.ratios)} pairs)" if confirmation is not None
+        gain = (f"{outcome_text(confirmation)} against the start" if confirmation is not None
                 else "1.00× (no knob beat the start)" if outcome.speedup is not None
-                else "its speedup not confirmed side by side")
+                else "its speed-up over the start not measured")
         return (f"Tune {stopped}: best {outcome.best.label()}, {gain}{rates} "
                 f"({len(outcome.bursts)} bursts in {outcome.wall_s:.0f} s; {outcome.stopped_reason}). "
                 "The controls now show it.")

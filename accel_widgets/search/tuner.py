@@ -7,46 +7,48 @@ optimizer and syncs on Python overhead). Walking them one at a time from the bes
 the top of the grid in a fraction of the bursts. The order is the ladder's (:data:`~accel_widgets.knobs.GROUPS`):
 the large effects come first, so later knobs are judged on the step they will really run in.
 
-How a candidate is judged on a machine whose speed drifts (other jobs, clocks, caches):
+How a candidate is judged: in a duel with the best config so far, measured by the comparison engine
+(:mod:`accel_widgets.search.compare`), the one every speed-up of this package comes from.
 
-- interleaved A/B: current, candidate, current (, candidate, current ...), each candidate burst against
-  the mean of the current bursts either side of it, so a linear drift cancels;
-- it is accepted only when its median speedup clears both ``MIN_GAIN`` and the noise, estimated from the
-  bursts' own step-time spread and, after repeats, from the spread between rounds;
-- a gain is accepted only once it held over ``CONFIRM_ROUNDS`` rounds (one lucky round is how a knob that
-  cannot act "won" +35%); a clear loss needs one; a close contender is repeated, up to ``MAX_ROUNDS`` rounds;
-- a burst whose numbers cannot rank a knob (:attr:`~accel_widgets.results.burst.BurstResult.reliability`: a step
-  spread or other load past the thresholds) is measured again, never compared;
-- a knob whose code path never ran in the starting burst (no scaled_dot_product_attention for
-  ``sdpa_backend``, no convolution for ``channels_last``: :attr:`~accel_widgets.knobs.Knob.needs`) cannot
-  change the step and is not tried;
-- numeric knobs (and ``compile_mode``, ordered by aggressiveness) walk away from the current value and
-  stop going further in a direction at the first value that does not win;
-- a failed burst is a loss with the error as its reason; with ``guard=True`` a candidate whose losses
-  leave the fp32 baseline's (:func:`~accel_widgets.analysis.guard.check_training`) is rejected however fast it is.
-  "Leave" is judged against what reseeding the baseline's data moves its loss by, measured only when the
-  precision's tolerance alone would reject a candidate (random augmentation: loader workers change which
-  draw each item gets), once per workload (:func:`measure_noise`).
+- The best config's contender stays open from duel to duel (with the default engine its ranks are held: it is set up
+  and compiled once, not once per candidate). Each candidate gets its own, opened with an ordinary first burst.
+- With ``guard=True`` the guard reads that first burst before any comparison window is spent on the candidate: one
+  whose losses leave the fp32 baseline's (:func:`~accel_widgets.analysis.guard.check_training`) is rejected however
+  fast it is. "Leave" is judged against what reseeding the baseline's data moves its loss by, measured only when the
+  precision's tolerance alone would reject a candidate (random augmentation: loader workers change which draw each
+  item gets), once per workload (:func:`measure_noise`).
+- The duel's first block is the candidate's first burst, then a fresh window of the best config, then the engine's
+  own windows of both (candidate, best, best, candidate: balanced, so a linear drift cancels); blocks follow until
+  the verdict against ``MIN_GAIN`` is settled or the duel's budget is spent. A candidate is kept only on "faster";
+  "same", "slower" and "undecided" leave the best as it was, each with its interval in the decision's reason.
+- A duel may spend an equal share of what is left of the search's budget among the duels still ahead (one per
+  direction of each knob left), and never less than room for ``MIN_DUEL_BLOCKS`` blocks at the pace measured (a clear
+  effect settles sooner and leaves the rest to the duels after it).
+- A knob whose code path never ran in the starting burst (no scaled_dot_product_attention for ``sdpa_backend``, no
+  convolution for ``channels_last``: :attr:`~accel_widgets.knobs.Knob.needs`) cannot change the step and is not tried.
+- Numeric knobs (and ``compile_mode``, ordered by aggressiveness) walk away from the current value and stop going
+  further in a direction at the first value that is not kept.
+- A failed window loses the duel with the error as its reason.
 
-The headline is measured, not multiplied: every accepted step was kept because it looked good, so the
-product of their speedups inflates. Once the search ends, the best config and the starting one run as
-interleaved pairs (A/B, B/A, ... ``FINAL_PAIRS`` of them where time allows) and the median of the pairs'
-ratios, with its spread, is :attr:`TuneResult.speedup`. The search keeps ``FINAL_BUDGET_SHARE`` of the
-budget for them, and no burst starts that would end past the budget at the duration bursts of its kind
-(compiled or not) took so far.
+The headline is measured, not multiplied: every kept step was kept because it looked good, so the product of their
+speed-ups inflates. Once the search ends, the pick is compared with the starting config by the same engine, in the
+share of the budget the search keeps for it (``FINAL_BUDGET_SHARE``): :attr:`TuneResult.confirmation`, whose ratio is
+:attr:`TuneResult.speedup`. The starting config's contender is held for it where memory allows (``HOLD_SHARE``), else
+opened again. No burst or block starts that would end past the budget at the durations measured so far.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 from ..analysis.guard import (
     NOISE_RESEEDS,
@@ -58,87 +60,68 @@ from ..analysis.guard import (
     keep_noise,
     noise_band,
 )
-from ..engine.launcher import run_burst
+from ..engine.launcher import BurstError, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import GROUPS, KNOBS, CodePaths, SearchContext, compiling
 from ..knobs.config import Config
 from ..knobs.data import data_seed
 from ..knobs.rules import ConfigError, check_config, knob_availability
+from ..metrics.sequential import min_blocks
 from ..results.burst import BurstResult
+from ..results.comparison import Comparison
 from ..results.history import RunHistory, workload_fingerprint
-from .bursts import Bursts
+from ..views.comparison import outcome_text
+from .bursts import Bursts, Contender, Engine
+from .compare import WINDOW_S, measure_pairs, window_steps
 
-#: Smallest speedup worth a knob: below it a change is within what the same config moves between bursts
-#: on a quiet machine (the repeatability benchmark), and a knob that buys less is not worth keeping.
+#: Smallest speed-up worth a knob, the comparison's margin: a candidate whose interval lies within 1 ± this is "same"
+#: (a knob that buys less is not worth keeping), and only "faster" keeps one.
 MIN_GAIN = 0.03
-#: Noise estimates are standard errors; a gain must clear this many of them to count.
-NOISE_Z = 2.0
-#: Rounds (candidate + current burst) a close contender gets before it is rejected as "no clear gain".
-MAX_ROUNDS = 3
-#: Rounds a gain must hold over before it is accepted: one round can always look good.
-CONFIRM_ROUNDS = 2
-#: Times a burst that cannot rank a knob (unreliable: a busy machine) is run again before the step is not judged.
-REMEASURES = 2
-#: Interleaved pairs (starting config, best config) that measure the headline; noisy hosts need ~12
-#: (/work/shared/notes/measuring-on-a-noisy-host.md). Fewer where the budget has no room for them.
-FINAL_PAIRS = 12
-#: Share of the budget the search leaves for the final pairs.
+#: Share of the budget the search leaves for measuring the pick against the starting config.
 FINAL_BUDGET_SHARE = 0.3
+#: The fewest blocks a duel is given room for: those after which the interval is finite, the first point where any
+#: verdict can be reached (a clear effect settles there; the equal share of the budget gives more where it allows).
+MIN_DUEL_BLOCKS = min_blocks()
+#: The starting config's ranks stay open for the final comparison only while they take at most this share of the
+#: device's memory: during a duel three configs' ranks are alive (the start's, the best's, the candidate's).
+HOLD_SHARE = 0.25
 #: What a first compiled burst is assumed to cost on top of an eager one before any has run: a cold inductor
 #: compile of a small model took 16 s on a 2-core CPU here, ~25 s for ResNet-18 / GPT-124M on an H200.
 COMPILE_ALLOWANCE_S = 20.0
+
 
 @dataclass(frozen=True)
 class TuneStep:
     """One decision: a knob value tried (or skipped) against the best config at that point.
 
-    ``speedup`` is the candidate's median samples/s over the interleaved bursts of the current config
-    (``None`` when it was not measured); ``results`` are those bursts in run order, current and candidate
-    (the first may be the previous step's last burst, reused because it ran just before).
+    ``comparison`` is the duel's measurement by the comparison engine (None when the value was skipped, failed its
+    first burst or was rejected by the guard before any comparison); ``results`` are the step's windows in run
+    order: the candidate's first burst, then the comparison's windows of both configs.
     """
 
     knob: str
     value: Any
     accepted: bool
-    speedup: float | None
     reason: str
-    results: list[BurstResult]
-
-
-@dataclass(frozen=True)
-class PairedComparison:
-    """The best config against the starting one, measured side by side: ``ratios`` are the best's samples/s over
-    the start's in each interleaved pair (the order alternating: start first, then best first, ...)."""
-
-    ratios: tuple[float, ...]
+    results: list[BurstResult] = field(default_factory=list)
+    comparison: Comparison | None = None
 
     @property
-    def median(self) -> float:
-        return statistics.median(self.ratios)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        """The ratios' interquartile range (the lowest and highest with fewer than four pairs)."""
-        if len(self.ratios) < 4:
-            return min(self.ratios), max(self.ratios)
-        quartiles = statistics.quantiles(self.ratios, n=4, method="inclusive")
-        return quartiles[0], quartiles[2]
-
-    def text(self) -> str:
-        low, high = self.spread
-        return f"{self.median:.2f}x ({low:.2f}-{high:.2f} over {len(self.ratios)} interleaved pairs)"
+    def speedup(self) -> float | None:
+        """The candidate's samples/s over the best config's, from the comparison's blocks (None without any)."""
+        return self.comparison.ratio if self.comparison is not None else None
 
 
 @dataclass
 class TuneResult:
-    """The best config found, every decision on the way (``decisions``) and every burst run (``bursts``).
+    """The best config found, every decision on the way (``decisions``) and every window run (``bursts``).
 
-    ``confirmation`` measures the best config against the starting one side by side after the search, and
-    :attr:`speedup` is its median ratio; ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over
-    those same pairs (over all bursts of those configs when there are none; ``None`` when none finished).
-    ``noise`` is the band the guard judged a candidate by, when one needed it (its reseeded baseline bursts
-    count in ``wall_s`` and the budget, but are not in ``bursts``: they trained on other data).
+    ``confirmation`` is the pick measured against the starting config by the comparison engine after the search, and
+    :attr:`speedup` its ratio; ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over its windows
+    (over all windows of those configs when it has none; ``None`` when none finished). ``noise`` is the band the guard
+    judged a candidate by, when one needed it (its reseeded baseline bursts count in ``wall_s`` and the budget, but
+    are not in ``bursts``: they trained on other data).
     """
 
     best: Config
@@ -149,27 +132,28 @@ class TuneResult:
     wall_s: float
     stopped_reason: str
     noise: NoiseBand | None = None
-    confirmation: PairedComparison | None = None
+    confirmation: Comparison | None = None
 
     @property
     def speedup(self) -> float | None:
-        """What the best config gains over the starting one: the median ratio of the final interleaved pairs;
-        1.0 when the best is the start; None when the pairs could not run (stopped, no time left)."""
+        """What the pick gains over the starting config: the final comparison's ratio; 1.0 when the pick is the
+        start; None when that comparison could not run (stopped, no time left)."""
         if self.confirmation is not None:
-            return self.confirmation.median
-        return 1.0 if not self.decisions or not any(s.accepted for s in self.decisions) else None
+            return self.confirmation.ratio
+        return 1.0 if not any(s.accepted for s in self.decisions) else None
 
     def summary(self) -> str:
-        """Lines a person reads: the result, then each decision (+ marks the accepted ones)."""
+        """Lines a person reads: the result, then each decision (+ marks the kept ones)."""
         rates = ", ".join(f"{name} {rate:,.1f} samples/s" for name, rate in
                           (("baseline", self.baseline_samples_per_s), ("best", self.best_samples_per_s))
                           if rate is not None)
         if self.confirmation is not None:
-            measured = f"{self.confirmation.text()}; {rates}"
+            measured = f"{outcome_text(self.confirmation)} against the start"
         elif self.speedup is not None:
-            measured = f"no knob beat the starting config; {rates}"
+            measured = "no knob beat the starting config"
         else:
-            measured = f"speedup not confirmed side by side; {rates}"
+            measured = "its speed-up over the start not measured"
+        measured += f"; {rates}" if rates else ""
         head = (f"best: {self.best.label()} ({measured}), {len(self.bursts)} bursts in {self.wall_s:.1f} s; "
                 f"{self.stopped_reason}")
         return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
@@ -184,7 +168,7 @@ def tune(
     base: Config | None = None,
     steps: int = 20,
     device: DeviceInfo | None = None,
-    engine: Callable[..., BurstResult] = run_burst,
+    engine: Engine = run_burst,
     clock: Callable[[], float] = time.perf_counter,
     guard: bool = True,
     on_step: Callable[[TuneStep], None] | None = None,
@@ -200,40 +184,35 @@ def tune(
     (:attr:`~accel_widgets.knobs.Search.left_out`: they change what is trained, or never speed a step up). Knobs
     that cannot act on ``device`` and values ``check_config`` rejects are skipped with the reason in the decisions.
 
-    Every burst runs ``steps`` measured steps through ``engine`` (called like ``run_burst`` with ``steps``,
-    ``label`` and ``stop``). No burst starts once it would end past ``budget_s`` on ``clock`` (at the
-    median duration of the bursts of its kind so far); the search leaves ``FINAL_BUDGET_SHARE`` of it for the
-    final interleaved pairs of the best and the starting config, whose median ratio is the result's
-    ``speedup``. The starting config's burst always runs; the code paths its step ran decide which knobs can
-    act at all (the others are not tried, with the reason). Setting ``stop`` ends the running burst and the
-    search. A failing burst never raises: it is recorded and the candidate loses. ``history`` keeps the
-    guard's noise band for later searches of the same workload (it is kept in this process either way).
+    Each config's first burst runs ``steps`` measured steps through ``engine`` (called like ``run_burst``; the
+    default holds each config's ranks between the comparison's windows); the comparison engine sizes the windows after
+    it. Nothing starts that would end past ``budget_s`` on ``clock`` at the durations measured so far; the search
+    leaves ``FINAL_BUDGET_SHARE`` of it for comparing the pick with the starting config, whose ratio is the result's
+    ``speedup``. The starting config's burst always runs; the code paths its step ran decide which knobs can act at
+    all (the others are not tried, with the reason). Setting ``stop`` ends the running window and the search. A
+    failing burst never raises: it is recorded and the candidate loses. ``history`` keeps the guard's noise band for
+    later searches of the same workload (it is kept in this process either way).
     """
     device = device or probe_device()
     base = base or Config()
     check_config(base, device)  # a start that cannot run here, or a knob that does not exist, is the caller's
     plan = _plan(knobs)  # error: both raise before any burst
     search = _Search(workload, Bursts(engine, steps=steps, stop=stop), device, clock, budget_s, guard, on_step,
-                     history)
-    best = base
-    if search.can_run(1):
-        start = search.run_reliable(base)
-        if not _measured(start):
-            search.stopped = f"the starting config's burst did not finish: {_error(start)}"
-        search.paths = start.code_paths
-    for name, values in plan:
-        if search.stopped:
-            break
-        best = search.tune_knob(name, values, best, named=knobs is not None)
+                     history, plan, named=knobs is not None)
+    try:
+        best = search.run(base)
+        confirmation = search.confirm(base) if best != base else None
+    finally:
+        search.close()
     stopped = search.stopped or "done: every knob was searched"
-    confirmation = search.confirm(base, best) if best != base else None
     if confirmation is not None:
-        stopped += f"; the pick measured against the start in {len(confirmation.ratios)} interleaved pairs"
+        stopped += f"; the pick measured against the start ({confirmation.stopped})"
     elif best != base:
-        stopped += "; no pair of the pick and the start could run, so its speedup is not confirmed"
-    pairs = search.final_pairs
-    return TuneResult(best, _median_rate(pairs or search.bursts, best), _median_rate(pairs or search.bursts, base),
-                      search.decisions, search.bursts, clock() - search.started, stopped, search.noise, confirmation)
+        stopped += f"; {search.unconfirmed or 'stopped'}, so its speed-up over the start is not measured"
+    windows = (confirmation.subject_windows, confirmation.reference_windows) if confirmation is not None else ([], [])
+    return TuneResult(best, _median_rate(windows[0] or search.bursts, best),
+                      _median_rate(windows[1] or search.bursts, base), search.decisions, search.bursts,
+                      clock() - search.started, stopped, search.noise, confirmation)
 
 
 def measure_noise(
@@ -269,7 +248,10 @@ def measure_noise(
     return band
 
 
-def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> list[tuple[str, tuple[Any, ...] | None]]:
+Plan = list[tuple[str, tuple[Any, ...] | None]]
+
+
+def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> Plan:
     """Knob names with their explicit values (``None``: built-in), in the classic order; bad names raise."""
     if knobs is None:
         wanted: dict[str, tuple[Any, ...] | None] = dict.fromkeys(KNOBS)
@@ -282,101 +264,176 @@ def _plan(knobs: Sequence[str] | Mapping[str, Sequence[Any]] | None) -> list[tup
     return [(name, wanted[name]) for name in ordered]
 
 
+@dataclass(eq=False)
+class _Tracked:
+    """A contender of the search (:class:`~accel_widgets.search.bursts.Contender`): every window it measures lands in
+    the search's bursts, and its walls in its own pace. ``first`` is the window the next comparison opens its first
+    block with: the first burst, then a window measured just before each later comparison (:meth:`lead`), so no
+    comparison reuses a window from minutes before. ``failed`` is the window that failed, after which it measures no
+    more."""
+
+    contender: Contender
+    search: _Search
+    config: Config = field(init=False)
+    first: BurstResult = field(init=False)
+    walls: list[float] = field(default_factory=list)
+    failed: BurstResult | None = None
+
+    def __post_init__(self) -> None:
+        self.config, self.first = self.contender.config, self.contender.first
+        self.failed = None if _measured(self.first) else self.first
+
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult:
+        before = self.search.clock()
+        try:
+            result = self.contender.measure(steps, label=label, stop=stop)
+        except BurstError as exc:
+            self._record(exc.result, before)
+            raise
+        self._record(result, before)
+        return result
+
+    def _record(self, result: BurstResult, before: float) -> None:
+        self.walls.append(self.search.clock() - before)
+        self.search.bursts.append(result)
+        if not result.ok and self.failed is None:
+            self.failed = result
+
+    def lead(self) -> bool:
+        """Measure the window the next comparison opens with; False when it did not finish."""
+        try:
+            self.first = self.measure(window_steps(self.first), label=f"tune: {self.config.label()} · repeat",
+                                      stop=self.search.stop)
+        except BurstError:
+            return False
+        return self.failed is None
+
+    def window_s(self) -> float:
+        """What its next window will take: the median of its windows so far, else its first burst's pace (setup,
+        warm-up and a window's steps)."""
+        if self.walls:
+            return statistics.median(self.walls)
+        step = self.first.step_time
+        if step is None:
+            return WINDOW_S
+        setup = self.first.ranks[0].setup_s if self.first.ranks else 0.0
+        return (window_steps(self.first) + self.first.warmup_steps + 1) * step.median + setup
+
+    def close(self) -> None:
+        self.contender.close()
+
+
+def _can_hold(first: BurstResult, device: DeviceInfo) -> bool:
+    """Whether a config's ranks may stay open while the search goes on: their memory (as its first burst measured it)
+    is at most ``HOLD_SHARE`` of the GPU's, or on a CPU of the memory available besides them. Unknown memory is not
+    held."""
+    held = first.peak_reserved_bytes or first.peak_memory_bytes
+    if not held:
+        return False
+    if first.memory_kind == "cuda_allocator" and device.gpus:
+        return held <= HOLD_SHARE * min(gpu.memory_bytes for gpu in device.gpus)
+    return held * first.world_size <= HOLD_SHARE * psutil.virtual_memory().available
+
+
 class _Search:
-    """The state of one tuning run: bursts so far, their durations on the clock, the decisions, why it stopped."""
+    """The state of one tuning run: the contenders open (the start's, the best's), every window so far, the decisions,
+    why it stopped."""
 
     def __init__(self, workload: Workload, bursts: Bursts, device: DeviceInfo, clock: Callable[[], float],
                  budget_s: float, guard: bool, on_step: Callable[[TuneStep], None] | None,
-                 history: RunHistory | None) -> None:
-        self.workload, self.device, self.history = workload, device, history
+                 history: RunHistory | None, plan: Plan, *, named: bool) -> None:
+        self.workload, self.device, self.history, self.plan, self.named = workload, device, history, plan, named
         self.clock, self.budget_s, self.guard, self.on_step = clock, budget_s, guard, on_step
-        self.engine = bursts.engine  # the caller's: each burst through it is timed for the budget
-        self.runner = replace(bursts, engine=self.timed)
-        self.stop = bursts.stop
+        self.runner, self.stop = bursts, bursts.stop
         self.noise: NoiseBand | None = None
         self.started = clock()
         self.bursts: list[BurstResult] = []
-        self.durations: dict[bool, list[float]] = {False: [], True: []}  # seconds per burst, by "it compiles"
+        self.first_bursts: list[BurstResult] = []  # the guard's baselines: first bursts, as long as a candidate's
+        self.firsts: dict[bool, list[float]] = {False: [], True: []}  # first bursts' seconds, by "it compiles"
         self.decisions: list[TuneStep] = []
-        self.final_pairs: list[BurstResult] = []
         self.paths: CodePaths | None = None  # what the starting burst's step ran
+        self.start: _Tracked | None = None  # the starting config's contender, while it is held
+        self.current: _Tracked | None = None  # the best config's
+        self.position = 0  # the knob of the plan being searched
+        self.left_here = 0  # its directions still to try, the current one included
         self.stopped = ""
+        self.unconfirmed = ""  # why the pick could not be measured against the start
 
-    # -- bursts and the budget ------------------------------------------------------------------
-    def estimate(self, config: Config) -> float:
-        """Seconds a burst of ``config`` will take: the median of the bursts of its kind (compiled or eager) so
-        far; a first compiled one, an eager one's plus ``COMPILE_ALLOWANCE_S``."""
+    # -- contenders and the budget ------------------------------------------------------------------
+    def open(self, config: Config) -> _Tracked:
+        """The config's contender, its first burst run (and recorded) now."""
+        before = self.clock()
+        contender = self.runner.open(self.workload, config, label=f"tune: {config.label()}")
+        self.firsts[compiling.compiled(config)].append(self.clock() - before)
+        self.bursts.append(contender.first)
+        self.first_bursts.append(contender.first)
+        return _Tracked(contender, self)
+
+    def first_s(self, config: Config) -> float:
+        """Seconds a first burst of ``config`` will take: the median of the first bursts of its kind (compiled or
+        eager) so far; a first compiled one, an eager one's plus ``COMPILE_ALLOWANCE_S``."""
         compiles = compiling.compiled(config)
-        same, eager = self.durations[compiles], self.durations[False] or self.durations[True]
+        same, eager = self.firsts[compiles], self.firsts[False] or self.firsts[True]
         if same:
             return statistics.median(same)
         typical = statistics.median(eager) if eager else 0.0
-        return typical + (COMPILE_ALLOWANCE_S if compiles and self.durations[False] else 0.0)
+        return typical + (COMPILE_ALLOWANCE_S if compiles and self.firsts[False] else 0.0)
 
-    def can_run(self, bursts: int, config: Config | None = None, *, final: bool = False) -> bool:
-        """Whether ``bursts`` more bursts (of ``config``'s kind) fit in the budget, less the share kept for the final
-        pairs unless these are them; says why not."""
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def search_left(self) -> float:
+        """Seconds the search may still spend, less the share kept for measuring the pick against the start."""
+        return self.budget_s * (1 - FINAL_BUDGET_SHARE) - self.elapsed()
+
+    @staticmethod
+    def floor_s(a: _Tracked, b: _Tracked | None = None) -> float:
+        """Room for ``MIN_DUEL_BLOCKS`` blocks of two configs (each block: two windows of each), at their pace (``b``
+        unknown yet: at ``a``'s)."""
+        return MIN_DUEL_BLOCKS * 2 * (a.window_s() + (b or a).window_s())
+
+    def fits(self, seconds: float, what: str) -> bool:
+        """Whether ``seconds`` more fit the search's share of the budget; says why not (or that a stop came)."""
         if self.stop is not None and self.stop.is_set():
             self.stopped = "stopped: the stop event was set"
             return False
-        each = self.estimate(config if config is not None else Config())
-        elapsed = self.clock() - self.started
-        budget = self.budget_s if final else self.budget_s * (1 - FINAL_BUDGET_SHARE)
-        if elapsed + bursts * each > budget:
-            kept = "" if final else " (the rest is kept to confirm the pick side by side)"
-            self.stopped = (f"budget: {elapsed:.1f} s of {self.budget_s:g} s used, and {bursts} more burst(s) of "
-                            f"~{each:.1f} s would not fit{kept}")
+        if seconds > self.search_left():
+            self.stopped = (f"budget: {self.elapsed():.1f} s of {self.budget_s:g} s used, and {what} "
+                            f"(~{seconds:.1f} s) would not fit (the rest is kept to measure the pick against the "
+                            "start)")
             return False
         return True
 
-    def run(self, config: Config) -> BurstResult:
-        """One burst of the search; a BurstError becomes its (failed) result."""
-        result = self.runner.run(self.workload, config, label=f"tune: {config.label()}")
-        self.bursts.append(result)
-        return result
+    def ahead(self, best: Config) -> int:
+        """The duels still ahead, the one about to run included, counted on ``best``: one per direction of each knob
+        still to search (a value further in a direction is tried only after the one before it was kept, and a kept
+        one settled as "faster", which a clear effect does in few blocks)."""
+        later = self.plan[self.position + 1:]
+        return self.left_here + sum(len(self.choices(name, values, best)[0]) for name, values in later)
 
-    def run_reliable(self, config: Config, *, final: bool = False) -> BurstResult:
-        """A burst whose numbers can rank a knob: one that cannot (a busy machine) is run again, up to
-        ``REMEASURES`` times while the budget allows; the last one is returned either way."""
-        result = self.run(config)
-        for _ in range(REMEASURES):
-            if not _measured(result) or result.reliability.reliable or not self.can_run(1, config, final=final):
-                break
-            result = self.run(config)
-        return result
+    def duel_budget(self, candidate: _Tracked) -> float:
+        """What the duel may spend: an equal share of what is left among the duels ahead, at least room for
+        ``MIN_DUEL_BLOCKS`` blocks, at most what is left."""
+        assert self.current is not None
+        left = self.search_left()
+        return min(left, max(left / max(1, self.ahead(self.current.config)), self.floor_s(self.current, candidate)))
 
-    def timed(self, workload: Workload, config: Config, **burst: Any) -> BurstResult:
-        """A burst through the caller's engine, its duration counted for the budget (bursts of this search and of
-        the guard's noise band alike)."""
-        before = self.clock()
-        try:
-            return self.engine(workload, config, **burst)
-        finally:
-            self.durations[compiling.compiled(config)].append(self.clock() - before)
-
-    def confirm(self, base: Config, best: Config) -> PairedComparison | None:
-        """The best config against the starting one in interleaved pairs, as many as the rest of the budget holds
-        (up to ``FINAL_PAIRS``); None when not one pair could run."""
+    def ready(self, contender: _Tracked) -> _Tracked:
+        """``contender`` with a fresh window to open a comparison with: measured now, or, where a window of it failed,
+        the config opened again (its first burst is then the fresh window). A stop leaves it as it is."""
+        if contender.failed is None and contender.lead():
+            return contender
         if self.stop is not None and self.stop.is_set():
-            return None
-        pair_s = self.estimate(base) + self.estimate(best)
-        room = self.budget_s - (self.clock() - self.started)
-        planned = min(FINAL_PAIRS, int(room // pair_s) if pair_s > 0 else FINAL_PAIRS)
-        ratios = []
-        for index in range(planned):
-            order = (base, best) if index % 2 == 0 else (best, base)
-            pair = {}
-            for config in order:
-                if not self.can_run(1, config, final=True):
-                    break
-                pair[config] = self.run_reliable(config, final=True)
-            if len(pair) < 2:
-                break
-            self.final_pairs.extend(pair.values())
-            if all(_measured(r) and r.reliability.reliable for r in pair.values()):
-                ratios.append(_rate(pair[best]) / _rate(pair[base]))
-        return PairedComparison(tuple(ratios)) if ratios else None
+            return contender
+        contender.close()
+        fresh = self.open(contender.config)
+        if self.start is contender:
+            self.start = fresh
+        if self.current is contender:
+            self.current = fresh
+        return fresh
 
+    # -- the guard ----------------------------------------------------------------------------------
     @functools.cached_property
     def fingerprint(self) -> str:
         """The workload's, for the guard's noise band: computed (it builds the model) only once one is needed."""
@@ -389,15 +446,17 @@ class _Search:
         tolerance), so the band's bursts are spent only on a candidate it would reject for its trajectory
         alone (not for NaN, a skipping scaler or frozen augmentation), and once per workload.
         """
-        baseline = find_baseline(run, self.bursts)
+        baseline = find_baseline(run, self.first_bursts)
         verdict = check_training(run, baseline)
         if baseline is None or not verdict.beyond_tolerance or check_training(run, None).status == "changes_training":
             return verdict
         noise = cached_noise(self.fingerprint, baseline, self.history)
         if noise is None:
-            if not self.can_run(NOISE_RESEEDS + 1):  # the reseeded bursts, then the round's closing burst
+            assert self.current is not None
+            needed = NOISE_RESEEDS * self.first_s(baseline.config) + self.floor_s(self.current)
+            if not self.fits(needed, f"the guard's noise band ({NOISE_RESEEDS} bursts) and the duel after it"):
                 return None
-            noise = measure_noise(self.workload, baseline, engine=self.timed, history=self.history,
+            noise = measure_noise(self.workload, baseline, engine=self.runner.engine, history=self.history,
                                   fingerprint=self.fingerprint, stop=self.stop)
         if noise is None:
             return verdict
@@ -411,136 +470,187 @@ class _Search:
         return step
 
     # -- the search -----------------------------------------------------------------------------
-    def tune_knob(self, name: str, values: tuple[Any, ...] | None, best: Config, *, named: bool) -> Config:
-        """Try ``name``'s values against ``best``; returns the best config after this knob."""
+    def run(self, base: Config) -> Config:
+        """Open the starting config, then search the plan's knobs in order; returns the best config found."""
+        if self.stop is not None and self.stop.is_set():
+            self.stopped = "stopped: the stop event was set"
+            return base
+        start = self.open(base)
+        if start.failed is not None:
+            self.stopped = f"the starting config's burst did not finish: {_error(start.first)}"
+            start.close()
+            return base
+        self.paths = start.first.code_paths
+        self.start = self.current = start
+        for position, (name, values) in enumerate(self.plan):
+            if self.stopped:
+                break
+            self.position = position
+            self.tune_knob(name, values)
+        return self.current.config
+
+    def choices(self, name: str, values: tuple[Any, ...] | None, best: Config) -> tuple[list[list[Any]], str]:
+        """The groups of values to try for knob ``name`` from ``best`` (a value not kept ends its group), or why
+        none is tried."""
         available, why = knob_availability(name, self.device)
         if not available:
-            self.record(TuneStep(name, None, False, None, f"skipped: {why}", []))
-            return best
+            return [], f"skipped: {why}"
         idle = KNOBS[name].idle_on(self.paths) if self.paths is not None else ""
         if idle:
-            self.record(TuneStep(name, None, False, None, f"not tried: {idle}: it cannot change this step", []))
-            return best
+            return [], f"not tried: {idle}: it cannot change this step"
         left_out = KNOBS[name].search.left_out
-        if not named and left_out:
-            self.record(TuneStep(name, None, False, None, f"left out: {left_out}; name it in knobs= to "
-                                 "search it", []))
-            return best
-        explicit = values is not None
+        if not self.named and left_out:
+            return [], f"left out: {left_out}; name it in knobs= to search it"
         context = SearchContext(best, self.workload, self.device)
-        values = values if values is not None else candidate_values(name, context)
-        ordered = is_ordered(name)
-        for direction in _directions(name, values, context):
-            won = False
-            for value in direction:
-                step = self.try_value(name, value, best, explicit=explicit)
-                if step is None:
-                    return best
-                if step.accepted:
-                    best, won = best.replace(**{name: value}), True
-                elif step.results:
-                    break  # measured and lost: further in this direction is not tried
-            if won and ordered:
-                break  # it gained going this way, so going the other way would lose
-        return best
+        return _directions(name, values if values is not None else candidate_values(name, context), context), ""
 
-    def try_value(self, name: str, value: Any, best: Config, *, explicit: bool) -> TuneStep | None:
+    def tune_knob(self, name: str, values: tuple[Any, ...] | None) -> None:
+        """Try ``name``'s values against the best config, keeping each that is faster."""
+        assert self.current is not None
+        directions, why = self.choices(name, values, self.current.config)
+        if why:
+            self.record(TuneStep(name, None, False, why))
+            return
+        for index, direction in enumerate(directions):
+            self.left_here = len(directions) - index
+            kept = False
+            for value in direction:
+                step = self.try_value(name, value, explicit=values is not None)
+                if step is None:
+                    return
+                if step.accepted:
+                    kept = True
+                elif step.results:
+                    break  # measured and not kept: further in this direction is not tried
+            if kept and is_ordered(name):
+                return  # it gained going this way, so going the other way would lose
+
+    def try_value(self, name: str, value: Any, *, explicit: bool) -> TuneStep | None:
         """The step for one value (skipped, or measured in a duel); ``None`` once the search has to stop."""
+        assert self.current is not None
+        best = self.current.config
         candidate = best.replace(**{name: value})
         try:
             warnings = check_config(candidate, self.device)
         except ConfigError as exc:
-            return self.record(TuneStep(name, value, False, None, f"skipped: {exc}", []))
+            return self.record(TuneStep(name, value, False, f"skipped: {exc}"))
         new = [w for w in warnings if w not in check_config(best, self.device)]
         if new and not explicit:
-            return self.record(TuneStep(name, value, False, None, f"skipped: {new[0]} (name the value in "
-                                        "knobs={...} to measure it anyway)", []))
-        step = self.duel(name, value, best, candidate)
+            return self.record(TuneStep(name, value, False, f"skipped: {new[0]} (name the value in knobs={{...}} to "
+                                        "measure it anyway)"))
+        if not self.fits(self.first_s(candidate) + self.floor_s(self.current), "another candidate's first burst and "
+                         f"{MIN_DUEL_BLOCKS} blocks"):
+            return None
+        mark = len(self.bursts)
+        contender = self.open(candidate)
+        step = None
+        try:
+            step = self.duel(name, value, contender, mark)
+        finally:
+            if step is None or not step.accepted:
+                contender.close()
         return None if step is None else self.record(step)
 
-    def duel(self, name: str, value: Any, current: Config, candidate: Config) -> TuneStep | None:
-        """Interleave current, candidate, current ... until the judgement is clear (or rounds/budget run out)."""
-        last = self.bursts[-1] if self.bursts else None
-        lead = last if last is not None and _measured(last) and last.config == current else None
-        if not self.can_run(1, candidate) or not self.can_run(1 if lead is not None else 2, current):
+    def duel(self, name: str, value: Any, candidate: _Tracked, mark: int) -> TuneStep | None:
+        """Judge the candidate (its first burst opened): the guard first, then the comparison with the best config."""
+        def step(accepted: bool, reason: str, comparison: Comparison | None = None) -> TuneStep:
+            return TuneStep(name, value, accepted, reason, self.bursts[mark:], comparison)
+
+        if candidate.failed is not None:
+            return step(False, f"burst {candidate.failed.status}: {_error(candidate.failed)}")
+        if self.guard:
+            verdict = self.guard_verdict(candidate.first)
+            if verdict is None:
+                return None
+            if verdict.status in ("changes_training", "cannot_tell"):  # a pick must be known to train the same
+                said = "changes training" if verdict.status == "changes_training" else "training not checked"
+                return step(False, f"{said}: " + "; ".join(verdict.reasons))
+        assert self.current is not None
+        deadline = self.clock() + self.duel_budget(candidate)
+        current = self.ready(self.current)
+        if current.failed is not None:
+            return step(False, f"not judged: a burst of the current config did not finish ({_error(current.failed)})")
+        comparison = self.compare((candidate, current), 1, deadline - self.clock())
+        if comparison is None:
+            return step(False, "not judged: the duel's budget ran out before its first block")
+        if comparison.stopped.startswith("stopped"):
+            self.stopped = comparison.stopped
+        if comparison.error:
+            failed = candidate.failed or current.failed
+            whose = "burst" if candidate.failed is not None else "not judged: a burst of the current config"
+            return step(False, f"{whose} {failed.status if failed else 'failed'}: {comparison.error}", comparison)
+        accepted = comparison.verdict == "faster"
+        if accepted:
+            self.promote(candidate)
+        return step(accepted, _reason(comparison), comparison)
+
+    def compare(self, pair: tuple[_Tracked, _Tracked], reference: int, budget_s: float) -> Comparison | None:
+        """The config of ``pair[1 - reference]`` against ``pair[reference]`` by the comparison engine, both open, each
+        with a fresh window in ``first``, in the order those windows ran: the engine's first block then runs them
+        back in reverse, balanced. None when no budget is left for it."""
+        if budget_s <= 0:
             return None
-        if lead is None:
-            lead = self.run_reliable(current)
-        results = [lead]
+        measured = measure_pairs(self.workload, [c.config for c in pair], [(reference, 1 - reference)],
+                                 budget_s=budget_s, min_effect=MIN_GAIN, engine=self.runner.engine, stop=self.stop,
+                                 labels=[f"tune: {c.config.label()}" for c in pair], opened=dict(enumerate(pair)),
+                                 clock=self.clock)
+        return measured.comparisons[0]
 
-        def unjudged(burst: BurstResult) -> TuneStep:
-            return TuneStep(name, value, False, None, f"not judged: a burst of the current config did not finish "
-                            f"({_error(burst)})", results)
+    def promote(self, candidate: _Tracked) -> None:
+        """``candidate`` is the best config now; the one it replaces is closed, unless it is the starting config and
+        its memory allows holding it for the final comparison."""
+        replaced, self.current = self.current, candidate
+        if replaced is None:
+            return
+        if replaced is self.start and _can_hold(replaced.first, self.device):
+            return
+        if replaced is self.start:
+            self.start = None
+        replaced.close()
 
-        if not _measured(lead):
-            return unjudged(lead)
-        rounds: list[tuple[BurstResult, BurstResult, BurstResult]] = []
-        while True:
-            challenger = self.run_reliable(candidate)
-            results.append(challenger)
-            if not _measured(challenger):
-                return TuneStep(name, value, False, None, f"burst {challenger.status}: {_error(challenger)}", results)
-            if self.guard:
-                verdict = self.guard_verdict(challenger)
-                if verdict is None:
-                    return None
-                if verdict.status in ("changes_training", "cannot_tell"):  # a pick must be known to train the same
-                    said = "changes training" if verdict.status == "changes_training" else "training not checked"
-                    return TuneStep(name, value, False, None, f"{said}: " + "; ".join(verdict.reasons), results)
-            after = self.run_reliable(current)
-            results.append(after)
-            if not _measured(after):
-                return unjudged(after)
-            unreliable = [r for r in (lead, challenger, after) if not r.reliability.reliable]
-            if unreliable:  # measured again REMEASURES times and still busy: no ranking from these numbers
-                return TuneStep(name, value, False, None, "not judged: the machine was too busy to rank it "
-                                f"({unreliable[0].reliability.text()}); re-run when it is quiet", results)
-            rounds.append((lead, challenger, after))
-            lead = after
-            judgement = _judge(rounds)
-            if judgement.decided or len(rounds) == MAX_ROUNDS or not (
-                    self.can_run(1, candidate) and self.can_run(1, current)):
-                return TuneStep(name, value, judgement.accepted, judgement.speedup, judgement.reason, results)
+    def confirm(self, base: Config) -> Comparison | None:
+        """The pick against the starting config, by the comparison engine in what is left of the budget; None (with
+        the reason in ``unconfirmed``) when it cannot run."""
+        best = self.current
+        if best is None or (self.stop is not None and self.stop.is_set()):
+            return None
+        start_s = self.start.window_s() if self.start is not None else self.first_s(base)
+        if 3 * (start_s + best.window_s()) > self.budget_s - self.elapsed():  # a fresh window of each, one block
+            self.unconfirmed = "no time was left for a block of the pick and the start"
+            return None
+        if self.start is None:
+            self.start = self.open(base)  # its first burst is the fresh window
+        else:
+            self.ready(self.start)
+        start = self.start
+        if start.failed is not None:
+            self.unconfirmed = f"the starting config's burst did not finish ({_error(start.failed)})"
+            return None
+        best = self.ready(best)
+        if best.failed is not None:
+            self.unconfirmed = f"the pick's burst did not finish ({_error(best.failed)})"
+            return None
+        comparison = self.compare((start, best), 0, self.budget_s - self.elapsed())
+        if comparison is None:
+            self.unconfirmed = "no time was left for a block"
+        return comparison
 
-
-@dataclass(frozen=True)
-class _Judgement:
-    accepted: bool
-    decided: bool
-    speedup: float
-    reason: str
-
-
-def _judge(rounds: list[tuple[BurstResult, BurstResult, BurstResult]]) -> _Judgement:
-    """Accept, reject, or call it close, from interleaved (current, candidate, current) rounds.
-
-    Each round's ratio is the candidate's samples/s over the mean of the current bursts either side (a
-    linear drift cancels); the speedup is the median ratio. Noise: a burst's median step time moves by
-    about relative IQR / sqrt(steps) (its standard error, within the burst), combined over the three
-    bursts of a round and the rounds; after repeats, the spread between rounds counts too, since load
-    from other processes changes between bursts more than within one.
-    """
-    ratios = [_rate(x) / ((_rate(a) + _rate(b)) / 2) for a, x, b in rounds]
-    speedup = statistics.median(ratios)
-    variances = [_relative_se(x) ** 2 + (_relative_se(a) ** 2 + _relative_se(b) ** 2) / 4 for a, x, b in rounds]
-    noise = NOISE_Z * math.sqrt(statistics.fmean(variances) / len(rounds))
-    if len(ratios) > 1:
-        noise = max(noise, NOISE_Z * statistics.stdev(ratios) / math.sqrt(len(ratios)))
-    bar = max(MIN_GAIN, noise)
-    measured = f"{speedup - 1:+.1%} (noise ±{noise:.1%}, {len(rounds)} round{'s' if len(rounds) > 1 else ''})"
-    if speedup >= 1 + bar and len(rounds) >= CONFIRM_ROUNDS:
-        return _Judgement(True, True, speedup, f"faster: {measured}")
-    if speedup >= 1 + bar and len(rounds) < CONFIRM_ROUNDS:
-        return _Judgement(False, False, speedup, f"looks faster: {measured}; a gain must hold over "
-                                                 f"{CONFIRM_ROUNDS} rounds")
-    if speedup + noise < 1 + MIN_GAIN:
-        return _Judgement(False, True, speedup, f"{'slower' if speedup < 1 else 'no clear gain'}: {measured}")
-    return _Judgement(False, False, speedup, f"within noise: {measured}; a gain needs {bar:+.1%}")
+    def close(self) -> None:
+        """End every contender still open."""
+        for contender in {id(c): c for c in (self.start, self.current) if c is not None}.values():
+            contender.close()
 
 
-def _relative_se(result: BurstResult) -> float:
-    summary = result.step_time
-    return summary.relative_iqr / math.sqrt(summary.n) if summary is not None else 0.0
+def _reason(comparison: Comparison) -> str:
+    """A duel's verdict in words, with its interval: why the candidate was kept or not."""
+    words = outcome_text(comparison)
+    if comparison.verdict == "same":
+        return f"no gain worth keeping: {words}"
+    if comparison.verdict != "undecided":
+        return words
+    if comparison.stopped.startswith("budget"):
+        return f"{words}, the budget ran out"
+    return f"{words}; {comparison.stopped}"
 
 
 # -- candidate values ---------------------------------------------------------------------------------

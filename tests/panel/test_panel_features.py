@@ -20,8 +20,9 @@ from accel_widgets.analysis.compare import run_rows
 from accel_widgets.panel import TuningPanel
 from accel_widgets.panel.table import RunsTable
 from accel_widgets.results.burst import BurstResult
+from accel_widgets.results.comparison import Block, Comparison
 from accel_widgets.results.history import RunHistory
-from accel_widgets.search.tuner import PairedComparison, TuneResult, TuneStep, tune
+from accel_widgets.search.tuner import TuneResult, TuneStep, tune
 from tests.measured import as_measured
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
 from tests.panel.reading import ChartPage, cell, chart_rows, header_text, table_text
@@ -233,15 +234,24 @@ class FakeTuner:
                                stop=stop)
                 bursts.append(burst)
                 accepted = candidate == self.candidates[0]
-                step = TuneStep("num_workers", 1, accepted, 1.5 if accepted else 0.9, "faster" if accepted else
-                                "slower", [bursts[0], burst])
+                step = TuneStep("num_workers", 1, accepted, "faster" if accepted else "slower", [bursts[0], burst])
                 decisions.append(step)
                 kwargs["on_step"](step)
             if not self.until_stop or stop.is_set():
                 break
         reason = "stopped: the stop event was set" if stop.is_set() else "every knob tried"
         return TuneResult(self.candidates[0], 150.0, 100.0, decisions, bursts, 1.0, reason,
-                          confirmation=PairedComparison((1.4, 1.5, 1.6)))
+                          confirmation=headline(base, self.candidates[0], (1.4, 1.5, 1.6, 1.5)))
+
+
+def headline(start: Config, best: Config, ratios: tuple[float, ...]) -> Comparison:
+    """The pick against the start in blocks whose windows read ``ratios`` (best over start)."""
+    windows, blocks = [], []
+    for ratio in ratios:
+        offset = len(windows)
+        windows += [synthetic_result(start, step_s=0.03)] * 2 + [synthetic_result(best, step_s=0.03 / ratio)] * 2
+        blocks.append(Block((offset, offset + 1), (offset + 2, offset + 3)))
+    return Comparison(start, best, 0.03, windows, blocks)
 
 
 def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp_path: Path) -> None:
@@ -260,7 +270,7 @@ def test_tune_plots_each_burst_and_ends_with_the_best_config_in_the_controls(tmp
     assert panel.config == Config(num_workers=1)
     text = panel.status.value
     assert "Tune finished" in text and "num_workers=1" in text and "3 bursts" in text
-    assert "1.50× over the start side by side (1.40–1.60, 3 pairs)" in text
+    assert "faster: 1.50× [1.22–1.85] against the start" in text
     assert panel.progress.value == pytest.approx(1.0) and not panel.tune_button.disabled
     with RunHistory(tmp_path / "h.sqlite") as history:
         assert len(history.runs()) == 3
