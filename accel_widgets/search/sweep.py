@@ -1,11 +1,12 @@
-"""``sweep``: run a grid of knob values, one burst per point (and repeat), and compare the points.
+"""``sweep``: a grid of knob values, every point measured against the sweep's base by the comparison engine.
 
 The panel and the ladder flip one knob at a time; some questions need a grid (batch size × loader
 workers). Every point's config is built and checked before the first burst, so a typo in a knob name or
-a value that cannot run here fails in a second, not after half the grid has run. A point that fails
-while running is kept with its error and the sweep goes on. Repeats measure each point several times;
-``interleave=True`` runs repeat r of every point before repeat r+1, so slow drift of the machine (thermal
-throttling, another tenant) is spread over all points instead of biasing the ones that ran last.
+a value that cannot run here fails in a second, not after half the grid has run. Each config then runs its first
+burst (a point that fails is kept with its error and the sweep goes on), and the comparison engine
+(:func:`~accel_widgets.search.compare.measure_pairs`) measures every point against the base, interleaved, until each
+verdict is settled or the budget is spent: each point's speed-up is an interval and a verdict, never one burst
+against another.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,8 +28,11 @@ from ..knobs.config import Config
 from ..knobs.rules import ConfigError, check_config
 from ..metrics.stats import summarize
 from ..results.burst import BurstResult
+from ..results.comparison import Comparison
+from ..views.comparison import bound_text, interval_text, verdict_text
 from ..views.progress import ProgressSeries, result_line
-from .bursts import Bursts
+from .bursts import Bursts, Contender, Engine
+from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, _check, measure_pairs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,15 +40,19 @@ if TYPE_CHECKING:
 
 Metric = Literal["samples_per_s", "speedup"]
 METRIC_TITLES: dict[Metric, str] = {"samples_per_s": "samples/s", "speedup": "speed-up"}
+#: The verdict column of the point whose config is the base: it is the reference, not measured against itself.
+BASE = "base"
 
 
 @dataclass
 class SweepPoint:
-    """One point of the grid: the swept knobs' values, the config they make, and its bursts (one per repeat)."""
+    """One point of the grid: the swept knobs' values, the config they make, its windows (the first burst, then the
+    comparison's) and its comparison against the sweep's base (None for the base itself, or before one ran)."""
 
     values: dict[str, Any]
     config: Config
     results: list[BurstResult] = field(default_factory=list)
+    comparison: Comparison | None = None
 
     @property
     def label(self) -> str:
@@ -52,70 +61,81 @@ class SweepPoint:
 
     @property
     def ok(self) -> bool:
-        """Every repeat ran and finished ok: only then is the point's number a clean measurement."""
+        """Every window ran and finished ok: only then is the point's number a clean measurement."""
         return bool(self.results) and all(r.ok for r in self.results)
 
     @property
     def status(self) -> str:
-        """"ok", "not run" (the sweep was stopped first), or the status of the first repeat that was not ok."""
+        """"ok", "not run" (the sweep was stopped first), or the status of the first window that was not ok."""
         if not self.results:
             return "not run"
         return next((r.status for r in self.results if not r.ok), "ok")
 
     @property
     def error(self) -> str:
-        """The first line of the first failing repeat's error ("" when none failed)."""
+        """The first line of the first failing window's error ("" when none failed)."""
         failed = next((r for r in self.results if not r.ok and r.error is not None), None)
         return failed.error.message.strip().splitlines()[0] if failed and failed.error.message.strip() else ""
 
     @property
     def samples_per_s(self) -> float | None:
-        """Median throughput over the repeats that finished ok (robust to one disturbed repeat)."""
+        """Median throughput over the windows that finished ok (robust to one disturbed window)."""
         rates = [r.samples_per_s for r in self.results if r.ok and r.samples_per_s is not None]
         return statistics.median(rates) if rates else None
 
     def step_times(self) -> list[float]:
-        """Measured step times of the repeats that finished ok, pooled."""
+        """Measured step times of the windows that finished ok, pooled."""
         return [t for r in self.results if r.ok for t in r.step_times()]
 
 
 @dataclass
 class SweepResult:
-    """A finished (or stopped) sweep: its points in grid order and every burst in the order it ran.
+    """A finished (or stopped) sweep: its points in grid order, and each config's first burst in the order they ran
+    (``results``; the base's first when the base is no point of the grid). Every later window is in the points'
+    comparisons.
 
-    Speed-ups are relative to the **first point that finished ok**: it is measured in the same session
-    as the rest, and a grid written in the natural order starts at the values being improved on. ``base``
-    only sets the knobs the grid does not sweep; to compare with it, put its values first in the grid.
+    Speed-ups are against ``base``, the config the grid's values are set on: each point's comes from the comparison
+    engine, within ``budget_s`` of measuring after the first bursts. A point whose config is the base is the
+    reference (1.0, verdict "base").
     """
 
     workload: str
     knobs: list[str]
     points: list[SweepPoint]
     results: list[BurstResult]
-    repeats: int
+    base: Config
+    budget_s: float
     stopped: bool = False
 
-    @property
-    def baseline(self) -> SweepPoint | None:
-        """The point speed-ups refer to: the first that finished ok."""
-        return next((p for p in self.points if p.samples_per_s is not None and p.ok), None)
-
     def speedup(self, point: SweepPoint) -> float | None:
-        reference = self.baseline
-        if reference is None or point.samples_per_s is None or not reference.samples_per_s:
-            return None
-        return point.samples_per_s / reference.samples_per_s
+        """The point's samples/s over the base's, from its comparison's blocks (1.0 for the base itself)."""
+        if point.config == self.base:
+            return 1.0 if point.samples_per_s is not None else None
+        return point.comparison.ratio if point.comparison is not None else None
+
+    def verdict(self, point: SweepPoint) -> str | None:
+        """"faster", "slower", "same", "undecided" against the base; "base" for the base; None when not compared."""
+        if point.config == self.base:
+            return BASE if point.results else None
+        comparison = point.comparison
+        return comparison.verdict if comparison is not None and not comparison.error else None
 
     def rows(self) -> list[dict[str, Any]]:
-        """One plain dict per point: the knob values, then the numbers (None where unknown)."""
+        """One plain dict per point: the knob values, then the numbers (None where unknown). ``speedup_low`` and
+        ``speedup_high`` bound the speed-up (95%, anytime-valid) once enough blocks did."""
         rows = []
         for point in self.points:
             times = point.step_times()
             step = summarize(times) if times else None
+            found = point.comparison.interval if point.comparison is not None else None
+            bounded = found is not None and found.bounded
             rows.append({
                 **point.values,
                 "samples_per_s": point.samples_per_s,
                 "speedup": self.speedup(point),
+                "speedup_low": found.low if bounded else None,
+                "speedup_high": found.high if bounded else None,
+                "verdict": self.verdict(point),
                 "step_ms_median": step.median * 1e3 if step is not None else None,
                 "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
                 "runs": len(point.results),
@@ -128,29 +148,75 @@ class SweepResult:
         """The rows as a pandas DataFrame, one row per point (pandas is imported here, not with the package)."""
         import pandas as pd
 
-        columns = [*self.knobs, "samples_per_s", "speedup", "step_ms_median", "step_ms_iqr", "runs", "status",
-                   "error"]
+        columns = [*self.knobs, "samples_per_s", "speedup", "speedup_low", "speedup_high", "verdict",
+                   "step_ms_median", "step_ms_iqr", "runs", "status", "error"]
         return pd.DataFrame(self.rows(), columns=columns)
 
+    def point_text(self, point: SweepPoint) -> str:
+        """What the point measured against the base, in words: ``faster: 1.45× [1.30–1.62]``, ``same within ±3%``,
+        ``base``, ``failed: <why>``, ``not run``."""
+        if point.status != "ok" and point.error:
+            return f"{point.status}: {point.error}"
+        if point.config == self.base:
+            return BASE if point.results else "not run"
+        if point.comparison is None:
+            return "not run" if not point.results else "not compared"
+        return verdict_text(point.comparison)
+
+    def summary(self) -> str:
+        """Lines a person reads: what was swept against what, then each point's samples/s and verdict."""
+        head = (f"sweep of {' × '.join(self.knobs)} on {self.workload} against {self.base.label()}, "
+                f"{len(self.points)} points{', stopped' if self.stopped else ''}")
+        lines = [head]
+        for point in self.points:
+            rate = f"{point.samples_per_s:,.1f} samples/s, " if point.samples_per_s is not None else ""
+            lines.append(f"  {point.label}: {rate}{self.point_text(point)}")
+        return "\n".join(lines)
+
     def figure(self, metric: Metric = "samples_per_s") -> Figure:
-        """The metric over the grid: a line for one knob, a heatmap for two, parallel coordinates for more."""
+        """The metric over the grid: a line for one knob, a heatmap for two, parallel coordinates for more. The
+        speed-up's line has the interval as whiskers and every cell or point its verdict on hover."""
         if metric not in METRIC_TITLES:
             raise ValueError(f"metric={metric!r} is invalid: use one of {', '.join(METRIC_TITLES)}")
-        values = [row[metric] for row in self.rows()]
+        rows = self.rows()
+        values = [row[metric] for row in rows]
         if len(self.knobs) == 1:
-            return self._line(metric, values)
+            return self._line(metric, values, rows)
         if len(self.knobs) == 2:
             return self._heatmap(metric, values)
         return self._parallel_coordinates(metric, values)
 
-    def _line(self, metric: Metric, values: list[float | None]) -> Figure:
+    def _cell_text(self, metric: Metric, point: SweepPoint, value: float | None) -> str:
+        """A cell's text: the number, and for the speed-up its interval or verdict (``1.45×<br>[1.30–1.62]``,
+        ``same ±3%``, ``base``)."""
+        if metric != "speedup" or value is None:
+            return _metric_text(metric, value)
+        if point.config == self.base:
+            return BASE
+        comparison = point.comparison
+        if comparison is not None and comparison.verdict == "same":
+            return f"same {bound_text(comparison.interval)}"
+        return interval_text(comparison.interval).replace(" [", "<br>[") if comparison is not None else "–"
+
+    def _line(self, metric: Metric, values: list[float | None], rows: list[dict[str, Any]]) -> Figure:
         import plotly.graph_objects as go
 
         name = self.knobs[0]
         x = [str(p.values[name]) for p in self.points]
-        figure = go.Figure(go.Scatter(x=x, y=values, mode="lines+markers", name=METRIC_TITLES[metric]))
-        figure.update_layout(title=f"{METRIC_TITLES[metric]} by {name}", xaxis={"title": name, "type": "category"},
-                             yaxis_title=METRIC_TITLES[metric], height=360)
+        error_y = None
+        if metric == "speedup":
+            high = [row["speedup_high"] - v if row["speedup_high"] is not None and v is not None else None
+                    for row, v in zip(rows, values, strict=True)]
+            low = [v - row["speedup_low"] if row["speedup_low"] is not None and v is not None else None
+                   for row, v in zip(rows, values, strict=True)]
+            error_y = {"type": "data", "symmetric": False, "array": high, "arrayminus": low}
+        hover = [f"{p.label}: {self.point_text(p)}" for p in self.points]
+        figure = go.Figure(go.Scatter(x=x, y=values, mode="lines+markers", name=METRIC_TITLES[metric],
+                                      error_y=error_y, hovertext=hover, hoverinfo="text+y"))
+        figure.update_layout(title=f"{METRIC_TITLES[metric]} by {name}" + (f" against {self.base.label()} (95% "
+                                                                            "interval)" if error_y else ""),
+                             xaxis={"title": name, "type": "category"}, yaxis_title=METRIC_TITLES[metric],
+                             height=360)
         return figure
 
     def _heatmap(self, metric: Metric, values: list[float | None]) -> Figure:
@@ -160,11 +226,17 @@ class SweepResult:
         rows, columns = self.knobs
         row_values = _unique(p.values[rows] for p in self.points)
         column_values = _unique(p.values[columns] for p in self.points)
-        cell = {(str(p.values[rows]), str(p.values[columns])): v for p, v in zip(self.points, values, strict=True)}
-        z = [[cell.get((str(r), str(c))) for c in column_values] for r in row_values]
-        text = [[_metric_text(metric, v) for v in row] for row in z]
+        key = [(str(p.values[rows]), str(p.values[columns])) for p in self.points]
+        cell = dict(zip(key, values, strict=True))
+        said = {k: self._cell_text(metric, p, v) for k, p, v in zip(key, self.points, values, strict=True)}
+        hover = {k: f"{p.label}: {self.point_text(p)}" for k, p in zip(key, self.points, strict=True)}
+        grid = [[(str(r), str(c)) for c in column_values] for r in row_values]
+        z = [[cell.get(k) for k in line] for line in grid]
+        text = [[said.get(k, "–") for k in line] for line in grid]
         figure = go.Figure(go.Heatmap(z=z, x=[str(c) for c in column_values], y=[str(r) for r in row_values],
                                       text=text, texttemplate="%{text}", colorscale="Blues",
+                                      customdata=[[hover.get(k, "") for k in line] for line in grid],
+                                      hovertemplate="%{customdata}<extra></extra>",
                                       colorbar={"title": METRIC_TITLES[metric]}))
         figure.update_layout(title=f"{METRIC_TITLES[metric]}: {rows} × {columns}", height=360,
                              xaxis={"title": columns, "type": "category"}, yaxis={"title": rows, "type": "category"})
@@ -238,13 +310,6 @@ def _spell(values: Mapping[str, Any]) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in values.items())
 
 
-def _schedule(points: int, repeats: int, interleave: bool) -> list[tuple[int, int]]:
-    """``(point, repeat)`` in the order they run: each point's repeats together, or round by round."""
-    if interleave:
-        return [(p, r) for r in range(repeats) for p in range(points)]
-    return [(p, r) for p in range(points) for r in range(repeats)]
-
-
 def sweep(
     workload: Workload,
     grid: Mapping[str, Sequence[Any]],
@@ -252,65 +317,99 @@ def sweep(
     base: Config | None = None,
     steps: int | None = None,
     seconds: float | None = None,
-    repeats: int = 1,
-    interleave: bool = False,
-    engine: Callable[..., BurstResult] = run_burst,
+    budget_s: float = DEFAULT_BUDGET_S,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    engine: Engine = run_burst,
     on_point: Callable[[SweepPoint, BurstResult], None] | None = None,
     stop: threading.Event | None = None,
     progress: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SweepResult:
-    """Run every point of ``grid`` (knob name → values; the cartesian product) as a burst on ``base``.
+    """Measure every point of ``grid`` (knob name → values; the cartesian product, set on ``base``) against ``base``.
 
-    ``aw.sweep(wl, {"batch_size": [16, 32, 64], "num_workers": [0, 2, 4]}, steps=20)`` runs nine bursts.
-    Knob names, values, ``steps``/``seconds`` and ``repeats`` are checked, and every point's config against
-    this device, before the first burst: :class:`KnobValueError`, :class:`ConfigError` or
-    :class:`BurstRequestError` name the point. ``engine`` is called like :func:`run_burst` (with ``steps``,
-    ``seconds``, ``label``, ``stop`` and ``on_event``); a burst that raises a :class:`BurstError` is kept with
-    its error and the sweep goes on. ``on_point(point, result)`` is called after every burst. Setting ``stop``
-    ends the running burst and starts no other (their points read "not run"). ``progress`` shows a line per
-    burst on stdout, as the CLI's ladder does.
+    ``aw.sweep(wl, {"batch_size": [16, 32, 64], "num_workers": [0, 2]}, steps=20)``: each of the six points and the
+    base (unless it is one of them) runs a first burst of ``steps`` measured steps (or ``seconds``), then the
+    comparison engine measures the points against the base, interleaved, until every verdict against ``min_effect``
+    is settled or ``budget_s`` (on ``clock``, after the first bursts) is spent. Knob names, values, the burst length,
+    the budget and every point's config against this device are checked before the first burst:
+    :class:`KnobValueError`, :class:`ConfigError`, :class:`BurstRequestError` or ``ValueError`` name the problem.
+    ``engine`` is called like :func:`run_burst` (the default holds each config's ranks between its windows); a point
+    that fails is kept with its error and the sweep goes on. ``on_point(point, first)`` is called after each point's
+    first burst. Setting ``stop`` ends the running window and starts no other (points not started read "not run").
+    ``progress`` shows a line per first burst on stdout, as the CLI's ladder does, then each point's verdict.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is invalid: use an integer, repeats >= 1")
+    _check(budget_s, min_effect)
     check_burst_request(steps, seconds, None, DEFAULT_TIMEOUT_S, 0)
     points = grid_points(grid, base)
+    base = base or Config()
     device = probe_device()
     for point in points:
         try:
             check_config(point.config, device)
         except ConfigError as exc:
             raise ConfigError(f"sweep point {_spell(point.values)}: {exc}") from None
-    display = ProgressSeries("burst", len(points) * repeats, steps=steps, seconds=seconds) if progress else None
-    result = SweepResult(workload.name, list(grid), points, [], repeats)
+    owners: list[SweepPoint | None] = list(points)
+    if all(point.config != base for point in points):
+        owners.insert(0, None)  # the base is measured as a config of its own
+    reference = next(i for i, owner in enumerate(owners) if owner is None or owner.config == base)
+    configs = [base if owner is None else owner.config for owner in owners]
+    labels = ["base" if owner is None else owner.label for owner in owners]
+    result = SweepResult(workload.name, list(grid), points, [], base, budget_s)
     bursts = Bursts(engine, steps=steps, seconds=seconds, stop=stop)
+    display = ProgressSeries("burst", len(configs), steps=steps, seconds=seconds) if progress else None
+    contenders: list[Contender] = []
     try:
-        for index, repeat in _schedule(len(points), repeats, interleave):
+        for config, label, owner in zip(configs, labels, owners, strict=True):
             if bursts.stopped():
                 break
-            point = points[index]
-            burst = _run_point(workload, point, repeat, repeats, bursts, display)
-            point.results.append(burst)
-            result.results.append(burst)
-            if display is not None:
-                reference = result.baseline
-                print(result_line(burst, reference.results[0] if reference else None), flush=True)
-            if on_point is not None:
-                on_point(point, burst)
+            contender = _open(workload, config, label, bursts, display)
+            contenders.append(contender)
+            result.results.append(contender.first)
+            if owner is not None:
+                owner.results = [contender.first]
+                if on_point is not None:
+                    on_point(owner, contender.first)
+        if len(contenders) == len(configs) and not bursts.stopped():
+            pairs = [(reference, i) for i in range(len(configs)) if i != reference]
+            measured = measure_pairs(workload, configs, pairs, budget_s=budget_s, min_effect=min_effect,
+                                     engine=engine, stop=stop, labels=labels, opened=dict(enumerate(contenders)),
+                                     clock=clock)
+            _assign(owners, reference, pairs, measured.comparisons)
     finally:
+        for contender in contenders:
+            contender.close()
         if display is not None:
             display.end()
     result.stopped = bursts.stopped()
+    if display is not None:
+        print("\n".join(result.summary().splitlines()[1:]), flush=True)
     return result
 
 
-def _run_point(workload: Workload, point: SweepPoint, repeat: int, repeats: int, bursts: Bursts,
-               display: ProgressSeries | None) -> BurstResult:
-    """One burst of ``point``, its progress on ``display``; a failing one comes back as its (failed) result."""
-    name = point.label + (f" (repeat {repeat + 1}/{repeats})" if repeats > 1 else "")
+def _open(workload: Workload, config: Config, label: str, bursts: Bursts, display: ProgressSeries | None) -> Contender:
+    """A config's contender, its first burst on ``display`` (then its result line, throughput only: a speed-up comes
+    with its interval, once the comparisons are measured)."""
     if display is None:
-        return bursts.run(workload, point.config, label=point.label)
-    display.begin(name, point.config)
+        return bursts.open(workload, config, label=label)
+    display.begin(label, config)
     try:
-        return bursts.run(workload, point.config, label=point.label, on_event=display.on_event)
+        contender = bursts.open(workload, config, label=label, on_event=display.on_event)
     finally:
         display.end()
+    print(result_line(contender.first, None), flush=True)
+    return contender
+
+
+def _assign(owners: list[SweepPoint | None], reference: int, pairs: list[tuple[int, int]],
+            comparisons: list[Comparison]) -> None:
+    """Each point's comparison and windows: a point's are its comparison's; the base point's are those of the
+    comparison that ran longest (the base ran in every block while any pair was open, and pairs only close)."""
+    for (_, index), comparison in zip(pairs, comparisons, strict=True):
+        owner = owners[index]
+        if owner is not None:
+            owner.comparison = comparison
+            owner.results = comparison.subject_windows or owner.results
+    base = owners[reference]
+    if base is not None and comparisons:
+        longest = max(comparisons, key=lambda comparison: len(comparison.blocks))
+        base.results = longest.reference_windows or base.results
