@@ -29,7 +29,7 @@ from ..knobs.rules import ConfigError, check_config
 from ..metrics.stats import summarize
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
-from ..views.comparison import bound_text, interval_text, verdict_text
+from ..views.comparison import interval_text, outcome_text, verdict_text
 from ..views.progress import ProgressSeries, result_line
 from .bursts import Bursts, Contender, Engine
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, _check, measure_pairs
@@ -154,14 +154,14 @@ class SweepResult:
 
     def point_text(self, point: SweepPoint) -> str:
         """What the point measured against the base, in words: ``faster: 1.45× [1.30–1.62]``, ``same within ±3%``,
-        ``base``, ``failed: <why>``, ``not run``."""
+        ``base``, ``failed: <why>`` (its own burst), ``not compared: <why>`` (the base's), ``not run``."""
         if point.status != "ok" and point.error:
             return f"{point.status}: {point.error}"
         if point.config == self.base:
             return BASE if point.results else "not run"
         if point.comparison is None:
             return "not run" if not point.results else "not compared"
-        return verdict_text(point.comparison)
+        return outcome_text(point.comparison)
 
     def summary(self) -> str:
         """Lines a person reads: what was swept against what, then each point's samples/s and verdict."""
@@ -194,9 +194,11 @@ class SweepResult:
         if point.config == self.base:
             return BASE
         comparison = point.comparison
-        if comparison is not None and comparison.verdict == "same":
-            return f"same {bound_text(comparison.interval)}"
-        return interval_text(comparison.interval).replace(" [", "<br>[") if comparison is not None else "–"
+        if comparison is None:
+            return "–"
+        if comparison.verdict == "same":
+            return verdict_text(comparison)
+        return interval_text(comparison).replace(" [", "<br>[").replace(" (", "<br>(")
 
     def _line(self, metric: Metric, values: list[float | None], rows: list[dict[str, Any]]) -> Figure:
         import plotly.graph_objects as go
@@ -340,14 +342,8 @@ def sweep(
     """
     _check(budget_s, min_effect)
     check_burst_request(steps, seconds, None, DEFAULT_TIMEOUT_S, 0)
-    points = grid_points(grid, base)
+    points = _checked_points(grid, base)
     base = base or Config()
-    device = probe_device()
-    for point in points:
-        try:
-            check_config(point.config, device)
-        except ConfigError as exc:
-            raise ConfigError(f"sweep point {_spell(point.values)}: {exc}") from None
     owners: list[SweepPoint | None] = list(points)
     if all(point.config != base for point in points):
         owners.insert(0, None)  # the base is measured as a config of its own
@@ -384,6 +380,18 @@ def sweep(
     if display is not None:
         print("\n".join(result.summary().splitlines()[1:]), flush=True)
     return result
+
+
+def _checked_points(grid: Mapping[str, Sequence[Any]], base: Config | None) -> list[SweepPoint]:
+    """The grid's points, every config checked against this device (a point that cannot run here raises, named)."""
+    points = grid_points(grid, base)
+    device = probe_device()
+    for point in points:
+        try:
+            check_config(point.config, device)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep point {_spell(point.values)}: {exc}") from None
+    return points
 
 
 def _open(workload: Workload, config: Config, label: str, bursts: Bursts, display: ProgressSeries | None) -> Contender:
