@@ -502,7 +502,9 @@ def test_a_real_duel_runs_on_held_ranks_within_the_budget() -> None:
     started = time.perf_counter()
     result = tune(tiny_workload(), budget_s=budget, knobs={"batch_size": [4]}, steps=20)
     took = time.perf_counter() - started
-    assert took <= budget * 1.1, result.summary()
+    # Nothing starts that would end past the budget at the pace measured; a window that started runs to its end, so
+    # a host that turned slower meanwhile passes the budget by at most that window.
+    assert took <= budget * 1.1 + max(b.wall_s or 0.0 for b in result.bursts), result.summary()
     duels = [s for s in result.decisions if s.comparison is not None and s.comparison.counted]
     if not duels:  # windows are sized from one window's steps: on a loaded host 3 s each, 4 blocks do not fit
         assert result.stopped_reason.startswith("budget"), result.summary()
