@@ -30,7 +30,8 @@ def verdict_text(comparison: Comparison) -> str:
 
 def outcome_text(comparison: Comparison) -> str:
     """The verdict with what it rests on, for a line of text (a tuner's decision, a sweep's point): "faster: 1.12×
-    [1.05–1.20]", "same within ±3%", "undecided after 6 blocks: 1.02× [0.95–1.10]", "not compared: <why>"."""
+    [1.05–1.20]", "same within ±3%", "undecided after 6 blocks: 1.02× [0.95–1.10]", "undecided: all 4 blocks left
+    out (other load took 72% of the machine ...)", "not compared: <why>"."""
     if comparison.error:
         return f"not compared: {comparison.error}"
     blocks = len(comparison.counted)
@@ -39,6 +40,10 @@ def outcome_text(comparison: Comparison) -> str:
         return f"same within ±{same_within_pct(found.low, found.high)}%"
     if comparison.verdict != "undecided":
         return f"{comparison.verdict}: {interval_text(comparison)}"
+    left_out = [block.left_out for block in comparison.blocks if block.left_out]
+    if not blocks and left_out:
+        return (f"undecided: {'its' if len(left_out) == 1 else f'all {len(left_out)}'} block"
+                f"{'s' if len(left_out) != 1 else ''} left out ({left_out[0]})")
     if not blocks:
         return "undecided: no block was measured"
     return f"undecided after {blocks} block{'s' if blocks != 1 else ''}: {interval_text(comparison)}"

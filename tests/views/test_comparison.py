@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from accel_widgets import Config
 from accel_widgets.results.comparison import Block, Comparison
 from accel_widgets.views.comparison import interval_text, outcome_text
@@ -34,4 +36,8 @@ def test_each_outcome_reads_with_what_it_rests_on() -> None:
     assert outcome_text(open_) == f"undecided after 6 blocks: {interval_text(open_)}"
     assert outcome_text(measured([1.3, 1.31])) == "undecided after 2 blocks: 1.30× (too few blocks for an interval)"
     assert outcome_text(measured([])) == "undecided: no block was measured"
+    loaded = measured([1.3] * 4)
+    loaded.blocks = [dataclasses.replace(block, left_out="other load took 70% of the machine") for block in
+                     loaded.blocks]
+    assert outcome_text(loaded) == "undecided: all 4 blocks left out (other load took 70% of the machine)"
     assert outcome_text(measured([1.3] * 4, error="RuntimeError: boom")) == "not compared: RuntimeError: boom"
