@@ -80,11 +80,13 @@ class RankDone:
 @dataclass(frozen=True)
 class MeasureAgain:
     """The launcher's word to a held rank: build the training state afresh, warm it up and measure window
-    ``window`` of ``steps`` steps. ``None`` in its place tells the rank to finish."""
+    ``window`` of ``steps`` steps, or fewer where ``seconds`` (a cap, one rank only) run out first. ``None`` in its
+    place tells the rank to finish."""
 
     window: int
     steps: int
     warmup_steps: int
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)

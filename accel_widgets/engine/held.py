@@ -82,9 +82,11 @@ class HeldBurst:
         return self._settle(result, collected, outcome, called_at)
 
     def measure(self, steps: int, *, warmup_steps: int | None = None, on_event: Callable[[Event], None] | None = None,
-                stop: threading.Event | None = None, label: str = "") -> BurstResult:
+                stop: threading.Event | None = None, label: str = "", cap_s: float | None = None) -> BurstResult:
         """One more window of ``steps`` measured steps after ``warmup_steps`` (default: the config's), on training
-        state built afresh; raises like ``run_burst`` when it fails (and the ranks are then gone)."""
+        state built afresh; a single rank stops early once ``cap_s`` seconds of them have passed (a window sized on
+        a quiet machine must not run 20x its length when the machine slows: a budget is judged between windows).
+        Raises like ``run_burst`` when it fails (and the ranks are then gone)."""
         if not self.alive:
             raise RuntimeError("this held burst's ranks are gone (closed, failed or stopped): open a new one")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -97,7 +99,7 @@ class HeldBurst:
         called_at = time.perf_counter()
         collected = Collected(oom_kills_before=oom_kill_count())
         try:
-            self._ranks.measure_again(MeasureAgain(self._windows, steps, warmup))
+            self._ranks.measure_again(MeasureAgain(self._windows, steps, warmup, cap_s))
             outcome = self._ranks.collect(collected, on_event, stop, called_at + self._timeout_s)
         except BaseException:
             self.alive = False

@@ -314,7 +314,8 @@ def _measure_held(held: HeldWindows, built: _Built, first: RankSummary, rank: in
         loop = built.loop
         setup_s = time.perf_counter() - started
         first_step_s, _ = loop.warm_up(command.warmup_steps)
-        window = loop.measure(command.steps, None, first_step_s)
+        # Ranks deciding "time is up" on their own clocks would disagree by a step: under DDP, steps alone.
+        window = loop.measure(command.steps, None if dist.is_initialized() else command.seconds, first_step_s)
         set_phase(Phase.FINISHING)
         summary = rank_summary(rank, device, first.device, window, setup_s, loop.scaler_skipped_steps(),
                                first.flops_by_math, None, first.code_paths, loop.random_data, first.stream,

@@ -26,7 +26,8 @@ class Contender(Protocol):
     config: Config
     first: BurstResult
 
-    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult: ...
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None,
+                cap_s: float | None = None) -> BurstResult: ...
 
     def close(self) -> None: ...
 
@@ -34,14 +35,16 @@ class Contender(Protocol):
 @dataclass
 class FreshBursts:
     """A contender whose every window is a burst of its own through ``engine``: what an engine other than
-    ``run_burst`` gives (a ``partial`` of it, the in-process fallback, a fake), paying setup and compile each time."""
+    ``run_burst`` gives (a ``partial`` of it, the in-process fallback, a fake), paying setup and compile each time.
+    A window is bound by its steps (an engine takes steps or seconds, not both), so ``cap_s`` is not applied."""
 
     engine: Engine
     workload: Workload
     config: Config
     first: BurstResult
 
-    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult:
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None,
+                cap_s: float | None = None) -> BurstResult:
         result = self.engine(self.workload, self.config, steps=steps, seconds=None, label=label, stop=stop,
                              on_event=None)
         if not result.ok:
@@ -59,7 +62,8 @@ class Failed:
     config: Config
     first: BurstResult
 
-    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult:
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None,
+                cap_s: float | None = None) -> BurstResult:
         raise BurstError(f"the first burst of {self.config.label()} did not finish", self.first)
 
     def close(self) -> None:

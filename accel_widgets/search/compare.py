@@ -45,6 +45,9 @@ WINDOW_SE = 0.01
 #: ... but no longer than this: more, shorter windows beat fewer, longer ones against drift.
 MAX_WINDOW_S = 3.0
 MIN_WINDOW_STEPS = 3
+#: A window ends once it has run this many times its planned length: sized from a first burst on a quiet machine, it
+#: must not run 20x that when the machine slows (the budget is judged between windows).
+WINDOW_CAP = 3.0
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_MIN_EFFECT = 0.05
 
@@ -69,6 +72,7 @@ class _Entry:
     contender: Contender | None = None
     owned: bool = True  # opened here, so closed here
     steps: int = MIN_WINDOW_STEPS
+    cap_s: float | None = None  # a window's measuring time at most (WINDOW_CAP times its plan)
     walls: list[float] = field(default_factory=list)
     error: str = ""
 
@@ -136,6 +140,8 @@ class _Measurement:
             entry.error = _why(first)
         else:
             entry.steps = window_steps(first, self.window_s)
+            step = first.step_time
+            entry.cap_s = WINDOW_CAP * entry.steps * step.median if step is not None else None
 
     def window(self, index: int) -> bool:
         """One more window of the entry; False when it failed (its pairs then end with the error)."""
@@ -143,7 +149,8 @@ class _Measurement:
         assert entry.contender is not None
         before = self.clock()
         try:
-            result = entry.contender.measure(entry.steps, label=f"{entry.label} · repeat", stop=self.bursts.stop)
+            result = entry.contender.measure(entry.steps, label=f"{entry.label} · repeat", stop=self.bursts.stop,
+                                             cap_s=entry.cap_s)
         except BurstError as exc:
             result = exc.result
         entry.walls.append(self.clock() - before)

@@ -283,10 +283,11 @@ class _Tracked:
         self.config, self.first = self.contender.config, self.contender.first
         self.failed = None if _measured(self.first) else self.first
 
-    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None) -> BurstResult:
+    def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None,
+                cap_s: float | None = None) -> BurstResult:
         before = self.search.clock()
         try:
-            result = self.contender.measure(steps, label=label, stop=stop)
+            result = self.contender.measure(steps, label=label, stop=stop, cap_s=cap_s)
         except BurstError as exc:
             self._record(exc.result, before)
             raise

@@ -84,3 +84,10 @@ def test_a_first_window_that_fails_raises_like_run_burst_and_leaves_nothing(tmp_
     with HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device()) as held, \
             pytest.raises(ValueError, match="steps"):
         held.measure(0)
+
+
+def test_a_window_ends_at_its_time_cap_on_a_machine_slower_than_planned() -> None:
+    with HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device()) as held:
+        window = held.measure(10_000_000, cap_s=0.5)
+    assert window.ok and 0 < len(window.step_times()) < 10_000_000
+    assert 0.45 < window.ranks[0].measured_s < 1.5 and window.samples_per_s

@@ -5,7 +5,7 @@ import pytest
 
 from accel_widgets import Config, ConfigError, check_config, run_burst
 from accel_widgets.cli import main
-from accel_widgets.engine import launcher
+from accel_widgets.engine import ranks
 from accel_widgets.engine.request import BurstRequestError, check_burst_request
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
 from accel_widgets.knobs.rules import knob_availability
@@ -147,8 +147,8 @@ def no_process_may_start(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("run_burst started a process before rejecting its arguments")
 
-    monkeypatch.setattr(launcher, "warm_up", started)
-    monkeypatch.setattr(launcher, "_start_ranks", started)
+    monkeypatch.setattr(ranks, "warm_up", started)
+    monkeypatch.setattr(ranks, "start_ranks", started)
 
 
 @pytest.mark.parametrize(
