@@ -429,20 +429,19 @@ class PanelController:
         return f"Profile finished: top operators below; trace {result.profile.trace_path}."
 
     def _run_tune(self, base: Config, budget_s: float, steps: int) -> str:
-        """The tuner's search, each of its bursts run through :meth:`_burst` so they plot and record live."""
+        """The tuner's search: each config's first burst is a run of the table (plotted and recorded live, its ranks
+        held for the comparisons that follow); the comparisons' windows are not runs, as a re-measure's are not."""
         started = time.monotonic()
         bursts = 0
 
         def progress(_fraction: float) -> float:
             return min(1.0, (time.monotonic() - started) / budget_s)
 
-        def engine(workload: Workload, config: Config, *, steps: int | None = None, seconds: float | None = None,
-                   label: str = "", **_ignored: Any) -> BurstResult:
-            # The panel's own stop event and live events, whatever the tuner passes: Stop must reach the burst.
+        def opener(workload: Workload, config: Config, label: str) -> Contender:
             nonlocal bursts
             bursts += 1
-            return self._burst(f"Tune · burst {bursts}", PlanItem(label, config), {"steps": steps, "seconds": seconds},
-                               progress)
+            return self._held_burst(f"Tune · burst {bursts}", PlanItem(label, config),
+                                    {"steps": steps, "seconds": None}, progress)[1]
 
         def on_step(step: TuneStep) -> None:
             verdict = "kept" if step.accepted else "rejected"
@@ -451,7 +450,7 @@ class PanelController:
 
         try:
             outcome = self._tuner(self.workload, budget_s=budget_s, base=base, steps=steps, device=self.state.device,
-                                  engine=engine, stop=self._stop, on_step=on_step)
+                                  engine=self._engine, stop=self._stop, on_step=on_step, opener=opener)
         except Exception as exc:  # a base the tuner refuses, or a tuner bug: the panel must survive it
             return f"Tune failed: {type(exc).__name__}: {exc}"
         self.state.set_tune_result(outcome)

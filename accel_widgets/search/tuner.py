@@ -75,6 +75,9 @@ from ..views.comparison import outcome_text
 from .bursts import Bursts, Contender, Engine
 from .compare import WINDOW_S, measure_pairs, window_steps
 
+#: Opens a config's contender, its first burst measured: ``opener(workload, config, label)``.
+Opener = Callable[[Workload, Config, str], Contender]
+
 #: Smallest speed-up worth a knob, the comparison's margin: a candidate whose interval lies within 1 ± this is "same"
 #: (a knob that buys less is not worth keeping), and only "faster" keeps one.
 MIN_GAIN = 0.03
@@ -174,6 +177,7 @@ def tune(
     on_step: Callable[[TuneStep], None] | None = None,
     stop: threading.Event | None = None,
     history: RunHistory | None = None,
+    opener: Opener | None = None,
 ) -> TuneResult:
     """Search ``knobs`` for the config with the highest samples/s, starting from ``base`` (``Config()``).
 
@@ -191,14 +195,15 @@ def tune(
     ``speedup``. The starting config's burst always runs; the code paths its step ran decide which knobs can act at
     all (the others are not tried, with the reason). Setting ``stop`` ends the running window and the search. A
     failing burst never raises: it is recorded and the candidate loses. ``history`` keeps the guard's noise band for
-    later searches of the same workload (it is kept in this process either way).
+    later searches of the same workload (it is kept in this process either way). ``opener(workload, config, label)``
+    opens a config's contender in place of ``engine`` (the panel's: each first burst becomes a run of its table).
     """
     device = device or probe_device()
     base = base or Config()
     check_config(base, device)  # a start that cannot run here, or a knob that does not exist, is the caller's
     plan = _plan(knobs)  # error: both raise before any burst
     search = _Search(workload, Bursts(engine, steps=steps, stop=stop), device, clock, budget_s, guard, on_step,
-                     history, plan, named=knobs is not None)
+                     history, plan, named=knobs is not None, opener=opener)
     try:
         best = search.run(base)
         confirmation = search.confirm(base) if best != base else None
@@ -342,7 +347,8 @@ class _Search:
 
     def __init__(self, workload: Workload, bursts: Bursts, device: DeviceInfo, clock: Callable[[], float],
                  budget_s: float, guard: bool, on_step: Callable[[TuneStep], None] | None,
-                 history: RunHistory | None, plan: Plan, *, named: bool) -> None:
+                 history: RunHistory | None, plan: Plan, *, named: bool, opener: Opener | None = None) -> None:
+        self.opener = opener
         self.workload, self.device, self.history, self.plan, self.named = workload, device, history, plan, named
         self.clock, self.budget_s, self.guard, self.on_step = clock, budget_s, guard, on_step
         self.runner, self.stop = bursts, bursts.stop
@@ -364,7 +370,9 @@ class _Search:
     def open(self, config: Config) -> _Tracked:
         """The config's contender, its first burst run (and recorded) now."""
         before = self.clock()
-        contender = self.runner.open(self.workload, config, label=f"tune: {config.label()}")
+        label = f"tune: {config.label()}"
+        contender = (self.opener(self.workload, config, label) if self.opener is not None
+                     else self.runner.open(self.workload, config, label=label))
         self.firsts[compiling.compiled(config)].append(self.clock() - before)
         self.bursts.append(contender.first)
         self.first_bursts.append(contender.first)

@@ -212,7 +212,7 @@ def test_a_real_profiled_burst_shows_operators_and_writes_the_trace(tmp_path: Pa
 # -- tune --------------------------------------------------------------------------------------------------
 @dataclass
 class FakeTuner:
-    """Runs base, then each candidate, through the engine it is given, like ``tune``; keeps the second."""
+    """Opens base, then each candidate, through the opener it is given, like ``tune``; keeps the second."""
 
     candidates: tuple[Config, ...] = (Config(num_workers=1), Config(num_workers=1, precision="bf16"))
     until_stop: bool = False
@@ -223,15 +223,20 @@ class FakeTuner:
         self.calls.append(kwargs)
         if self.raises is not None:
             raise self.raises
-        engine, stop, base = kwargs["engine"], kwargs["stop"], kwargs["base"]
-        bursts = [engine(workload, base, steps=kwargs["steps"], label=f"tune: {base.label()}", stop=stop)]
+        opener, stop, base = kwargs["opener"], kwargs["stop"], kwargs["base"]
+
+        def first(config: Config) -> BurstResult:
+            contender = opener(workload, config, f"tune: {config.label()}")
+            contender.close()
+            return contender.first
+
+        bursts = [first(base)]
         decisions = []
         while True:
             for candidate in self.candidates:
                 if stop.is_set():
                     break
-                burst = engine(workload, candidate, steps=kwargs["steps"], label=f"tune: {candidate.label()}",
-                               stop=stop)
+                burst = first(candidate)
                 bursts.append(burst)
                 accepted = candidate == self.candidates[0]
                 step = TuneStep("num_workers", 1, accepted, "faster" if accepted else "slower", [bursts[0], burst])
