@@ -231,6 +231,10 @@ class _Measurement:
 
     def _run(self, on_event: Callable[[object], None] | None) -> None:
         first_half: dict[int, list[int]] = {}
+        # The first bursts form the first half of the first block, in the order they ran: those handed in open ran
+        # before the rest, so the block's way back starts from the last one opened here.
+        ran = [i for i, entry in enumerate(self.entries) if entry.contender is not None]
+        ran += [i for i in range(len(self.entries)) if i not in ran]
         for index in range(len(self.entries)):
             if self.bursts.stopped():
                 self.stopped = "stopped: the stop event was set"
@@ -241,7 +245,7 @@ class _Measurement:
             self._tell()
         if not self.budget_covers_firsts:
             self.started = self.clock()  # the budget is the repeats'
-        sweep = self.active()
+        sweep = [index for index in ran if index in self.active()]
         if not sweep:
             return
         if not self.fits(sweep):

@@ -11,6 +11,7 @@ import pytest
 
 from accel_widgets import Config
 from accel_widgets.results.burst import BurstResult
+from accel_widgets.search.bursts import Bursts
 from accel_widgets.search.compare import (
     MAX_WINDOW_S,
     MIN_WINDOW_STEPS,
@@ -138,3 +139,14 @@ def test_remeasure_is_the_comparison_of_a_run_and_its_baseline() -> None:
     assert machine.calls[0][1]["steps"] == 50 and machine.calls[0][1]["label"] == "re-measure: baseline"
     short = remeasure(tiny_workload(), B, A, engine=Machine(noisy({B: 1.4})))
     assert short.windows[0].label == "re-measure: baseline" and len(short.windows[0].step_times()) == MIN_STEPS
+
+
+def test_a_config_opened_before_starts_the_first_block_and_the_way_back_balances_it() -> None:
+    """The panel's Run: the run's first burst came first, the baseline's is opened now; the first block is then
+    run, baseline, baseline, run (B A A B), so a drift over it still cancels."""
+    machine = Machine(lambda config, call: 1000 * (1.5 if config == B else 1.0) * 0.95 ** call)
+    run_first = Bursts(machine, steps=20).open(tiny_workload(), B, label="run")
+    found = measure_pairs(tiny_workload(), [A, B], [(0, 1)], engine=machine, clock=machine.clock, steps=20,
+                          opened={1: run_first}, budget_s=120.0).comparisons[0]
+    assert [config for config, _ in machine.calls[:4]] == [B, A, A, B]
+    assert all(r == pytest.approx(math.log(1.5)) for r in found.log_ratios) and found.verdict == "faster"
