@@ -1,5 +1,5 @@
 """Figures read at a glance: speed-ups per workload, the ladder as a waterfall, where the step goes, utilisation
-per run, and the workshop's folklore against what was measured.
+per run, and the workshop's folklore against what its comparisons measured.
 
 Each takes the comparison rows (:func:`~accel_widgets.analysis.compare.comparison_rows`) and, where it needs raw
 steps or telemetry, the results they came from, so the report, the panel and a notebook draw the same
@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.compare import Row, comparison_rows, with_comparison
+from ..metrics.sequential import Interval
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
-from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, run_colour, run_name, shorten
-from .table import speedup_reading
+from .comparison import interval_text, verdict_text
+from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, VERDICT_MARKS, run_colour, run_name, shorten
+from .table import same_within_pct, speedup_reading
 from .timeline import has_activity, utilisation_title
 
 if TYPE_CHECKING:
@@ -322,37 +324,104 @@ def _add_device_lines(figure: Figure, row: Row, result: BurstResult, grid_row: i
 
 
 # -- the workshop: folklore against this machine ---------------------------------------------------
+NOISE_FLOOR_FILL = "rgba(120,120,120,0.16)"
+
+
 @dataclass(frozen=True)
 class Lesson:
-    """One workshop lesson: the folklore's promised speed-up range and the two bursts that test it.
+    """One workshop lesson: the folklore's promised speed-up range and the comparison that tests it on this machine.
 
-    ``result`` is None when the lesson's knob could not act here (it was skipped).
+    ``comparison`` measures the lesson's config against the baseline (:func:`accel_widgets.compare`: interleaved
+    blocks until a 95% interval settles a verdict or the budget is spent); None when the lesson's knob could not act
+    here or was left out. A comparison of the baseline with itself is the noise floor: what this machine does to one
+    config from burst to burst, the spread a lone ratio would be read against.
     """
 
     title: str
     folklore: tuple[float, float]
     folklore_text: str
-    baseline: BurstResult
-    result: BurstResult | None
+    comparison: Comparison | None = None
 
-    def speedup(self) -> tuple[float, float] | None:
-        """The measured speed-up over the baseline and its ± (:func:`speedup_error`), None when unmeasured."""
-        if self.result is None or (speedup := self.result.speedup_over(self.baseline)) is None:
+    def speedup(self) -> Interval | None:
+        """The measured speed-up with its interval (unbounded while too few blocks counted); None when nothing was
+        compared: the lesson was skipped, a config failed, or no block counted."""
+        found = self.comparison
+        if found is None or found.error or found.ratio is None:
             return None
-        steps = (self.result.step_time, self.baseline.step_time)
-        if None in steps:
-            return speedup, 0.0
-        return speedup, speedup * math.hypot(*(s.relative_iqr / 2 for s in steps if s is not None))
+        return found.interval
+
+    def noise_floor(self) -> tuple[float, float] | None:
+        """For a lesson that compares the baseline with itself: the lowest and highest rate of one burst over its
+        block's other bursts of the same config, how far this machine moves one config (None for any other lesson,
+        or before a block counted)."""
+        found = self.comparison
+        if found is None or not found.same_config or not (ratios := found.window_ratios):
+            return None
+        return min(ratios), max(ratios)
+
+    def bursts(self) -> tuple[list[BurstResult], list[BurstResult]]:
+        """Every burst the baseline and the lesson's config measured, block by block (left-out blocks too: they show
+        what other load did); each config's first burst alone when no block ran (a comparison without a block holds
+        just those, the baseline's first)."""
+        found = self.comparison
+        if found is None:
+            return [], []
+        if found.blocks:
+            return found.reference_windows, found.subject_windows
+        return found.windows[:1], found.windows[1:2]
+
+    def headline(self) -> str:
+        """What was measured, in the words printed beside the folklore: the noise floor's burst-to-burst range, "no
+        measurable effect here (within ±4%)", or the interval and its verdict."""
+        found = self.comparison
+        if found is None:
+            return "not measured here"
+        if found.error:
+            return f"not compared ({found.error})"
+        if found.ratio is None:
+            return f"undecided: {_no_block(found)}"
+        if (floor := self.noise_floor()) is not None:
+            return (f"this machine moves the same config {floor[0]:.2f}–{floor[1]:.2f}× from burst to burst "
+                    f"({interval_text(found)}, {verdict_text(found)})")
+        if found.verdict == "same":
+            return f"no measurable effect here (within ±{same_within_pct(found.interval.low, found.interval.high)}%)"
+        return f"{interval_text(found)}, {found.verdict}"
+
+
+def _no_block(comparison: Comparison) -> str:
+    """Why a comparison has no counted block: its blocks were left out for other load, or none was run."""
+    left_out = [block.left_out for block in comparison.blocks if block.left_out]
+    if left_out:
+        return f"no block counted ({len(left_out)} left out: {left_out[0]})"
+    return f"no block counted ({comparison.stopped or 'none run'})"
+
+
+def _point_text(comparison: Comparison) -> str:
+    """The chart's label of a measured lesson: "1.42× faster", "same ±4%", "1.03× undecided"."""
+    if comparison.verdict == "same":
+        return verdict_text(comparison)
+    return f"{comparison.ratio:.2f}× {verdict_text(comparison)}"
+
+
+def _unmeasured_text(lesson: Lesson) -> str:
+    """The chart's label where a lesson has no measured speed-up (its hover gives the whole reason)."""
+    if lesson.comparison is None:
+        return "skipped here"
+    return "not compared" if lesson.comparison.error else "undecided: no block counted"
 
 
 def folklore_figure(lessons: Sequence[Lesson]) -> Figure:
-    """Per lesson, the folklore's range as a band and the measured speed-up (± IQR) as a point, on a log axis
-    (0.5× and 2× are as far from 1× as each other); a skipped lesson says so where its point would be."""
+    """Per lesson, the folklore's range as a band and the speed-up measured here as a point with its comparison's
+    95% interval as whiskers and its verdict beside it, on a log axis (0.5× and 2× are as far from 1× as each other).
+    The noise floor lesson's burst-to-burst range is a shaded band around 1× across every lesson: a lone ratio inside
+    it says nothing. A lesson without a measured speed-up says why where its point would be."""
     import plotly.graph_objects as go
 
     titles = [lesson.title for lesson in lessons]
-    measured = [(lesson.title, s) for lesson in lessons if (s := lesson.speedup()) is not None]
-    skipped = [lesson.title for lesson in lessons if lesson.speedup() is None]
+    measured = [(lesson, comparison, found) for lesson in lessons
+                if (comparison := lesson.comparison) is not None and (found := lesson.speedup()) is not None]
+    unmeasured = [lesson for lesson in lessons if lesson.speedup() is None]
+    floor = next((f for lesson in lessons if (f := lesson.noise_floor()) is not None), None)
     figure = go.Figure()
     figure.add_trace(go.Bar(
         y=titles, base=[lesson.folklore[0] for lesson in lessons], orientation="h", width=0.55,
@@ -360,48 +429,61 @@ def folklore_figure(lessons: Sequence[Lesson]) -> Figure:
         marker={"color": COLOURS["promise"], "line": {"color": PALETTE[4], "width": 1}},
         name="folklore promises", customdata=[lesson.folklore_text for lesson in lessons],
         hovertemplate="%{y}: folklore %{customdata}<extra></extra>", meta={"kind": "folklore"}))
+    whiskers = [(found.ratio - found.low, found.high - found.ratio) if found.bounded else (0.0, 0.0)
+                for _, _, found in measured]
     figure.add_trace(go.Scatter(
-        y=[t for t, _ in measured], x=[s for _, (s, _) in measured], mode="markers+text",
-        error_x={"type": "data", "array": [e for _, (_, e) in measured], "thickness": 1.5, "width": 6},
-        marker={"size": 11, "color": COLOURS["info"]}, text=[f"{s:.2f}×" for _, (s, _) in measured],
-        textposition="top center", name="measured here (± IQR)",
-        hovertemplate="%{y}: measured %{x:.2f}×<extra></extra>", meta={"kind": "measured"}))
-    values = [v for lesson in lessons for v in lesson.folklore] + [s for _, (s, _) in measured]
+        y=[lesson.title for lesson, _, _ in measured], x=[found.ratio for _, _, found in measured],
+        mode="markers+text",
+        error_x={"type": "data", "symmetric": False, "array": [above for _, above in whiskers],
+                 "arrayminus": [below for below, _ in whiskers], "thickness": 1.5, "width": 6},
+        marker={"size": 11, "color": [COLOURS[VERDICT_MARKS[c.verdict][1]] for _, c, _ in measured]},
+        text=[_point_text(c) for _, c, _ in measured], textposition="top center",
+        name="measured here (95% interval, verdict)", customdata=[lesson.headline() for lesson, _, _ in measured],
+        hovertemplate="%{y}: %{customdata}<extra></extra>",
+        meta={"kind": "measured", "verdicts": [c.verdict for _, c, _ in measured]}))
+    values = [v for lesson in lessons for v in lesson.folklore] + list(floor or ())
+    values += [v for _, _, found in measured for v in (found.ratio, found.low, found.high) if 0 < v < math.inf]
     low, high = min([*values, 1.0]) / 1.5, max([*values, 1.0]) * 1.5
-    if skipped:  # at the left edge, clear of the 1× line and the bands
-        figure.add_trace(go.Scatter(y=skipped, x=[low * 1.05] * len(skipped), mode="text", name="skipped",
-                                    text=["skipped here"] * len(skipped), textposition="middle right",
-                                    textfont={"color": COLOURS["muted"]}, showlegend=False, hoverinfo="skip",
-                                    meta={"kind": "skipped"}))
+    if unmeasured:  # at the left edge, clear of the 1× line and the bands
+        figure.add_trace(go.Scatter(
+            y=[lesson.title for lesson in unmeasured], x=[low * 1.05] * len(unmeasured), mode="text",
+            name="not measured", text=[_unmeasured_text(lesson) for lesson in unmeasured],
+            customdata=[lesson.headline() for lesson in unmeasured], textposition="middle right",
+            textfont={"color": COLOURS["muted"]}, showlegend=False, hovertemplate="%{y}: %{customdata}<extra></extra>",
+            meta={"kind": "unmeasured"}))
+    if floor is not None:
+        figure.add_vrect(x0=floor[0], x1=floor[1], fillcolor=NOISE_FLOOR_FILL, line_width=0, layer="below",
+                         showlegend=True, name=f"noise floor: the same config {floor[0]:.2f}–{floor[1]:.2f}× "
+                                               "burst to burst")
     figure.add_vline(x=1.0, line={"color": "#444", "dash": "dash", "width": 1})
-    figure.update_layout(**_LAYOUT, title="Folklore vs. this machine", height=140 + 50 * max(len(lessons), 1),
+    figure.update_layout(**_LAYOUT, title="Folklore vs. this machine", height=160 + 50 * max(len(lessons), 1),
                          xaxis={"type": "log", "range": [math.log10(low), math.log10(high)], "ticksuffix": "×",
                                 "tickvals": [t for t in _SPEEDUP_TICKS if low <= t <= high],
-                                "title": "speed-up over the baseline (log)"},
+                                "title": "speed-up over the baseline (log; whiskers: 95% anytime-valid interval)"},
                          yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
-                         margin={"l": 10, "r": 20, "t": 80, "b": 50})
+                         margin={"l": 10, "r": 20, "t": 100, "b": 50})
     return figure
 
 
 def step_distributions(lessons: Sequence[Lesson]) -> Figure:
-    """Each measured lesson's two bursts side by side: the baseline's measured step times and the lesson's,
-    as boxes on a log axis, so a speed-up can be seen against the spread it is read from."""
+    """Each compared lesson's step times side by side: every burst of the baseline's and every burst of the lesson's
+    config (:meth:`Lesson.bursts`), as boxes on a log axis, so a speed-up can be seen against the spread it is read
+    from. Boxes mark outliers only: a comparison's bursts hold hundreds of steps."""
     import plotly.graph_objects as go
 
-    shown = [lesson for lesson in lessons if lesson.result is not None and lesson.result.step_times()]
+    def step_ms(bursts: Sequence[BurstResult]) -> list[float]:
+        return [t * 1e3 for burst in bursts for t in burst.step_times()]
+
+    shown = [(lesson.title, [step_ms(side) for side in lesson.bursts()]) for lesson in lessons]
+    shown = [(title, sides) for title, sides in shown if all(sides)]
     figure = go.Figure()
-    for kind, name, colour, pick in (("baseline_steps", "baseline", COLOURS["neutral"], lambda les: les.baseline),
-                                     ("lesson_steps", "with the lesson's knob", COLOURS["info"],
-                                      lambda les: les.result)):
-        x: list[str] = []
-        y: list[float] = []
-        for lesson in shown:
-            times = [t * 1e3 for t in pick(lesson).step_times()]
-            x += [lesson.title] * len(times)
-            y += times
-        figure.add_trace(go.Box(x=x, y=y, name=name, marker_color=colour, boxpoints="all", jitter=0.4,
-                                pointpos=0, marker={"size": 4}, meta={"kind": kind}))
-    figure.update_layout(**_LAYOUT, boxmode="group", title="Measured step times, baseline vs. each lesson",
+    for side, (kind, name, colour) in enumerate((("baseline_steps", "baseline", COLOURS["neutral"]),
+                                                 ("lesson_steps", "with the lesson's knob", COLOURS["info"]))):
+        figure.add_trace(go.Box(x=[title for title, sides in shown for _ in sides[side]],
+                                y=[ms for _, sides in shown for ms in sides[side]], name=name, marker_color=colour,
+                                boxpoints="outliers", marker={"size": 4}, meta={"kind": kind}))
+    figure.update_layout(**_LAYOUT, boxmode="group",
+                         title="Step times of every burst each comparison ran, baseline vs. each lesson",
                          yaxis={"type": "log", "title": "step time (ms, log)"}, height=420,
                          legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
                          margin={"l": 60, "r": 20, "t": 80, "b": 60})

@@ -52,13 +52,23 @@ def test_tuning_notebook_opens_the_panel_and_runs_the_ladder(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_workshop_notebook_compares_every_group_with_the_folklore(tmp_path: Path) -> None:
-    """Without the compile lesson's cold compile (tests/engine/test_compile.py compiles), at 6 steps a burst."""
-    text, _ = execute("workshop.ipynb", tmp_path, STEPS=6, LEAVE_OUT=("compile",))
+    """Without the compile lesson's cold compile (tests/engine/test_compile.py compiles), at 6 steps a first burst
+    and a budget that ends each comparison after its first bursts: what the lessons print is what is checked here,
+    the engine's blocks and verdicts in tests/search/test_compare.py and the figures in tests/views/test_figures.py."""
+    text, mimes = execute("workshop.ipynb", tmp_path, STEPS=6, BUDGET=1, LEAVE_OUT=("compile",))
+    lines = text.splitlines()
+    (floor,) = [line for line in lines if line.startswith("The noise floor: ")]
+    assert floor.startswith(("The noise floor: this machine moves the same config ", "The noise floor: undecided"))
     for title in ("Data loading", "Mixed precision", "Batch", "torch.compile", "Python overhead", "System", "Parallel"):
         assert f"### {title}: the knobs" in text
-        assert any(line.startswith(title) and "folklore" in line for line in text.splitlines()), title
+        assert any(line.startswith(title) and "folklore" in line for line in lines), title
+    measured = [line for line in lines if "; measured here: " in line]
+    assert len(measured) == 6  # every lesson but the one left out, each with its verdict
+    verdicts = ("faster", "slower", "no measurable effect here (within ±", "undecided", "not compared")
+    assert all(any(verdict in line.split("; measured here: ")[1] for verdict in verdicts) for line in measured)
     assert "Why it may differ here" in text and "Skipped here" in text
     assert "torch.compile: left out of this run" in text
+    assert PLOTLY in mimes
 
 
 @pytest.mark.slow

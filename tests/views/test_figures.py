@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from accel_widgets.analysis.compare import comparison_rows
 from accel_widgets.knobs.config import Config
 from accel_widgets.results.burst import BurstResult, RankSummary, StepRecord, TelemetrySample
+from accel_widgets.results.comparison import Block, Comparison
 from accel_widgets.views.figures import (
     NOISY_MARK,
     NOISY_PATTERN,
@@ -28,6 +30,7 @@ from accel_widgets.views.figures import (
 )
 from accel_widgets.views.style import run_colour
 from tests.measured import as_measured
+from tests.panel.fakes import synthetic_result
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -170,29 +173,119 @@ def test_utilisation_small_multiples_one_panel_per_run(runs: list[BurstResult]) 
     assert titles[0].startswith("#0 image-cnn: baseline · mean ") and len(titles) == 8
 
 
-def test_folklore_band_point_and_skipped_lesson() -> None:
-    base = burst("w", Config(), "baseline", step_ms=10.0, data_share=0.5, jitter=0.1)
-    loader = burst("w", Config(num_workers=2), "+num_workers", step_ms=8.0, data_share=0.1, jitter=0.1, seed=1)
-    lessons = [Lesson("Data loading", (3.0, 5.0), "3-5×", base, loader),
-               Lesson("Batch", (1.0, 1.0), "1×", base, None)]
+def compared(subject: Config, blocks: Sequence[tuple[float, float, float, float]], *, left_out: str = "",
+             **fields: Any) -> Comparison:
+    """``subject`` against the baseline as :func:`accel_widgets.compare` leaves it: per entry of ``blocks`` one block
+    of four windows (the baseline's two samples/s, then the subject's two), each a synthetic 10-step burst at that
+    rate."""
+    reference = Config()
+    windows = [synthetic_result(config, steps=10, step_s=32 / rate)
+               for a1, a2, b1, b2 in blocks for config, rate in ((reference, a1), (reference, a2), (subject, b1),
+                                                                 (subject, b2))]
+    return Comparison(reference, subject, 0.05, windows=windows,
+                      blocks=[Block((4 * k, 4 * k + 1), (4 * k + 2, 4 * k + 3), left_out) for k in range(len(blocks))],
+                      **fields)
+
+
+LOADER = Config(num_workers=2, persistent_workers=True)
+FASTER = [(1000, 1000, 1500, 1500), (1000, 1000, 1520, 1520), (1000, 1000, 1480, 1480), (1000, 1000, 1510, 1510)]
+SAME = [(1000, 1000, 1000, 1000), (1000, 1000, 1005, 1005), (1000, 1000, 995, 995), (1000, 1000, 1002, 1002)]
+# The same config drifting: window ratios 0.91 ... 1.24, the spread a lone ratio is read against.
+FLOOR = [(1000, 1000, 910, 1100), (1000, 1000, 1240, 1000), (1000, 1000, 960, 1050), (1000, 1000, 1000, 980)]
+
+
+def test_a_lesson_reads_its_comparison_as_an_interval_and_a_verdict() -> None:
+    faster = Lesson("Data loading", (3.0, 5.0), "3-5×", compared(LOADER, FASTER))
+    found = faster.speedup()
+    assert found is not None and found.bounded and faster.comparison is not None
+    assert faster.comparison.verdict == "faster" and found.low > 1.4 and found.ratio == pytest.approx(1.5025, rel=1e-3)
+    assert faster.headline() == f"{found.ratio:.2f}× [{found.low:.2f}–{found.high:.2f}], faster"
+    same = Lesson("Batch", (1.0, 1.0), "1×", compared(Config(grad_accum_steps=2), SAME))
+    interval = same.speedup()
+    assert interval is not None
+    low, high = interval.low, interval.high
+    bound = math.ceil(round(max(high - 1, 1 - low) * 100, 6))
+    assert same.headline() == f"no measurable effect here (within ±{bound}%)" and bound <= 5
+    few = Lesson("System", (1.1, 1.3), "1.1-1.3×", compared(Config(channels_last=True), FASTER[:2]))
+    unbounded = few.speedup()
+    assert unbounded is not None and not unbounded.bounded and unbounded.ratio == pytest.approx(1.51, rel=1e-2)
+    assert few.headline().endswith("(too few blocks for an interval), undecided")
+    assert faster.noise_floor() is None and same.noise_floor() is None
+
+
+def test_the_noise_floor_lesson_reads_the_burst_to_burst_range() -> None:
+    floor = Lesson("The noise floor", (1.0, 1.0), "1×", compared(Config(), FLOOR))
+    assert floor.noise_floor() == pytest.approx((0.91, 1.24))
+    assert floor.headline().startswith("this machine moves the same config 0.91–1.24× from burst to burst (")
+    assert floor.speedup() is not None
+
+
+def test_a_lesson_without_a_counted_block_says_why_and_has_no_speedup() -> None:
+    skipped = Lesson("Parallel", (1.8, 2.0), "2×")
+    assert skipped.speedup() is None and skipped.headline() == "not measured here" and skipped.bursts() == ([], [])
+    firsts = [synthetic_result(Config(), step_s=0.032), synthetic_result(LOADER, step_s=0.02)]
+    budget = "budget: 4.2 s of 2 s used, and another block would not fit"
+    short = Lesson("Data loading", (3.0, 5.0), "3-5×", Comparison(Config(), LOADER, 0.05, windows=firsts,
+                                                                  stopped=budget))
+    assert short.speedup() is None and short.headline() == f"undecided: no block counted ({budget})"
+    assert short.bursts() == ([firsts[0]], [firsts[1]])  # the first bursts, the baseline's first
+    loaded = Lesson("Data loading", (3.0, 5.0), "3-5×", compared(LOADER, FASTER[:1], left_out="other load took 60%"))
+    assert loaded.speedup() is None
+    assert loaded.headline() == "undecided: no block counted (1 left out: other load took 60%)"
+    failed = Lesson("Parallel", (1.8, 2.0), "2×", compared(Config(parallel="ddp", world_size=2), FASTER,
+                                                           error="RuntimeError: boom"))
+    assert failed.speedup() is None and failed.headline() == "not compared (RuntimeError: boom)"
+
+
+def test_folklore_figure_draws_each_interval_its_verdict_and_the_noise_floor() -> None:
+    lessons = [Lesson("The noise floor", (1.0, 1.0), "1×", compared(Config(), FLOOR)),
+               Lesson("Data loading", (3.0, 5.0), "3-5×", compared(LOADER, FASTER)),
+               Lesson("Batch", (1.0, 1.0), "1×", compared(Config(grad_accum_steps=2), SAME)),
+               Lesson("Parallel", (1.8, 2.0), "2×")]
     figure = folklore_figure(lessons)
-    (band,), (point,), (skipped,) = (_traces(figure, k) for k in ("folklore", "measured", "skipped"))
-    assert list(band.base) == [3.0, 1.0] and band.x[0] == pytest.approx(2.0) and band.x[1] > 0  # 1× still shows
-    speedup, error = lessons[0].speedup() or (0.0, 0.0)
-    assert speedup == pytest.approx(loader.samples_per_s / base.samples_per_s)
-    spreads = [r.step_time.relative_iqr / 2 for r in (loader, base) if r.step_time]
-    assert error == pytest.approx(speedup * math.hypot(*spreads)) and error > 0
-    assert list(point.x) == pytest.approx([speedup]) and list(point.error_x.array) == pytest.approx([error])
-    assert list(skipped.y) == ["Batch"] and lessons[1].speedup() is None
+    (band,), (point,), (unmeasured,) = (_traces(figure, k) for k in ("folklore", "measured", "unmeasured"))
+    assert list(band.base) == [1.0, 3.0, 1.0, 1.8] and band.x[1] == pytest.approx(2.0) and band.x[0] > 0
+    intervals = [found for lesson in lessons[:3] if (found := lesson.speedup()) is not None]
+    assert list(point.y) == ["The noise floor", "Data loading", "Batch"]
+    assert len(intervals) == 3 and list(point.x) == pytest.approx([i.ratio for i in intervals])
+    assert list(point.error_x.array) == pytest.approx([i.high - i.ratio for i in intervals])
+    assert list(point.error_x.arrayminus) == pytest.approx([i.ratio - i.low for i in intervals])
+    assert point.error_x.symmetric is False and all(e > 0 for e in point.error_x.array)
+    verdicts = [lesson.comparison.verdict for lesson in lessons[:3] if lesson.comparison is not None]
+    assert point.meta["verdicts"] == verdicts and verdicts[1:] == ["faster", "same"]
+    assert point.text[1] == f"{intervals[1].ratio:.2f}× faster" and point.text[2].startswith("same ±")
+    assert list(point.customdata) == [lesson.headline() for lesson in lessons[:3]]  # the hover says it all
+    assert list(unmeasured.y) == ["Parallel"] and list(unmeasured.text) == ["skipped here"]
+    (floor,) = [shape for shape in figure.layout.shapes if shape.type == "rect"]
+    assert (floor.x0, floor.x1) == pytest.approx((0.91, 1.24)) and floor.showlegend
+    assert floor.name == "noise floor: the same config 0.91–1.24× burst to burst"
     assert figure.layout.xaxis.type == "log"
+    low, high = (10 ** x for x in figure.layout.xaxis.range)
+    assert low < 0.91 and high > 5.0
 
 
-def test_step_distributions_two_boxes_per_measured_lesson() -> None:
-    base = burst("w", Config(), "baseline", step_ms=10.0, data_share=0.5, steps=12)
-    fast = burst("w", Config(num_workers=2), "+num_workers", step_ms=6.0, data_share=0.1, steps=10)
-    figure = step_distributions([Lesson("Data loading", (3, 5), "3-5×", base, fast),
-                                 Lesson("Batch", (1, 1), "1×", base, None)])
+def test_folklore_figure_without_a_noise_floor_or_a_bounded_interval() -> None:
+    few = Lesson("System", (1.1, 1.3), "1.1-1.3×", compared(Config(channels_last=True), FASTER[:2]))
+    failed = Lesson("Parallel", (1.8, 2.0), "2×", compared(Config(parallel="ddp", world_size=2), FASTER,
+                                                           error="RuntimeError: boom"))
+    figure = folklore_figure([few, failed])
+    (point,), (unmeasured,) = _traces(figure, "measured"), _traces(figure, "unmeasured")
+    assert list(point.error_x.array) == [0.0] and list(point.error_x.arrayminus) == [0.0]  # no interval to draw
+    assert point.meta["verdicts"] == ["undecided"] and point.text[0].endswith("× undecided")
+    assert list(unmeasured.text) == ["not compared"]
+    assert [shape.type for shape in figure.layout.shapes] == ["line"]  # the 1× line, no noise band
+
+
+def test_step_distributions_pool_every_burst_of_each_side() -> None:
+    loader = compared(LOADER, FASTER)
+    firsts = [synthetic_result(Config(), steps=12, step_s=0.032), synthetic_result(LOADER, steps=8, step_s=0.02)]
+    short = Comparison(Config(), LOADER, 0.05, windows=firsts, stopped="budget")
+    figure = step_distributions([Lesson("Data loading", (3, 5), "3-5×", loader),
+                                 Lesson("System", (1.1, 1.3), "1.1-1.3×", short),
+                                 Lesson("Batch", (1, 1), "1×")])
     (before,), (after,) = _traces(figure, "baseline_steps"), _traces(figure, "lesson_steps")
-    assert list(before.x) == ["Data loading"] * 12 and list(after.x) == ["Data loading"] * 10
-    assert list(after.y) == pytest.approx([t * 1e3 for t in fast.step_times()])
+    assert list(before.x) == ["Data loading"] * 80 + ["System"] * 12  # 4 blocks of two 10-step bursts, one first
+    assert list(after.x) == ["Data loading"] * 80 + ["System"] * 8
+    assert list(after.y) == pytest.approx([t * 1e3 for w in loader.subject_windows for t in w.step_times()]
+                                          + [t * 1e3 for t in firsts[1].step_times()])
     assert figure.layout.boxmode == "group" and figure.layout.yaxis.type == "log"
