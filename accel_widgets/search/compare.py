@@ -179,9 +179,9 @@ class _Measurement:
         """The entries some open pair still needs, in their order."""
         return sorted({i for k in self.open_pairs() for i in self.pairs[k]})
 
-    def fits(self, indices: Sequence[int]) -> bool:
-        """Whether a block of these entries' windows (two each) ends within the budget at the pace so far."""
-        needed = 2 * sum(self.entries[i].estimate_s() for i in indices)
+    def fits(self, indices: Sequence[int], *, each: int = 2) -> bool:
+        """Whether ``each`` windows of these entries end within the budget at the pace so far."""
+        needed = each * sum(self.entries[i].estimate_s() for i in indices)
         return self.clock() - self.started + needed <= self.budget_s
 
     def block(self, sweep: Sequence[int], first_half: dict[int, list[int]] | None = None) -> None:
@@ -189,12 +189,15 @@ class _Measurement:
         and add the block to every pair measured in it."""
         positions: dict[int, list[int]] = {i: list(w) for i, w in (first_half or {}).items()}
         order = list(reversed(sweep)) if first_half is not None else [*sweep, *reversed(sweep)]
-        for index in order:
+        for position, index in enumerate(order):
             if self.bursts.stopped() or self.stopped:
                 self.stopped = self.stopped or "stopped: the stop event was set"
                 return
             if self.entries[index].error:
                 continue
+            if not self.fits(order[position:], each=1):  # the pace so far says the block would end past the budget
+                self.stopped = self._out_of_budget()
+                return
             if self.window(index):
                 positions.setdefault(index, []).append(len(self.windows) - 1)
             self._tell()
@@ -264,8 +267,8 @@ class _Measurement:
             backwards = not backwards
 
     def _out_of_budget(self) -> str:
-        return (f"budget: {self.clock() - self.started:.1f} s of {self.budget_s:g} s used, and another block would "
-                "not fit")
+        return (f"budget: {self.clock() - self.started:.1f} s of {self.budget_s:g} s used, and the next block would "
+                "not fit at the pace measured so far")
 
     def _finish(self) -> Measured:
         wall = self.clock() - self.started
