@@ -25,9 +25,11 @@ def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None
     first ok run whose config is ``Config()`` (the plain loop), else its first ok run. An explicit
     ``baseline`` replaces the default for its own workload only. ``baseline`` in a row is the index of
     the run its speed-up refers to (``None`` when there is none among ``results``). Unknown numbers are
-    ``None``; ``noisy`` is always a bool (False when there are no measured steps to judge).
+    ``None``; ``noisy`` is always a bool (False when there are no measured steps to judge). ``compared`` maps a
+    run to its comparison with its baseline: its interval and verdict replace the lone ratio (:func:`with_comparison`).
     """
-    return _rows(results, _baselines(results, baseline))
+    rows = _rows(results, _baselines(results, baseline))
+    return [with_comparison(row, (compared or {}).get(i)) for i, row in enumerate(rows)]
 
 
 def _rows(results: Sequence[BurstResult], baselines: Sequence[BurstResult | None]) -> list[Row]:

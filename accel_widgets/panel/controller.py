@@ -30,8 +30,8 @@ from ..results.comparison import Comparison
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
 from ..search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
 from ..search.bursts import Bursts, Contender, Failed
-from ..search.compare import DEFAULT_BUDGET_S, Progress, measure_pairs
-from ..search.ladder import classic_ladder, ladder_pairs
+from ..search.compare import DEFAULT_BUDGET_S, WINDOW_S, Progress, measure_pairs
+from ..search.ladder import LADDER_WINDOW_S, classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
 from ..search.tuner import TuneResult, TuneStep
 from ..views.comparison import interval_text, outcome_text, verdict_text
@@ -387,7 +387,8 @@ class PanelController:
             opened, pairs = {1: contender}, [(0, 1)]
         measured = measure_pairs(self.workload, configs, pairs, budget_s=budget_s, engine=self._engine,
                                  stop=self._stop, labels=[self.state.runs[run].name for run in order], opened=opened,
-                                 on_progress=self._comparing(order, pairs, budget_s))
+                                 on_progress=self._comparing(order, pairs, budget_s),
+                                 window_s=LADDER_WINDOW_S if ladder else WINDOW_S)
         self._show(measured.comparisons, pairs, order, comparing=False)
 
     def _comparing(self, order: list[int], pairs: list[tuple[int, int]], budget_s: float) -> Callable[[Progress], None]:

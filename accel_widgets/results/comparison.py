@@ -69,7 +69,8 @@ class Comparison:
     ``windows`` are the measured windows of either config, block by block (each a :class:`BurstResult`; the first
     of each config is its ordinary first burst); ``blocks`` say which of them form each block. The speed-up is the
     subject's samples/s over the reference's. ``stopped`` says why measuring ended ("settled", or the budget, a
-    stop, a failure), ``error`` what failed when a config could not be measured.
+    stop, a failure), ``error`` what failed when a config could not be measured; ``firsts`` are the two configs'
+    first bursts (an ordinary burst each: steps from the first, losses, the code paths it ran).
     """
 
     reference: Config
@@ -82,6 +83,7 @@ class Comparison:
     wall_s: float = 0.0
     reference_label: str = ""
     subject_label: str = ""
+    firsts: list[BurstResult] = field(default_factory=list)  # each config's first burst, reference then subject
 
     # -- the blocks ------------------------------------------------------------------------------------
     @property

@@ -275,6 +275,7 @@ class _Measurement:
         for k, comparison in enumerate(self.comparisons):
             a, b = self.pairs[k]
             comparison.wall_s = wall
+            comparison.firsts = [e.contender.first for e in (self.entries[a], self.entries[b]) if e.contender]
             comparison.error = self.entries[a].error or self.entries[b].error
             if comparison.error:
                 comparison.stopped = f"failed: {comparison.error}"

@@ -107,6 +107,13 @@ class SweepResult:
     budget_s: float
     stopped: bool = False
 
+    @property
+    def compared(self) -> dict[int, Comparison]:
+        """Each compared point's comparison by the index of its config's first burst in ``results``: what the
+        comparison table takes (``comparison_rows(swept.results, compared=swept.compared)``)."""
+        found = {point.config: point.comparison for point in self.points if point.comparison is not None}
+        return {index: found[result.config] for index, result in enumerate(self.results) if result.config in found}
+
     def speedup(self, point: SweepPoint) -> float | None:
         """The point's samples/s over the base's, from its comparison's blocks (1.0 for the base itself)."""
         if point.config == self.base:

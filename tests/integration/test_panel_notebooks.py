@@ -39,7 +39,7 @@ def execute(name: str, tmp_path: Path, **parameters: object) -> tuple[str, set[s
 def test_tuning_notebook_opens_the_panel_and_runs_the_ladder(tmp_path: Path) -> None:
     """Without the compile rung: compiling is tested on its own (tests/engine/test_compile.py), and two cold compiles
     would take most of this test's time."""
-    text, mimes = execute("tuning.ipynb", tmp_path, STEPS=10, BUDGET=10, LEAVE_OUT=("+compile",))
+    text, mimes = execute("tuning.ipynb", tmp_path, STEPS=10, BUDGET=15, LEAVE_OUT=("+compile",))
     assert WIDGET_VIEW in mimes
     for rung in ("baseline", "+loader", "+rest"):
         assert rung in text
@@ -73,8 +73,9 @@ def test_workshop_notebook_compares_every_group_with_the_folklore(tmp_path: Path
 
 @pytest.mark.slow
 def test_whatif_notebook_sweeps_and_plots(tmp_path: Path) -> None:
-    text, mimes = execute("whatif.ipynb", tmp_path)
+    text, mimes = execute("whatif.ipynb", tmp_path, BATCH_SIZES=[16, 32], WORKERS=[0, 2], STEPS=5, BUDGET=6)
     assert text.count("samples/s") >= 4 and "speedup" in text
+    assert "sweep of data_cache on image-small against batch_size=32" in text  # every cache against the plain read
     assert PLOTLY in mimes
     assert "streaming, num_workers=0" in text and "streaming, num_workers=2" in text
     assert "data_cache=shards" in text

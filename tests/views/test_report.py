@@ -31,6 +31,7 @@ from accel_widgets.views.style import run_colour
 from accel_widgets.views.table import PANEL_COLUMNS, REPORT_COLUMNS, row_cells
 from accel_widgets.views.timeline import TIMELINE_TITLES, timeline
 from tests.measured import as_measured
+from tests.views.comparisons import comparison_of
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure
@@ -122,6 +123,20 @@ def test_explicit_baseline(runs: list[BurstResult]) -> None:
     rows = comparison_rows(runs, baseline=runs[0])
     assert rows[0]["changes"] == "baseline" and rows[0]["speedup"] == pytest.approx(1.0)
     assert rows[1]["changes"] == "num_workers=0" and rows[1]["speedup"] == pytest.approx(0.5)
+
+
+def test_rows_take_each_runs_comparison_in_place_of_its_lone_ratio(runs: list[BurstResult]) -> None:
+    """The rows every face prints from (the demo's, the notebooks') carry the comparison handed in: its blocks' ratio,
+    interval and verdict, never the first bursts' lone ratio."""
+    fast = runs[0]
+    compared = {0: comparison_of(runs[1].config, fast.config, 1.4)}
+    rows = comparison_rows(runs, compared=compared)
+    assert rows[0]["speedup"] == pytest.approx(compared[0].ratio) and rows[0]["speedup"] != pytest.approx(2.0)
+    assert rows[0]["verdict"] == "faster" and rows[0]["blocks"] == 6
+    low, high = rows[0]["speedup_interval"]
+    assert low < 1.4 < high
+    assert "▲" in format_table(rows) and "▲" not in format_table(comparison_rows(runs))
+    assert rows[2] == comparison_rows(runs)[2]  # a run not compared keeps its row
 
 
 # -- text table ----------------------------------------------------------------------------------------
