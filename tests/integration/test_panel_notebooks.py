@@ -2,7 +2,8 @@
 
 Without a front end the widgets still work on the kernel side (buttons are clicked with ``.click()``),
 so this checks the notebooks' code and the panel's kernel-side behaviour; the browser test
-(tests/integration/test_panel_in_a_browser.py) checks the rendering.
+(tests/integration/test_panel_in_a_browser.py) checks the rendering. tuning.ipynb runs in the browser only
+(tests/integration/test_panel_on_one_screen.py checks what it prints there).
 """
 
 from __future__ import annotations
@@ -33,21 +34,6 @@ def execute(name: str, tmp_path: Path, **parameters: object) -> tuple[str, set[s
     text += "".join(output.get("data", {}).get("text/markdown", "") for output in outputs)
     mimes = {mime for output in outputs for mime in output.get("data", {})}
     return text, mimes
-
-
-@pytest.mark.slow
-def test_tuning_notebook_opens_the_panel_and_runs_the_ladder(tmp_path: Path) -> None:
-    """Without the compile rung: compiling is tested on its own (tests/engine/test_compile.py), and two cold compiles
-    would take most of this test's time."""
-    text, mimes = execute("tuning.ipynb", tmp_path, STEPS=10, BUDGET=15, LEAVE_OUT=("+compile",))
-    assert WIDGET_VIEW in mimes
-    for rung in ("baseline", "+loader", "+rest"):
-        assert rung in text
-    assert "+compile" not in text
-    assert "num_workers=2, persistent_workers=True, precision=bf16 [my-cnn]" in text
-    # The rungs' speed-ups as their comparisons left them: a verdict's mark, or "same", never a lone ratio.
-    assert any(mark in text for mark in ("▲", "▼", " ?", "same ±"))
-    assert "[good]" in text or "[warn]" in text or "[info]" in text
 
 
 @pytest.mark.slow

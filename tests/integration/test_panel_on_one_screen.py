@@ -5,8 +5,9 @@ and the dark theme.
 At each size there must be one scroll position of the notebook where Run burst and Stop, at least 80% of the live
 chart, the runs table's header and its newest row are on screen and not covered, and no column of the runs table is
 cut (folded into the rows' details is fine). In each theme the panel's text and the chart's axis labels must read
-against the theme's background. One server, one kernel and one run of the notebook serve all four looks; each is kept
-as a screenshot (test-artifacts/panel-<size>-<theme>.png, copied to docs/images/ by hand when the layout changes).
+against the theme's background. One server, one kernel and one run of the notebook serve all four looks and the check
+of what the notebook prints (a headless run of it would repeat this one); each look is kept as a screenshot
+(test-artifacts/panel-<size>-<theme>.png, copied to docs/images/ by hand when the layout changes).
 """
 
 from __future__ import annotations
@@ -124,6 +125,23 @@ JS_THEME = """() => {
 }"""
 
 
+# Every stream and text output of the open notebook, in cell order: what it printed.
+JS_OUTPUT_TEXT = """() => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const texts = [];
+  for (const cell of cells) {
+    if (cell.model.type !== 'code') continue;
+    const outputs = cell.model.outputs;
+    for (let i = 0; i < outputs.length; i++) {
+      const data = outputs.get(i).toJSON();
+      const text = data.text ?? (data.data || {})['text/plain'] ?? '';
+      texts.push(Array.isArray(text) ? text.join('') : text);
+    }
+  }
+  return texts.join('');
+}"""
+
+
 def tuning_notebook(path: Path) -> None:
     """notebooks/tuning.ipynb with its parameters cell set to PARAMETERS (papermill's convention)."""
     notebook = nbformat.read(NOTEBOOK, as_version=4)
@@ -148,6 +166,7 @@ def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_the
             page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
             run_to_the_end(page)
+            text = page.evaluate(JS_OUTPUT_TEXT)
             runs = page.evaluate("() => document.querySelectorAll('.aw-runs tr.aw-run').length")
             for theme, name in THEMES.items():
                 page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{name}'}})")
@@ -161,6 +180,16 @@ def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_the
             browser.close()
 
     assert runs >= 5, f"the ladder's rungs and the notebook's own burst: {runs} runs"
+    # What the notebook printed: the ladder's rungs (no compile rung), each speed-up as its comparison left it (a
+    # verdict's mark, or "same", never a lone ratio), the run the notebook clicked and its reading.
+    for rung in ("baseline", "+loader", "+rest"):
+        assert rung in text
+    assert "+compile" not in text
+    # On a shared host blocks measured beside other load are left out: then no rung may have a block to count, and
+    # the table says the machine was loaded instead.
+    assert any(mark in text for mark in ("▲", "▼", " ?", "same ±")) or "other load took" in text, text
+    assert "num_workers=2, persistent_workers=True, precision=bf16 [my-cnn]" in text
+    assert "[good]" in text or "[warn]" in text or "[info]" in text, text
     for look, found in seen.items():
         assert found["problems"] == [], f"{look}: no scroll position shows the loop on one screen; at the best " \
                                         f"one:\n" + "\n".join(found["problems"])
