@@ -498,7 +498,7 @@ def test_a_real_duel_runs_on_held_ranks_within_the_budget() -> None:
     """A batch of 4 instead of 32 makes TinyNet's sub-millisecond steps pay their overhead per 4 samples: the duel on
     held ranks (the default engine) says so in the fewest blocks, within the budget, and every rank is ended (the
     autouse fixture checks)."""
-    budget = 60.0
+    budget = 30.0
     started = time.perf_counter()
     result = tune(tiny_workload(), budget_s=budget, knobs={"batch_size": [4]}, steps=20)
     took = time.perf_counter() - started
