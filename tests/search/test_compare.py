@@ -116,6 +116,7 @@ def test_window_length_follows_the_first_burst() -> None:
     assert window_steps(spread) == math.ceil((0.4 / 1.349 / WINDOW_SE) ** 2) > WINDOW_S / 0.002
     wild = synthetic_result(steps=20, step_s=0.002, jitter=0.5)  # ... up to MAX_WINDOW_S of them
     assert window_steps(wild) == math.ceil(MAX_WINDOW_S / 0.002)
+    assert window_steps(wild, WINDOW_S / 2) == math.ceil(MAX_WINDOW_S / 2 / 0.002)  # a ladder's shorter windows
 
 
 def test_bad_arguments_fail_before_any_burst() -> None:
