@@ -120,9 +120,11 @@ def speedup_reading(row: Row) -> Speedup:
 
 
 def speedup_text(row: Row) -> str:
-    """The speed-up as plain text: the interval and the verdict's mark where the row was compared, "p" when it is a
-    ⚠ when the run is unreliable."""
-    return speedup_reading(row).text
+    """The speed-up as plain text (the terminal's and the report's table): the interval and the verdict's mark where
+    the row was compared, ⚠ when the run is unreliable, and the hint in brackets where there is one, since plain text
+    has no quiet style: "1.23× (1 burst)" is never read as a measured speed-up."""
+    reading = speedup_reading(row)
+    return f"{reading.text} ({reading.hint})" if reading.hint else reading.text
 
 
 def flops_text(row: Row) -> str:

@@ -312,7 +312,7 @@ def test_report_content(report: tuple[Path, str]) -> None:
     _, text = report
     parser = _Parser()
     parser.feed(text)
-    assert {"num_workers=2", "baseline", "bf16 <try>: precision=bf16", "200.0", "2.00×", "10.0 ± 0.0",
+    assert {"num_workers=2", "baseline", "bf16 <try>: precision=bf16", "200.0", "2.00× (1 burst)", "10.0 ± 0.0",
             "failed: CUDA out of memory. Tried to allocate 2 GiB", "2.13.0"} <= set(parser.cells)
     assert "Speed &lt;check&gt;" in text and "bf16 &lt;try&gt;" in text and "Speed <check>" not in text
     assert "only 8 measured steps" in text

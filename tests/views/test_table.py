@@ -192,7 +192,9 @@ def test_without_a_comparison_the_single_ratio_reads_as_before_with_a_quiet_hint
     for row in ({"run": 1, "baseline": 0, "speedup": 1.23}, compared(1.23)):  # the keys absent, or None
         single = speedup_reading(row)
         assert (single.text, single.hint) == ("1.23×", "1 burst") and "one burst against one burst" in single.hover
-    assert speedup_text({"run": 1, "baseline": 0, "speedup": 1.25, "unreliable": True}) == "1.25× ⚠"
+    # Plain text has no quiet style: the terminal's and the report's tables say the hint in brackets.
+    assert speedup_text({"run": 1, "baseline": 0, "speedup": 1.25, "unreliable": True}) == "1.25× ⚠ (1 burst)"
+    assert speedup_text({"run": 0, "baseline": 0, "speedup": 1.0}) == "1.00×"
     baseline = speedup_reading({"run": 0, "baseline": 0, "speedup": 1.0})
     assert (baseline.text, baseline.hint) == ("1.00×", "")
     assert speedup_reading({"run": 1, "baseline": None, "speedup": None}).text == MISSING
