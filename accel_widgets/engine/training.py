@@ -23,7 +23,6 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -276,6 +275,13 @@ def peak_reserved_bytes(devices: list[torch.device]) -> int | None:
     return max(int(torch.cuda.max_memory_reserved(device)) for device in devices)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard, else the tensor. No DTensor exists before its module is
+    imported (FSDP imports it), so a rank that never sharded never pays that import: half a second of every start."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor.DTensor) else tensor
+
+
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes of training state this rank holds: its parameters, a gradient for each trainable one (they all exist
     from backward to the optimizer step), and the optimizer's state (AdamW: two moments per parameter).
@@ -287,14 +293,14 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int
     seen: dict[int, int] = {}
 
     def add(tensor: torch.Tensor) -> None:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        local = _local(tensor)
         seen[local.untyped_storage().data_ptr()] = local.untyped_storage().nbytes()
 
     gradients = 0
     for parameter in model.parameters():
         add(parameter)
         if parameter.requires_grad:
-            local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+            local = _local(parameter)
             gradients += local.numel() * local.element_size()
     for state in optimizer.state.values():
         for value in state.values():
