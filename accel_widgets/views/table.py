@@ -59,6 +59,11 @@ class Speedup:
         return " ".join(part for part in parts if part)
 
 
+def _count(blocks: int) -> str:
+    """What a ratio without an interval rests on: its interleaved blocks, else one burst against one."""
+    return f"{blocks} block{'s' if blocks != 1 else ''}" if blocks else "1 burst"
+
+
 def _interval(low: float, high: float) -> str:
     return f"{low:.2f}–{high:.2f}"
 
@@ -83,16 +88,16 @@ def speedup_reading(row: Row) -> Speedup:
     comparing = bool(row.get("comparing"))
     live = "Still comparing: repeats are arriving and the interval tightens with each.\n" if comparing else ""
     interval, verdict = row.get("speedup_interval"), row.get("verdict")
+    blocks = row.get("blocks") or 0
     if row.get("same_config"):
         floor = f"{_interval(*interval)}×" if interval is not None else f"{ratio:.2f}×"
-        return Speedup(f"same config: {floor}", tone="muted", hint="" if interval is not None else "1 burst",
+        return Speedup(f"same config: {floor}", tone="muted", hint="" if interval is not None else _count(blocks),
                        comparing=comparing, flags=flags,
                        hover=f"{live}The same config as its baseline: this machine moves it {floor} from burst to "
                              "burst. That is the noise floor here, not a speed-up.")
     if interval is None and verdict is not None:  # compared, but too few blocks yet to bound an interval
-        blocks = row.get("blocks") or 0
         return Speedup(f"{ratio:.2f}×", mark=VERDICT_MARKS["undecided"][0], tone=VERDICT_MARKS["undecided"][1],
-                       hint=f"{blocks} block{'s' if blocks != 1 else ''}", comparing=comparing, flags=flags,
+                       hint=_count(blocks), comparing=comparing, flags=flags,
                        hover=f"{live}{ratio:.2f}× the baseline's samples/s over {blocks} interleaved block"
                              f"{'s' if blocks != 1 else ''}: too few yet for an interval; a longer budget bounds it")
     if interval is None:

@@ -179,6 +179,9 @@ def test_a_config_identical_to_its_baseline_reads_as_the_noise_floor_never_a_spe
     assert "this machine moves it 0.91–1.24× from burst to burst" in floor.hover and "not a speed-up" in floor.hover
     one = speedup_reading(compared(1.14, same_config=True))
     assert one.text == "same config: 1.14×" and one.hint == "1 burst"
+    # Compared, but in too few blocks for an interval: the hint says the blocks, not one burst.
+    early = speedup_reading(compared(1.14, None, None, "undecided", same_config=True, blocks=2))
+    assert early.text == "same config: 1.14×" and early.hint == "2 blocks"
 
 
 def test_while_repeats_arrive_the_cell_carries_the_live_mark() -> None:
