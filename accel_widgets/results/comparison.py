@@ -66,11 +66,12 @@ class NoiseSources:
 class Comparison:
     """``subject`` against ``reference``, measured in interleaved blocks by :func:`accel_widgets.compare`.
 
-    ``windows`` are the measured windows of either config, block by block (each a :class:`BurstResult`; the first
-    of each config is its ordinary first burst); ``blocks`` say which of them form each block. The speed-up is the
+    ``windows`` are the measured windows of either config, block by block (each a :class:`BurstResult`, measured on
+    held ranks' rebuilt state); ``blocks`` say which of them form each block. The speed-up is the
     subject's samples/s over the reference's. ``stopped`` says why measuring ended ("settled", or the budget, a
     stop, a failure), ``error`` what failed when a config could not be measured; ``firsts`` are the two configs'
-    first bursts (an ordinary burst each: steps from the first, losses, the code paths it ran).
+    first bursts (an ordinary burst each: steps from the first, losses, the code paths it ran), in no block: they ran
+    on a fresh process's state.
     """
 
     reference: Config

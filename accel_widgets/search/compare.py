@@ -5,7 +5,8 @@ once (the ladder's rungs, each against the one before and the baseline). How:
 
 - Each config gets a :class:`~accel_widgets.search.bursts.Contender`: its first window is an ordinary burst; with the
   default engine its ranks then stay (:class:`~accel_widgets.engine.held.HeldBurst`), so later windows pay neither
-  process start nor compile, only a rebuild of the training state.
+  process start nor compile, only a rebuild of the training state. The first bursts show at once but are in no
+  block: they ran on a fresh process's state, where every repeat runs on state rebuilt behind a random heap spacer.
 - Windows run in blocks that sweep the configs forward and back (A B B A, then B A A B; A B C C B A for three):
   every config's positions in a block have the same mean, so a drift of the machine that is linear over the block
   cancels from every pair's difference. A block's observation for a pair is the difference of the two configs'
@@ -125,7 +126,6 @@ class _Measurement:
         self.started = clock()
         self.budget_covers_firsts = budget_covers_firsts
         self.windows: list[BurstResult] = []
-        self.owner: list[int] = []  # the entry each window measured
         self.comparisons = [Comparison(entries[a].config, entries[b].config, min_effect,
                                        reference_label=entries[a].label, subject_label=entries[b].label)
                             for a, b in self.pairs]
@@ -138,7 +138,7 @@ class _Measurement:
         if entry.contender is None:
             entry.contender = self.bursts.open(self.workload, entry.config, label=entry.label, on_event=on_event)
         first = entry.contender.first
-        self._record(index, first)
+        self.windows.append(first)
         if not first.ok:
             entry.error = _why(first)
         else:
@@ -157,7 +157,7 @@ class _Measurement:
         except BurstError as exc:
             result = exc.result
         entry.walls.append(self.clock() - before)
-        self._record(index, result)
+        self.windows.append(result)
         if not result.ok:
             if result.status == "stopped" or self.bursts.stopped():
                 self.stopped = "stopped: the stop event was set"
@@ -165,10 +165,6 @@ class _Measurement:
                 entry.error = _why(result)
             return False
         return True
-
-    def _record(self, index: int, result: BurstResult) -> None:
-        self.windows.append(result)
-        self.owner.append(index)
 
     # -- blocks ----------------------------------------------------------------------------------------
     def open_pairs(self) -> list[int]:
@@ -187,11 +183,10 @@ class _Measurement:
         needed = each * sum(self.entries[i].estimate_s() for i in indices)
         return self.clock() - self.started + needed <= self.budget_s
 
-    def block(self, sweep: Sequence[int], first_half: dict[int, list[int]] | None = None) -> None:
-        """Run ``sweep`` (each entry of it twice, forward then back, or only back after ``first_half``'s windows)
-        and add the block to every pair measured in it."""
-        positions: dict[int, list[int]] = {i: list(w) for i, w in (first_half or {}).items()}
-        order = list(reversed(sweep)) if first_half is not None else [*sweep, *reversed(sweep)]
+    def block(self, sweep: Sequence[int]) -> None:
+        """Run ``sweep`` forward then back (each entry of it twice) and add the block to every pair measured in it."""
+        positions: dict[int, list[int]] = {}
+        order = [*sweep, *reversed(sweep)]
         for position, index in enumerate(order):
             if self.bursts.stopped() or self.stopped:
                 self.stopped = self.stopped or "stopped: the stop event was set"
@@ -236,9 +231,10 @@ class _Measurement:
         return self._finish()
 
     def _run(self, on_event: Callable[[object], None] | None) -> None:
-        first_half: dict[int, list[int]] = {}
-        # The first bursts form the first half of the first block, in the order they ran: those handed in open ran
-        # before the rest, so the block's way back starts from the last one opened here.
+        # The first bursts are in no block: each ran on a fresh process's state, not rebuilt behind a random heap
+        # spacer as every repeat is, and carries that process's placement (15-25% here) and its first-in-process
+        # costs; one such window in a block of repeats made the interval's spread. The first block sweeps back from
+        # the config opened last (those handed in open ran before the rest), so the way there continues from it.
         ran = [i for i, entry in enumerate(self.entries) if entry.contender is not None]
         ran += [i for i in range(len(self.entries)) if i not in ran]
         for index in range(len(self.entries)):
@@ -246,21 +242,12 @@ class _Measurement:
                 self.stopped = "stopped: the stop event was set"
                 return
             self.open(index, on_event)
-            if not self.entries[index].error:
-                first_half[index] = [len(self.windows) - 1]
             self._tell()
         if not self.budget_covers_firsts:
             self.started = self.clock()  # the budget is the repeats'
-        sweep = [index for index in ran if index in self.active()]
-        if not sweep:
-            return
-        if not self.fits(sweep):
-            self.stopped = self._out_of_budget()
-            return
-        self.block(sweep, first_half)
         backwards = True
         while not self.stopped:
-            sweep = self.active()
+            sweep = [index for index in ran if index in self.active()]
             if not sweep:
                 return
             if not self.fits(sweep):
@@ -286,8 +273,6 @@ class _Measurement:
                 comparison.stopped = f"settled after {len(comparison.counted)} blocks"
             else:
                 comparison.stopped = self.stopped or "budget"
-            if not comparison.windows:  # it never got a block: its first windows still say something
-                comparison.windows = [w for w, owner in zip(self.windows, self.owner, strict=True) if owner in (a, b)]
         firsts = [e.contender.first if e.contender is not None else None for e in self.entries]
         return Measured(self.comparisons, firsts, wall)
 

@@ -417,14 +417,15 @@ def _open(workload: Workload, config: Config, label: str, bursts: Bursts, displa
 
 def _assign(owners: list[SweepPoint | None], reference: int, pairs: list[tuple[int, int]],
             comparisons: list[Comparison]) -> None:
-    """Each point's comparison and windows: a point's are its comparison's; the base point's are those of the
-    comparison that ran longest (the base ran in every block while any pair was open, and pairs only close)."""
+    """Each point's comparison and bursts: its first burst, then its comparison's windows; the base point's windows
+    are those of the comparison that ran longest (the base ran in every block while any pair was open, and pairs only
+    close)."""
     for (_, index), comparison in zip(pairs, comparisons, strict=True):
         owner = owners[index]
         if owner is not None:
             owner.comparison = comparison
-            owner.results = comparison.subject_windows or owner.results
+            owner.results = [*owner.results[:1], *comparison.subject_windows]
     base = owners[reference]
     if base is not None and comparisons:
         longest = max(comparisons, key=lambda comparison: len(comparison.blocks))
-        base.results = longest.reference_windows or base.results
+        base.results = [*base.results[:1], *longest.reference_windows]

@@ -17,9 +17,9 @@ How a candidate is judged: in a duel with the best config so far, measured by th
   fast it is. "Leave" is judged against what reseeding the baseline's data moves its loss by, measured only when the
   precision's tolerance alone would reject a candidate (random augmentation: loader workers change which draw each
   item gets), once per workload (:func:`measure_noise`).
-- The duel's first block is the candidate's first burst, then a fresh window of the best config, then the engine's
-  own windows of both (candidate, best, best, candidate: balanced, so a linear drift cancels); blocks follow until
-  the verdict against ``MIN_GAIN`` is settled or the duel's budget is spent. A candidate is kept only on "faster";
+- The duel is the comparison engine's: after the candidate's first burst (in no block, as every first burst), blocks
+  of both configs' windows (best, candidate, candidate, best: balanced, so a linear drift cancels) until the verdict
+  against ``MIN_GAIN`` is settled or the duel's budget is spent. A candidate is kept only on "faster";
   "same", "slower" and "undecided" leave the best as it was, each with its interval in the decision's reason.
 - A duel may spend an equal share of what is left of the search's budget among the duels still ahead (one per
   direction of each knob left), and never less than room for ``MIN_DUEL_BLOCKS`` blocks at the pace measured (a clear
@@ -305,15 +305,6 @@ class _Tracked:
         if not result.ok and self.failed is None:
             self.failed = result
 
-    def lead(self) -> bool:
-        """Measure the window the next comparison opens with; False when it did not finish."""
-        try:
-            self.first = self.measure(window_steps(self.first), label=f"tune: {self.config.label()} · repeat",
-                                      stop=self.search.stop)
-        except BurstError:
-            return False
-        return self.failed is None
-
     def window_s(self) -> float:
         """What its next window will take: the median of its windows so far, else its first burst's pace (setup,
         warm-up and a window's steps)."""
@@ -428,9 +419,9 @@ class _Search:
         return min(left, max(left / max(1, self.ahead(self.current.config)), self.floor_s(self.current, candidate)))
 
     def ready(self, contender: _Tracked) -> _Tracked:
-        """``contender`` with a fresh window to open a comparison with: measured now, or, where a window of it failed,
-        the config opened again (its first burst is then the fresh window). A stop leaves it as it is."""
-        if contender.failed is None and contender.lead():
+        """``contender`` able to measure the next comparison's windows: as it is, or, where a window of it failed, the
+        config opened again. A stop leaves it as it is."""
+        if contender.failed is None:
             return contender
         if self.stop is not None and self.stop.is_set():
             return contender
@@ -594,9 +585,8 @@ class _Search:
         return step(accepted, _reason(comparison), comparison)
 
     def compare(self, pair: tuple[_Tracked, _Tracked], reference: int, budget_s: float) -> Comparison | None:
-        """The config of ``pair[1 - reference]`` against ``pair[reference]`` by the comparison engine, both open, each
-        with a fresh window in ``first``, in the order those windows ran: the engine's first block then runs them
-        back in reverse, balanced. None when no budget is left for it."""
+        """The config of ``pair[1 - reference]`` against ``pair[reference]`` by the comparison engine, both open (their
+        first bursts in no block); None when no budget is left for it."""
         if budget_s <= 0:
             return None
         measured = measure_pairs(self.workload, [c.config for c in pair], [(reference, 1 - reference)],

@@ -54,8 +54,8 @@ def comparison_sentence(comparison: Comparison, subject: str, reference: str) ->
     if comparison.error:
         return f"{subject} against {reference}: not compared ({comparison.error})."
     found, blocks = comparison.interval, len(comparison.counted)
-    measured = (f"{blocks} block{'s' if blocks != 1 else ''}, {len(comparison.windows)} bursts, "
-                f"{comparison.wall_s:.0f} s")
+    bursts = len(comparison.firsts) + len(comparison.windows)
+    measured = f"{blocks} block{'s' if blocks != 1 else ''}, {bursts} bursts, {comparison.wall_s:.0f} s"
     if comparison.same_config and comparison.window_ratios:
         ratios = comparison.window_ratios
         return (f"{subject} is the same config as {reference}: this machine moves it {min(ratios):.2f}–"

@@ -361,14 +361,13 @@ class Lesson:
 
     def bursts(self) -> tuple[list[BurstResult], list[BurstResult]]:
         """Every burst the baseline and the lesson's config measured, block by block (left-out blocks too: they show
-        what other load did); each config's first burst alone when no block ran (a comparison without a block holds
-        just those, the baseline's first)."""
+        what other load did); each config's first burst alone when no block ran."""
         found = self.comparison
         if found is None:
             return [], []
         if found.blocks:
             return found.reference_windows, found.subject_windows
-        return found.windows[:1], found.windows[1:2]
+        return found.firsts[:1], found.firsts[1:2]
 
     def headline(self) -> str:
         """What was measured, in the words printed beside the folklore: the noise floor's burst-to-burst range, "no

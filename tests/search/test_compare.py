@@ -40,7 +40,9 @@ def test_windows_interleave_in_balanced_blocks_and_a_drift_cancels() -> None:
     machine = Machine(lambda config, call: 1000 * (1.5 if config == B else 1.0) * 0.96 ** call)
     found = run(machine)
     order = [config for config, _ in machine.calls]
-    assert order[:8] == [A, B, B, A, B, A, A, B]  # A B | B A, then B A A B
+    # The first bursts (in no block), then blocks back and forth: B A A B from the one opened last, A B B A.
+    assert order[:10] == [A, B, B, A, A, B, A, B, B, A]
+    assert found.firsts[0].config == A and found.firsts[1].config == B and len(found.windows) == 4 * 4
     assert found.verdict == "faster" and found.stopped.startswith("settled")
     assert all(r == pytest.approx(math.log(1.5)) for r in found.log_ratios)
     assert found.ratio == pytest.approx(1.5)
@@ -139,15 +141,15 @@ def test_remeasure_is_the_comparison_of_a_run_and_its_baseline() -> None:
     assert found.verdict == "faster" and found.subject == B and found.reference == A
     assert machine.calls[0][1]["steps"] == 50 and machine.calls[0][1]["label"] == "re-measure: baseline"
     short = remeasure(tiny_workload(), B, A, engine=Machine(noisy({B: 1.4})))
-    assert short.windows[0].label == "re-measure: baseline" and len(short.windows[0].step_times()) == MIN_STEPS
+    assert short.firsts[0].label == "re-measure: baseline" and len(short.firsts[0].step_times()) == MIN_STEPS
 
 
-def test_a_config_opened_before_starts_the_first_block_and_the_way_back_balances_it() -> None:
-    """The panel's Run: the run's first burst came first, the baseline's is opened now; the first block is then
-    run, baseline, baseline, run (B A A B), so a drift over it still cancels."""
+def test_a_config_opened_before_runs_first_and_the_first_block_goes_on_from_the_one_opened_last() -> None:
+    """The panel's Run: the run's first burst came first, the baseline's is opened now; the first block then goes on
+    from the baseline: baseline, run, run, baseline (A B B A), a drift over it cancelling still."""
     machine = Machine(lambda config, call: 1000 * (1.5 if config == B else 1.0) * 0.95 ** call)
     run_first = Bursts(machine, steps=20).open(tiny_workload(), B, label="run")
     found = measure_pairs(tiny_workload(), [A, B], [(0, 1)], engine=machine, clock=machine.clock, steps=20,
                           opened={1: run_first}, budget_s=120.0).comparisons[0]
-    assert [config for config, _ in machine.calls[:4]] == [B, A, A, B]
+    assert [config for config, _ in machine.calls[:6]] == [B, A, A, B, B, A]
     assert all(r == pytest.approx(math.log(1.5)) for r in found.log_ratios) and found.verdict == "faster"

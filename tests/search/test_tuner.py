@@ -125,17 +125,17 @@ def test_an_undecided_knob_is_rejected_when_its_budget_runs_out() -> None:
     assert result.best == Config() and machine.now <= 120.0 * 1.1
 
 
-def test_each_duel_opens_with_the_candidates_first_burst_then_a_fresh_window_of_the_best_balanced() -> None:
-    """The machine slows 3% a window; the candidate is truly 1.3x: every block reads exactly 1.3x, so the first block
-    (candidate's first burst, the best's fresh window, then the engine's best, candidate) is balanced too."""
+def test_each_duel_measures_balanced_blocks_after_the_candidates_first_burst() -> None:
+    """The machine slows 3% a window; the candidate is truly 1.3x: every block reads exactly 1.3x. The first bursts
+    (the start's, the candidate's) are in no block: they ran on a fresh process's state."""
     machine = Machine(lambda config, call: 1000 * (1.3 if config.num_workers == 1 else 1.0) * 0.97 ** call)
     result, _ = run(machine, knobs={"num_workers": [1]})
     (step,) = result.decisions
     order = [(config.num_workers, "repeat" in kwargs["label"]) for config, kwargs in machine.calls[:6]]
-    assert order == [(0, False), (1, False), (0, True), (0, True), (1, True), (0, True)]
+    assert order == [(0, False), (1, False), (0, True), (1, True), (1, True), (0, True)]
     assert step.comparison is not None
     assert step.comparison.log_ratios == pytest.approx([math.log(1.3)] * len(step.comparison.counted))
-    assert step.comparison.windows[:2] == [step.results[1], step.results[2]]  # the best's: its fresh window first
+    assert step.comparison.firsts[1] is step.results[0] and step.results[0] not in step.comparison.windows
 
 
 def test_the_guard_rejects_a_candidate_that_changes_training_before_any_comparison_window() -> None:
@@ -240,7 +240,9 @@ def test_the_budget_is_honoured_within_ten_percent_when_compiled_bursts_take_ten
 def test_a_duel_gets_an_equal_share_of_what_is_left_among_the_duels_ahead() -> None:
     """Three candidates that cannot be told apart (same speed, noisy machine): each duel runs until its share is
     spent, so the last is measured as long as the first, and all three fit."""
-    machine = Machine(landscape({}, sd=0.1))
+    # seed 1: at any seed a duel between equals may end early on a false verdict at the engine's calibrated rate (1 of
+    # 36 duels over twelve seeds; tests/metrics/test_sequential.py holds the rate), which this test is not about.
+    machine = Machine(landscape({}, sd=0.1, seed=1))
     result, _ = run(machine, knobs={"optimizer_impl": ["for-loop", "foreach", "fused"]}, budget_s=400.0)
     blocks = [len(s.comparison.counted) for s in result.decisions if s.comparison is not None]
     assert len(blocks) == 3 and all(s.reason.endswith("the budget ran out") for s in result.decisions)

@@ -225,7 +225,7 @@ def test_a_lesson_without_a_counted_block_says_why_and_has_no_speedup() -> None:
     assert skipped.speedup() is None and skipped.headline() == "not measured here" and skipped.bursts() == ([], [])
     firsts = [synthetic_result(Config(), step_s=0.032), synthetic_result(LOADER, step_s=0.02)]
     budget = "budget: 4.2 s of 2 s used, and another block would not fit"
-    short = Lesson("Data loading", (3.0, 5.0), "3-5×", Comparison(Config(), LOADER, 0.05, windows=firsts,
+    short = Lesson("Data loading", (3.0, 5.0), "3-5×", Comparison(Config(), LOADER, 0.05, firsts=firsts,
                                                                   stopped=budget))
     assert short.speedup() is None and short.headline() == f"undecided: no block counted ({budget})"
     assert short.bursts() == ([firsts[0]], [firsts[1]])  # the first bursts, the baseline's first
@@ -279,7 +279,7 @@ def test_folklore_figure_without_a_noise_floor_or_a_bounded_interval() -> None:
 def test_step_distributions_pool_every_burst_of_each_side() -> None:
     loader = compared(LOADER, FASTER)
     firsts = [synthetic_result(Config(), steps=12, step_s=0.032), synthetic_result(LOADER, steps=8, step_s=0.02)]
-    short = Comparison(Config(), LOADER, 0.05, windows=firsts, stopped="budget")
+    short = Comparison(Config(), LOADER, 0.05, firsts=firsts, stopped="budget")
     figure = step_distributions([Lesson("Data loading", (3, 5), "3-5×", loader),
                                  Lesson("System", (1.1, 1.3), "1.1-1.3×", short),
                                  Lesson("Batch", (1, 1), "1×")])
