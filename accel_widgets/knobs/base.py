@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 #: A knob's group: the ``GROUP`` of the module that owns it (``"data"``, ``"precision"``, ...).
 Group = str
 DeviceKind = Literal["cpu", "cuda"]
+#: A part of the training step a headspace burst can make free (:mod:`accel_widgets.knobs.parts` declares each): the
+#: data (loader and copy), the gradients' communication between ranks, the host's per-step work.
+Part = Literal["data", "communication", "host"]
 
 
 class KnobValueError(ValueError):
@@ -147,7 +150,9 @@ class Knob:
     """One optimisation: its valid values and the text a user reads before flipping it. ``needs`` names the code
     paths (:class:`CodePaths`) its effect acts on: none for a knob that acts on every step; ``search`` how a search
     tries it. ``short``: what a label that must fit names it (:meth:`compact`): None for its own name, "" where its
-    value names itself (``bf16``, ``ddp``)."""
+    value names itself (``bf16``, ``ddp``). ``part``: the part of the step whose whole cost is the most this knob can
+    remove (its headspace ceiling, :mod:`~accel_widgets.knobs.parts`): a loader knob cannot win more than a step
+    with the data free; None where no one part bounds it."""
 
     name: str
     group: Group
@@ -164,6 +169,7 @@ class Knob:
     needs: tuple[CodePath, ...] = ()
     search: Search = Search()
     short: str | None = None
+    part: Part | None = None
 
     def __post_init__(self) -> None:
         unknown = [path for path in self.needs if path not in CODE_PATH_TEXT]

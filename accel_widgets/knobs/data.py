@@ -83,6 +83,7 @@ KNOBS = [
     Knob(
         "num_workers", "data", int, 0, minimum=0, maximum=64,
         short="workers",
+        part="data",
         what="DataLoader worker processes that load and augment batches in parallel.",
         why="With 0 workers the training loop waits while every item is decoded/augmented on its thread.",
         when="Data wait is a visible share of the step (per-item CPU work: decoding, augmentation).",
@@ -91,6 +92,7 @@ KNOBS = [
     Knob(
         "pin_memory", "data", bool, False, applies_to=("cuda",),
         short="pin",
+        part="data",
         what="Collate batches into page-locked host memory.",
         why="The GPU's DMA engine copies from pinned memory directly, faster and asynchronously.",
         when="Host-to-device copies are a visible share of the step. No effect without CUDA.",
@@ -99,6 +101,7 @@ KNOBS = [
     Knob(
         "prefetch_factor", "data", int, 2, minimum=1, maximum=64,
         short="prefetch",
+        part="data",
         what="Batches each DataLoader worker prepares ahead of the training loop.",
         why="A deeper queue absorbs jitter in per-batch loading time.",
         when="Loading time varies a lot between batches. Needs num_workers > 0.",
@@ -107,6 +110,7 @@ KNOBS = [
     Knob(
         "persistent_workers", "data", bool, False,
         short="persistent",
+        part="data",
         what="Keep DataLoader workers alive between epochs.",
         why="Restarting workers every epoch re-forks processes and re-creates dataset state.",
         when="Epochs are short or dataset setup is expensive. Needs num_workers > 0.",
@@ -114,6 +118,7 @@ KNOBS = [
     Knob(
         "non_blocking", "data", bool, False, applies_to=("cuda",),
         short="non-blocking",
+        part="data",
         what="Issue host-to-device copies with non_blocking=True.",
         why="From pinned memory the copy overlaps with compute instead of stalling the host.",
         when="Together with pin_memory on a GPU. No effect without CUDA.",
@@ -122,6 +127,7 @@ KNOBS = [
     Knob(
         "data_cache", "data", str, "none", choices=("none", "memory", "memmap", "shards"),
         short="cache",
+        part="data",
         what="Materialise the dataset once: in RAM, in a numpy.memmap file, or in WebDataset tar shards streamed "
         "back; the files are reused by later runs.",
         why="Per-item preprocessing is paid once instead of every epoch; memmap is shared by loader workers; "

@@ -12,6 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from ..knobs.base import Part
 from ..knobs.config import Config
 from ..metrics.sequential import Interval, Verdict, block_log_ratio, interval, verdict
 from ..metrics.thresholds import THRESHOLDS
@@ -69,7 +70,8 @@ class Comparison:
     ``windows`` are the measured windows of either config, block by block (each a :class:`BurstResult`; the first
     of each config is its ordinary first burst); ``blocks`` say which of them form each block. The speed-up is the
     subject's samples/s over the reference's. ``stopped`` says why measuring ended ("settled", or the budget, a
-    stop, a failure), ``error`` what failed when a config could not be measured.
+    stop, a failure), ``error`` what failed when a config could not be measured. ``freed``: the part of the step the
+    subject made free (a headspace ceiling: the reference's config with that part free), None for a config as it is.
     """
 
     reference: Config
@@ -82,6 +84,7 @@ class Comparison:
     wall_s: float = 0.0
     reference_label: str = ""
     subject_label: str = ""
+    freed: Part | None = None
 
     # -- the blocks ------------------------------------------------------------------------------------
     @property
@@ -127,8 +130,8 @@ class Comparison:
 
     @property
     def same_config(self) -> bool:
-        """The subject's config is the reference's: what it measures is this machine's noise floor."""
-        return self.subject == self.reference
+        """The subject is the reference's config, trained as it is: what it measures is this machine's noise floor."""
+        return self.subject == self.reference and self.freed is None
 
     @property
     def noise(self) -> NoiseSources | None:

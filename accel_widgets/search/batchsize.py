@@ -46,6 +46,7 @@ from ..knobs import KNOBS, KnobValueError, batch, memory, parallel, system
 from ..knobs.config import Config
 from ..knobs.plan import resolve
 from ..knobs.rules import ConfigError, check_config
+from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import MISSING, significant
 from ..results.burst import BurstResult, TelemetrySample
 from ..views.style import COLOURS, PALETTE
@@ -61,9 +62,8 @@ DEFAULT_CPU_SHARE = 0.5
 DEFAULT_STEPS = 8
 #: Bisection tries after the doubling: each halves the gap, so 4 end within 1/16 of the last doubling.
 DEFAULT_REFINE_TRIES = 4
-#: The share of the memory a size must leave free to count as fitting: a real run's longer sequences, evaluation
-#: passes and allocator fragmentation need room a short burst does not show.
-DEFAULT_MARGIN = 0.1
+#: The share of the memory a size must leave free to count as fitting (the estimate's margin too).
+DEFAULT_MARGIN = THRESHOLDS.fit_margin
 #: Ways of reaching a target batch measured (the largest micro-batches that fit, each with its accumulation).
 TARGET_CANDIDATES = 3
 #: torch's CPU allocator raises a plain RuntimeError (not OutOfMemoryError) when malloc fails.
