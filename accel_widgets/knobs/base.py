@@ -103,6 +103,7 @@ Symptom = Literal[
     "memory_headroom",  # the peak leaves room
     "out_of_memory",  # the burst ran out of memory, or its process was killed for it
     "diverged",  # a loss went NaN/inf
+    "communication_bound",  # the gradients' exchange between ranks takes a large share of the step
     "one_process_many_gpus",  # one process drives several GPUs
     "compile_does_not_pay",  # compiled steps are no faster than eager ones
     "graph_breaks",  # torch.compile broke the model's graph
@@ -113,10 +114,12 @@ Symptom = Literal[
 @dataclass(frozen=True)
 class Remedy:
     """What a knob owner advises for a symptom: the knob to try and what to do with it, in a clause that completes
-    the diagnosis's sentence ("add DataLoader workers")."""
+    the diagnosis's sentence ("add DataLoader workers"), and the ``value`` it suggests where it names one (what the
+    rules are asked about before the advice is given on a machine: bf16 where bf16 is emulated is no advice)."""
 
     knob: str
     text: str
+    value: Any = None
 
 
 @dataclass(frozen=True)

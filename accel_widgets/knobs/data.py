@@ -177,7 +177,7 @@ LADDER = [
 
 def _data_wait(config: Config) -> Remedy:
     if config.num_workers == 0:
-        return Remedy("num_workers", "every item is prepared on the training thread: add DataLoader workers")
+        return Remedy("num_workers", "every item is prepared on the training thread: add DataLoader workers", 2)
     if config.data_cache == "none":
         return Remedy("data_cache", f"even with {config.num_workers} workers: cache the prepared items (memory or "
                       "memmap) or prefetch deeper")
@@ -188,14 +188,14 @@ def _data_wait(config: Config) -> Remedy:
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "data_wait": _data_wait,
     "slow_copies": lambda c: Remedy("non_blocking" if c.pin_memory else "pin_memory", "pin host memory and copy "
-                                    "with non_blocking so copies overlap compute"),
+                                    "with non_blocking so copies overlap compute", True),
     "stream_rereads": lambda c: Remedy("data_cache", "write the items as shards (data_cache='shards' streams whole "
                                        "shards per reader), or have the stream split itself (by get_worker_info() "
                                        "and the rank) and declare it with splits_itself"),
     "frozen_augmentation": lambda c: Remedy("data_cache", "cache only the deterministic part and augment after, or "
                                             "leave data_cache off"),
-    "starved_loader": lambda c: Remedy("data_cache", "more workers cannot help; cache the prepared items instead")
-    if c.num_workers > 0 else None,
+    "starved_loader": lambda c: Remedy("data_cache", "more workers cannot help; cache the prepared items instead",
+                                       "memory") if c.num_workers > 0 and c.data_cache == "none" else None,
     "disk_bound": lambda c: Remedy("data_cache", "the data source is the limit; cache the prepared items"),
     "overhead_bound": lambda c: Remedy("batch_size", "a larger batch amortises it"),
     "memory_headroom": lambda c: Remedy("batch_size", "room for a larger batch"),

@@ -81,7 +81,7 @@ LADDER = [
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "sync_bound": lambda c: Remedy("sync_every", "the loss is read every step, and each read makes the host wait "
-                                   "for the GPU") if c.sync_every == 1 else None,
+                                   "for the GPU", 0) if c.sync_every == 1 else None,
 }
 
 _IMPLEMENTATION_FLAGS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},

@@ -106,7 +106,7 @@ LADDER = [
 ]
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
-    "compute_bound": lambda c: Remedy("channels_last", "for convolutional models try channels_last")
+    "compute_bound": lambda c: Remedy("channels_last", "for convolutional models try channels_last", True)
     if not c.channels_last else None,
 }
 
