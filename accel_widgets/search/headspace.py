@@ -26,7 +26,7 @@ from ..knobs.plan import resolve
 from ..results.comparison import Comparison
 from ..results.headspace import Ceiling, Headspace
 from .bursts import Engine
-from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, Progress, measure_pairs
+from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, WINDOW_S, Progress, measure_pairs
 
 #: The config as it is, as a ceiling's comparison names it.
 AS_IT_IS = "as it is"
@@ -50,6 +50,7 @@ def headspace(
     stop: threading.Event | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     timeout_s: float | None = None,
+    window_s: float = WINDOW_S,
 ) -> Headspace:
     """The ceilings of ``config`` (default ``Config()``) for ``workload``: per part of the step, the config with that
     part free against the config as it is, measured interleaved by the comparison engine within ``budget_s``.
@@ -57,7 +58,8 @@ def headspace(
     ``parts``: which (default every part: ``"data"``, ``"communication"``, ``"host"``); a part the config has nothing
     of here (communication without DDP/FSDP, host work on a CPU, where the host is the device) gets a ceiling that
     says why instead. ``min_effect``: the smallest speed-up worth the name ("same" when the interval stays within
-    1 ± it). ``steps``: the first bursts' measured steps; ``engine`` is called like
+    1 ± it). ``steps``: the first bursts' measured steps, later windows sized to last ``window_s``; ``engine`` is
+    called like
     :func:`~accel_widgets.run_burst` (and given ``freed``); ``stop`` ends it after the running window. Bad arguments
     and a config that cannot run here raise before any process starts.
     """
@@ -75,7 +77,8 @@ def headspace(
         found = measure_pairs(workload, [config] * (1 + len(measured)), [(0, i + 1) for i in range(len(measured))],
                               budget_s=budget_s, min_effect=min_effect, steps=steps, engine=engine, stop=stop,
                               labels=[AS_IT_IS, *(FREE_PARTS[part].title for part in measured)],
-                              freed=[None, *measured], on_progress=on_progress, timeout_s=timeout_s)
+                              freed=[None, *measured], on_progress=on_progress, timeout_s=timeout_s,
+                              window_s=window_s)
         for part, comparison in zip(measured, found.comparisons, strict=True):
             ceilings[part] = Ceiling(part, comparison, "" if comparison.counted else _unmeasured(comparison))
         stopped = "; ".join(sorted({c.stopped for c in found.comparisons}))
