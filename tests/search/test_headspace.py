@@ -33,7 +33,7 @@ def test_each_part_there_to_free_is_a_variant_compared_with_the_config_as_it_is(
     assert "the host is the device" in found.ceilings["host"].why_not
     lines = headspace_lines(found)
     assert lines[0].startswith("Data free: 2.00× [2.00–2.00], faster: data loading takes ~50% of the step; the "
-                               "loader knobs (workers, pinning, prefetching, caches, shards) can win at most 2.00× here")
+                               "loader knobs (workers, pinning, prefetching, caches, shards) can win at most 2.00×")
     assert lines[1] == ("Communication free: not measured: the config trains one process, which exchanges no "
                         "gradients.")
 
