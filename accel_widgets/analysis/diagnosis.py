@@ -25,7 +25,7 @@ from ..knobs.parts import FREE_PARTS
 from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import si
 from ..results.burst import BROWSERS, BurstResult
-from ..results.headspace import Ceiling, Headspace
+from ..results.headspace import Headspace
 from .guard import GuardVerdict, check_training, frozen_augmentation
 
 Severity = Literal["warn", "info", "good"]
@@ -325,15 +325,8 @@ def _closed_lines(here: _Here, limit: Limit) -> str:
     """The ceilings that close a family, in a sentence each (not the limit's own: it is the limit)."""
     if here.headspace is None:
         return ""
-    lines = [_closed_text(ceiling) for part, ceiling in here.headspace.ceilings.items()
-             if part != limit and here.headspace.closed(part) is not None]
-    return "".join(f". {line}" for line in lines)
-
-
-def _closed_text(ceiling: Ceiling) -> str:
-    about, share = ceiling.about, ceiling.cost_share
-    costs = f"costs at most {share:.0%}" if share is not None else "costs nothing measurable"
-    return f"{about.costs[0].upper()}{about.costs[1:]} {costs} here: {about.knobs} cannot help"
+    lines = [ceiling.closed_text for part, ceiling in here.headspace.ceilings.items() if part != limit]
+    return "".join(f". {line[0].upper()}{line[1:]}" for line in lines if line)
 
 
 def _compute_bound(head: str, here: _Here, closed: str) -> Finding:

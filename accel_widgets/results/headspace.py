@@ -64,6 +64,16 @@ class Ceiling:
         top = self.most
         return None if top is None else max(0.0, 1 - 1 / top)
 
+    @property
+    def closed_text(self) -> str:
+        """Why the part's knobs cannot help, when its ceiling leaves no room ("" otherwise): "data loading costs at
+        most 3% here: the loader knobs (...) cannot help"."""
+        if self.room is not False:
+            return ""
+        share = self.cost_share
+        costs = f"costs at most {share:.0%}" if share is not None else "costs nothing measurable"
+        return f"{self.about.costs} {costs} here: {self.about.knobs} cannot help"
+
 
 @dataclass
 class Headspace:

@@ -29,11 +29,9 @@ def ceiling_line(ceiling: Ceiling) -> str:
         return f"{title}: not measured: {why}."
     found = comparison.interval
     if ceiling.room is False:
-        top = max(found.high, 1.0) if found.bounded else 1.0
-        costs = math.ceil(round((1 - 1 / top) * 100, 6)) if comparison.verdict == "same" else 0
         said = (f"same ±{same_within_pct(found.low, found.high)}%" if comparison.verdict == "same"
                 else f"{interval_text(comparison)}, slower")
-        return f"{title}: {said}: {about.costs} costs at most {costs}% here: {about.knobs} cannot help."
+        return f"{title}: {said}: {ceiling.closed_text}."
     if ceiling.room:
         share = 1 - 1 / comparison.ratio if comparison.ratio else 0.0
         return (f"{title}: {interval_text(comparison)}, faster: {about.costs} takes ~{share:.0%} of the step; "
