@@ -27,6 +27,7 @@ From the one trace:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 import weakref
@@ -136,7 +137,9 @@ class Estimate:
     micro-batch per rank whose peak leaves ``margin`` of the memory free (None: not even a batch of 1).
     ``fixed_bytes`` and ``bytes_per_sample`` are the line the largest batch is read from (activations grow with the
     batch, the state does not), ``optimizer_peak_bytes`` the peak of the optimizer's step (no activations).
-    ``notes`` say what the trace leaves out for this config; ``trace_s`` what it took.
+    ``notes`` say what the trace leaves out for this config; ``trace_s`` what it took. ``state_blocks`` and
+    ``activation_blocks``: the sizes of the storages alive at the peak that stay and that grow with the batch; on a
+    GPU the allocator's rounding of another batch is read from them (its segments make it a step, not a line).
     """
 
     workload: str
@@ -160,6 +163,8 @@ class Estimate:
     optimizer_peak_bytes: int
     notes: tuple[str, ...] = ()
     trace_s: float = 0.0
+    state_blocks: tuple[int, ...] = ()
+    activation_blocks: tuple[int, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -185,8 +190,33 @@ class Estimate:
 
     def peak_at(self, batch_size: int) -> int:
         """The rank's peak at another micro-batch size, read off the line (no trace): the state and what the optimizer
-        step needs stay, activations scale with the batch."""
-        return int(max(self.fixed_bytes + self.bytes_per_sample * batch_size, self.optimizer_peak_bytes))
+        step needs stay, activations scale with the batch, on a GPU the allocator rounds that batch's blocks."""
+        line = self.fixed_bytes + self.bytes_per_sample * batch_size + self.slack_at(batch_size)
+        return int(max(line, self.optimizer_peak_bytes))
+
+    def slack_at(self, batch_size: int) -> int:
+        """The CUDA allocator's rounding at another batch: each activation block scaled with the batch (0 on a CPU)."""
+        if self.device_kind != "cuda":
+            return 0
+        scale = batch_size / self.batch_size
+        return _cuda_slack((*self.state_blocks, *(int(size * scale) for size in self.activation_blocks)))
+
+    def largest_within(self, memory_bytes: int, margin: float | None = None) -> int | None:
+        """The largest micro-batch whose peak leaves ``margin`` (default: this estimate's) of ``memory_bytes`` free: a
+        memory cap other than the device's (the batch-size finder's on a CPU)."""
+        return _largest(self, memory_bytes, self.margin if margin is None else margin)
+
+    def error_of(self, measured_bytes: int, kind: str) -> float | None:
+        """How far a burst's measured peak lies from this estimate, as a share of the estimate (+0.09: measured 9%
+        above), comparing like with like: a GPU's allocated peak with the tensors (the allocator's rounding aside), a
+        CPU's RSS with the tensors and the process; None for another device's kind."""
+        if kind == "cuda_allocator" and self.device_kind == "cuda":
+            expected = self.peak_bytes - self.peak.slack
+        elif kind == "rss" and self.device_kind == "cpu":
+            expected = self.peak_bytes
+        else:
+            return None
+        return measured_bytes / expected - 1 if expected > 0 else None
 
 
 # -- the trace -------------------------------------------------------------------------------------------------
@@ -215,6 +245,7 @@ class _Storages(TorchDispatchMode):
         self.peak_phase: Phase = "forward"
         self.phase_peaks: dict[Phase, tuple[int, int]] = {}  # phase -> (peak bytes, clock)
         self.unfused_bytes = 0
+        self.recomputed_bytes = 0
 
     def add(self, tensor: torch.Tensor) -> int | None:
         """Follow ``tensor``'s storage from now on (made before the trace: the parameters, the batch); its index."""
@@ -248,9 +279,12 @@ class _Storages(TorchDispatchMode):
         self.clock += 1
         touched = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
         self.unfused_bytes += sum(t.numel() * t.element_size() for t in touched)
+        made = len(self.storages)
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor):
                 self.add(tensor)
+        if self.phase == "backward" and torch.is_grad_enabled():  # a checkpointed block's forward, run again
+            self.recomputed_bytes += sum(s.bytes for s in self.storages[made:])
         if self.live > self.peak:
             self.peak, self.peak_at, self.peak_phase = self.live, self.clock, self.phase
         best = self.phase_peaks.get(self.phase, (-1, 0))
@@ -274,10 +308,12 @@ class _Traced:
     phase: Phase
     optimizer_peak: int
     saved_for_backward: int
+    recomputed: int  # what checkpointed blocks' forward made again in backward
     unfused_bytes: int
     flops: dict[tuple[OpClass, str], int]
     blocks: tuple[int, ...]  # each repeated block's parameter bytes (FSDP's units)
-    live_sizes: tuple[int, ...]  # the blocks alive at the peak (the allocator's rounding)
+    state_sizes: tuple[int, ...]  # the blocks alive at the peak that stay with any batch (the allocator's rounding)
+    activation_sizes: tuple[int, ...]  # those that grow with it
 
     @property
     def state(self) -> int:
@@ -298,7 +334,7 @@ def _fake_model(workload: Workload, fake: FakeTensorMode) -> nn.Module:
         return workload.build_model()
 
 
-def _sample_batch(workload: Workload, config: Config) -> Any:
+def sample_batch(workload: Workload) -> Any:
     """A real micro-batch of two items (or one), collated as the loader collates them: the structure and every shape
     but the batch's own length, which the fake batch takes from the config."""
     dataset = workload.build_dataset()
@@ -387,6 +423,7 @@ def _trace(workload: Workload, config: Config, batch_size: int, sample: Any, gra
 
     grads_at_peak = held(gradients)
     sizes = [storages.storages[i].bytes for i in alive]
+    stays = state | gradients | persisting
     optimizer_peak = storages.phase_peaks.get("optimizer", (0, 0))[0]
     return _Traced(
         parameters=held(parameters),
@@ -397,10 +434,12 @@ def _trace(workload: Workload, config: Config, batch_size: int, sample: Any, gra
         phase=storages.peak_phase,
         optimizer_peak=optimizer_peak,
         saved_for_backward=max(0, saved - before),
+        recomputed=storages.recomputed_bytes,
         unfused_bytes=storages.unfused_bytes,
         flops=dict(flops),
         blocks=blocks,
-        live_sizes=tuple(sizes),
+        state_sizes=tuple(storages.storages[i].bytes for i in alive if i in stays),
+        activation_sizes=tuple(storages.storages[i].bytes for i in alive if i not in stays),
     )
 
 
@@ -469,32 +508,40 @@ def estimate(workload: Workload, config: Config | None = None, *, device: str | 
     plan = resolve(config, where.device, workload)  # refused as a burst there would refuse it
     size = data.resolve_batch_size(config, workload)
     grads_persist = batch.micro_batches(config) > 1 or not overhead.frees_gradients(config)
-    traced = _trace(workload, config, size, _sample_batch(workload, config), grads_persist)
+    traced = _trace(workload, config, size, sample_batch(workload), grads_persist)
     rank, how = _per_rank(traced, config)
-    slack = _cuda_slack(traced.live_sizes) if where.kind == "cuda" else 0
+    slack = _cuda_slack((*traced.state_sizes, *traced.activation_sizes)) if where.kind == "cuda" else 0
     process = _process_bytes() if where.kind == "cpu" else 0
     peak = Breakdown(rank.parameters, rank.gradients, rank.optimizer, rank.activations, rank.parallel, slack, process)
     per_sample = traced.activations / size
-    fixed = peak.total - traced.activations
+    fixed = peak.total - traced.activations - slack  # the line; the allocator's rounding is read per batch
     optimizer_peak = traced.optimizer_peak - traced.parameters + rank.parameters + rank.parallel + slack + process
     flops = _flops_by_math(traced.flops, config, where.kind, batch.micro_batches(config))
     moved = _least_bytes(traced, rank, config)
     bound, bound_by = _roofline(flops, moved, where)
     notes = _notes(config, where, how)
-    return Estimate(workload.name, plan.config, where.name, where.kind, where.memory_bytes, size, plan.ranks, peak,
-                    traced.phase, flops, moved, traced.unfused_bytes * batch.micro_batches(config), bound, bound_by,
-                    _largest(fixed, per_sample, optimizer_peak, where.memory_bytes, margin), margin, fixed, per_sample,
-                    optimizer_peak, notes, time.perf_counter() - started)
+    found = Estimate(workload.name, plan.config, where.name, where.kind, where.memory_bytes, size, plan.ranks, peak,
+                     traced.phase, flops, moved, traced.unfused_bytes * batch.micro_batches(config), bound, bound_by,
+                     None, margin, fixed, per_sample, optimizer_peak, notes, 0.0, traced.state_sizes,
+                     traced.activation_sizes)
+    return dataclasses.replace(found, largest_batch=_largest(found, where.memory_bytes, margin),
+                               trace_s=time.perf_counter() - started)
 
 
-def _largest(fixed: int, per_sample: float, optimizer_peak: int, memory_bytes: int, margin: float) -> int | None:
-    """The largest batch whose peak on the line leaves ``margin`` of ``memory_bytes`` free (None: not even 1)."""
+def _largest(found: Estimate, memory_bytes: int, margin: float) -> int | None:
+    """The largest batch whose peak leaves ``margin`` of ``memory_bytes`` free (None: not even 1): the line without
+    the allocator's rounding bounds it from above, and a bisection under that bound finds it with the rounding."""
     room = memory_bytes * (1 - margin)
-    if max(fixed + per_sample, optimizer_peak) > room:
+    if found.bytes_per_sample <= 0 or found.peak_at(1) > room:
         return None
-    if per_sample <= 0:
-        return None
-    return max(1, math.floor((room - fixed) / per_sample))
+    low, high = 1, max(1, math.floor((room - found.fixed_bytes) / found.bytes_per_sample))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if found.peak_at(middle) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _flops_by_math(flops: Mapping[tuple[OpClass, str], int], config: Config, kind: str,
@@ -510,12 +557,14 @@ def _flops_by_math(flops: Mapping[tuple[OpClass, str], int], config: Config, kin
 def _least_bytes(traced: _Traced, rank: Breakdown, config: Config) -> int:
     """The least memory traffic of one step per rank: each weight read in forward and in backward (the forward again
     in checkpointed blocks), the gradients written, the optimizer reading weights, gradients and its state and writing
-    weights and state, and each activation saved for backward written once and read once."""
+    weights and state, and each activation saved for backward written once and read once, those a checkpointed block
+    makes again in backward included (the backward's ops run with grad mode off; a recomputed forward's run with it
+    on, which is how the trace tells them apart)."""
     micro = batch.micro_batches(config)
     reads = (3 if memory.checkpointing(config) else 2) * rank.parameters * micro
     gradients = rank.gradients or traced.gradients
     optimizer = 2 * rank.parameters + gradients + 2 * rank.optimizer
-    return int(reads + gradients + optimizer + 2 * traced.saved_for_backward * micro)
+    return int(reads + gradients + optimizer + 2 * (traced.saved_for_backward + traced.recomputed) * micro)
 
 
 def _roofline(flops: Mapping[str, float], moved: int, where: Target) -> tuple[float | None, str]:

@@ -1,0 +1,98 @@
+"""``aw.estimate``: one step traced on fake tensors, held to a real step's peak on this CPU, read per rank and against a
+named GPU, with the largest batch and a roofline bound."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from accel_widgets import Config, ConfigError
+from accel_widgets.analysis.estimate import estimate
+from accel_widgets.demos import demo_workload
+from accel_widgets.inputs.device import DeviceInfo
+from accel_widgets.metrics.gpus import gpu_spec
+from accel_widgets.views.estimate import estimate_lines, fit_text, measured_text
+from tests.analysis.tracked_step import tracked_peak
+from tests.workloads import gpt_workload
+
+CPU = DeviceInfo(2, "a CPU", frozenset({"avx512_bf16"}))
+
+
+@pytest.mark.parametrize(("name", "config"), [("mlp", Config()), ("mlp", Config(precision="bf16")),
+                                              ("gpt", Config(activation_checkpointing="blocks")),
+                                              ("gpt", Config(precision="bf16"))])
+def test_the_estimate_is_within_15_percent_of_a_real_steps_tracked_peak(name, config) -> None:
+    """The issue's bar, on the small ones here (the demos, GPT-2 and BERT are in benchmarks/estimate_accuracy.py)."""
+    workload = demo_workload("mlp") if name == "mlp" else gpt_workload(n_layer=4, batch_size=32)
+    found = estimate(workload, config, device=CPU)
+    real = tracked_peak(workload, config, found.batch_size)
+    assert found.peak.tensors == pytest.approx(real, rel=0.15)
+    assert found.peak.process > 0 and found.peak.slack == 0  # a CPU: the rank's process, no CUDA allocator
+
+
+def test_checkpointing_keeps_fewer_activations_and_moves_more_bytes() -> None:
+    workload = gpt_workload(n_layer=4, batch_size=32)
+    plain, recomputed = (estimate(workload, Config(activation_checkpointing=mode), device=CPU)
+                         for mode in ("off", "blocks"))
+    assert recomputed.peak.activations < 0.6 * plain.peak.activations
+    assert recomputed.peak.parameters == plain.peak.parameters and recomputed.bytes_moved > plain.bytes_moved
+
+
+def test_on_a_named_gpu_it_fits_with_room_its_largest_batch_is_on_the_line_and_its_bound_is_a_bound() -> None:
+    workload = gpt_workload(n_layer=4, batch_size=32)
+    found = estimate(workload, Config(precision="bf16"), device="H100 80GB")
+    assert found.device == "NVIDIA H100 80GB HBM3" and found.fits and found.within_margin
+    assert found.peak.slack > 0 and found.peak.process == 0  # the CUDA allocator's rounding, no process
+    room = gpu_spec("H100 80GB").memory_bytes * (1 - found.margin)
+    assert found.peak_at(found.largest_batch) <= room < found.peak_at(found.largest_batch + 1)
+    assert found.bound_by in ("compute", "memory") and 0 < found.step_time_bound_s < 1
+    assert set(found.flops_by_math) <= {"matmul:bf16", "matmul:fp32", "matmul:tf32"}
+    assert fit_text(found).startswith("fits on NVIDIA H100 80GB HBM3 with ")
+    lines = estimate_lines(found)
+    assert "a bound, not a prediction" in lines[3] and lines[2].strip().startswith("largest batch leaving 10% free:")
+
+
+def test_the_line_reads_another_batch_as_a_second_trace_does() -> None:
+    workload = gpt_workload(n_layer=4, batch_size=16)
+    line = estimate(workload, Config(), device="L4")
+    traced = estimate(workload, Config(batch_size=64), device="L4")
+    assert line.peak_at(64) == pytest.approx(traced.peak_bytes, rel=0.05)
+
+
+def test_per_rank_ddp_adds_its_buckets_and_fsdp_divides_the_state() -> None:
+    workload = gpt_workload(n_layer=4, batch_size=32)
+    one = estimate(workload, Config(), device="A100 80GB")
+    ddp = estimate(workload, Config(parallel="ddp", world_size=2), device="A100 80GB")
+    fsdp = estimate(workload, Config(parallel="fsdp", world_size=4), device="A100 80GB")
+    weights = sum(p.numel() * p.element_size() for p in workload.build_model().parameters())
+    assert one.peak.parameters == weights and one.peak.parallel == 0
+    assert ddp.ranks == 2 and ddp.peak.parallel == weights  # one bucketed copy of every gradient
+    assert ddp.peak.optimizer == one.peak.optimizer and ddp.peak_bytes == one.peak_bytes + weights
+    assert fsdp.peak.parameters == weights // 4
+    assert fsdp.peak.optimizer == pytest.approx(one.peak.optimizer / 4, rel=0.01)
+    assert 0 < fsdp.peak.parallel < weights  # two blocks and the root gathered, not the whole model
+
+
+def test_what_cannot_be_asked_is_refused_naming_what_can() -> None:
+    workload = gpt_workload(n_layer=2, batch_size=8)
+    with pytest.raises(ValueError, match="the named GPUs are H100 80GB"):
+        estimate(workload, device="B200")
+    with pytest.raises(ConfigError):
+        estimate(workload, Config(parallel="fsdp", world_size=2, precision="fp16"), device="H100")
+
+
+def test_a_measured_peak_reads_against_the_estimate_like_with_like() -> None:
+    workload = gpt_workload(n_layer=2, batch_size=8)
+    found = estimate(workload, device=CPU)
+    assert measured_text(found, int(found.peak_bytes * 1.1), "rss").endswith("(+10%)")
+    assert "not comparable" in measured_text(found, found.peak_bytes, "cuda_allocator")
+    gpu = estimate(workload, device="L4")
+    tensors = gpu.peak_bytes - gpu.peak.slack
+    assert gpu.error_of(int(tensors * 0.95), "cuda_allocator") == pytest.approx(-0.05, abs=1e-6)
+
+
+def test_an_h100_estimate_of_a_gpt_returns_within_seconds_without_a_gpu() -> None:
+    started = time.perf_counter()
+    found = estimate(gpt_workload(n_layer=8, d_model=64, seq_len=256, batch_size=32), device="H100")
+    assert found.trace_s < 10 and time.perf_counter() - started < 10
