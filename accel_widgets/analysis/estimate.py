@@ -265,7 +265,10 @@ class _Storages(TorchDispatchMode):
         return self._known.get(tensor.untyped_storage())
 
     def _freed(self, record: _Storage) -> None:
+        """A free is a tick of its own: one freed after the op that set the peak (its output dropped by Python before
+        the next op) was alive at the peak, and ``alive_at`` must say so."""
         if record.died is None:
+            self.clock += 1
             record.died = self.clock
             self.live -= record.bytes
 

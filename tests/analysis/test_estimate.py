@@ -7,27 +7,40 @@ import time
 
 import pytest
 
-from accel_widgets import Config, ConfigError
+from accel_widgets import Config, ConfigError, Workload
 from accel_widgets.analysis.estimate import estimate
 from accel_widgets.demos import demo_workload
 from accel_widgets.inputs.device import DeviceInfo
 from accel_widgets.metrics.gpus import gpu_spec
 from accel_widgets.views.estimate import estimate_lines, fit_text, measured_text
 from tests.analysis.tracked_step import tracked_peak
-from tests.workloads import gpt_workload
+from tests.workloads import gpt_workload, hf_bert_workload, hf_gpt2_workload
 
 CPU = DeviceInfo(2, "a CPU", frozenset({"avx512_bf16"}))
 
 
+def small_bert() -> Workload:
+    return hf_bert_workload(layers=2, hidden=64, heads=2, vocab_size=512, seq_len=64, batch_size=8)
+
+
 @pytest.mark.parametrize(("name", "config"), [("mlp", Config()), ("mlp", Config(precision="bf16")),
+                                              ("lm", Config(activation_checkpointing="blocks")),
                                               ("gpt", Config(activation_checkpointing="blocks")),
-                                              ("gpt", Config(precision="bf16"))])
+                                              ("gpt", Config(precision="bf16")),
+                                              ("bert", Config(precision="bf16", activation_checkpointing="blocks"))])
 def test_the_estimate_is_within_15_percent_of_a_real_steps_tracked_peak(name, config) -> None:
-    """The issue's bar, on the small ones here (the demos, GPT-2 and BERT are in benchmarks/estimate_accuracy.py)."""
-    workload = demo_workload("mlp") if name == "mlp" else gpt_workload(n_layer=4, batch_size=32)
+    """The issue's bar, on the small ones here (the demos, GPT-2 and BERT in fp32 and bf16, with and without
+    checkpointing, are in benchmarks/estimate_accuracy.py). A checkpointed step's peak is the hard one: the blocks
+    recomputed in backward must be freed as the real step frees them (the LM demo's read 29% high, then 15% low, before
+    the FLOP counter stopped holding them and the peak's clock counted frees)."""
+    workloads = {"mlp": lambda: demo_workload("mlp"), "lm": lambda: demo_workload("lm"), "bert": small_bert,
+                 "gpt": lambda: gpt_workload(n_layer=4, batch_size=32)}
+    workload = workloads[name]()
     found = estimate(workload, config, device=CPU)
     real = tracked_peak(workload, config, found.batch_size)
     assert found.peak.tensors == pytest.approx(real, rel=0.15)
+    if name in ("lm", "gpt", "bert"):
+        assert found.peak.tensors == pytest.approx(real, rel=0.02)  # what it reaches on transformers (see the table)
     assert found.peak.process > 0 and found.peak.slack == 0  # a CPU: the rank's process, no CUDA allocator
 
 
@@ -92,7 +105,12 @@ def test_a_measured_peak_reads_against_the_estimate_like_with_like() -> None:
     assert gpu.error_of(int(tensors * 0.95), "cuda_allocator") == pytest.approx(-0.05, abs=1e-6)
 
 
-def test_an_h100_estimate_of_a_gpt_returns_within_seconds_without_a_gpu() -> None:
+def test_an_h100_estimate_of_gpt2_returns_within_seconds_without_a_gpu() -> None:
+    """The issue's bar: transformers' GPT-2 (124M parameters, random weights from its config) asked about on an H100
+    from this laptop, in bf16: 8 x 1024 tokens fit with room, checkpointing frees most of the activations."""
+    pytest.importorskip("transformers")
     started = time.perf_counter()
-    found = estimate(gpt_workload(n_layer=8, d_model=64, seq_len=256, batch_size=32), device="H100")
+    found = estimate(hf_gpt2_workload(), Config(precision="bf16"), device="H100 80GB")
     assert found.trace_s < 10 and time.perf_counter() - started < 10
+    assert found.peak.parameters == pytest.approx(124.4e6 * 4, rel=0.01)  # fp32 weights (tied head counted once)
+    assert found.fits and 16 < found.largest_batch < 40 and found.phase == "backward"

@@ -18,7 +18,8 @@ from accel_widgets.knobs import memory, overhead, precision, system
 
 
 def tracked_peak(workload: Workload, config: Config, batch_size: int) -> int:
-    """The bytes MemTracker saw alive at the peak of one steady-state step on this CPU."""
+    """The bytes MemTracker saw alive at the peak of one steady-state step on this CPU (the batch included: the
+    estimate counts it, as the step holds it)."""
     torch.manual_seed(workload.seed)
     model = memory.checkpoint_blocks(system.prepare_model(workload.build_model(), config), config, workload.blocks)
     model.train()
@@ -40,7 +41,7 @@ def tracked_peak(workload: Workload, config: Config, batch_size: int) -> int:
 
     step()
     tracker = MemTracker()
-    tracker.track_external(model, optimizer)
+    tracker.track_external(model, optimizer, *(t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor)))
     with tracker:
         step()
     return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
