@@ -114,3 +114,32 @@ def test_an_h100_estimate_of_gpt2_returns_within_seconds_without_a_gpu() -> None
     assert found.trace_s < 10 and time.perf_counter() - started < 10
     assert found.peak.parameters == pytest.approx(124.4e6 * 4, rel=0.01)  # fp32 weights (tied head counted once)
     assert found.fits and 16 < found.largest_batch < 40 and found.phase == "backward"
+
+
+def test_the_cli_says_the_estimate_in_one_line_and_in_detail(capsys: pytest.CaptureFixture[str]) -> None:
+    """``accel-widgets estimate``: no burst, one line (the fit, the largest batch, the bound), or the details."""
+    from accel_widgets.cli import main
+
+    assert main(["estimate", "--demo", "lm", "--device", "H100 80GB", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("lm-small (precision=bf16): fits on NVIDIA H100 80GB HBM3 with ")
+    assert "; largest batch leaving 10% free: " in out[0] and out[0].endswith("a bound, not a prediction")
+    assert main(["estimate", "--demo", "mlp", "--details"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("mlp-small (baseline): fits on this machine") and "MiB" in lines[1]
+    assert lines[3] == "  no lower bound on the step's time: no peak FLOP/s or bandwidth known for a CPU"
+
+
+def test_the_report_says_the_estimate_and_the_ceilings_before_the_comparison(tmp_path) -> None:
+    from accel_widgets.views.report import write_report
+    from tests.results.test_headspace import headspace_of
+    from tests.views.test_report import make_result
+
+    found = estimate(demo_workload("mlp"), device="L4")
+    room = headspace_of({"data": [2.0, 2.2, 2.1, 1.9, 2.05]}, communication="one process")
+    page = write_report([make_result()], tmp_path / "r.html", estimates=[found], headspaces=[room]).read_text()
+    section = page[page.index("<h2>Before tuning</h2>"):page.index("<h2>Comparison</h2>")]
+    assert "Ceilings (1× to 4×, log)" in section and section.count('class="aw-ceiling"') == 2
+    assert "Data free: " in section and "can win at most" in section and "Communication free: not measured" in section
+    assert "mlp-small (baseline): fits on NVIDIA L4 with " in section
+    assert "<h2>Before tuning</h2>" not in write_report([make_result()], tmp_path / "s.html").read_text()
