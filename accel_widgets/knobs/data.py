@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from .config import Config
 
 DEFAULT_BATCH_SIZE = 64
+#: The knob whose value the step's activations grow with: the panel says whether the settings fit beside it.
+SIZES_MEMORY = "batch_size"
 
 
 class SharedMemoryTooSmall(RuntimeError):

@@ -28,11 +28,12 @@ from ..views.comparison import comparison_sentence
 from ..views.style import LOADED_MARK, run_name
 
 if TYPE_CHECKING:
+    from ..results.headspace import Headspace
     from ..search.batchsize import BatchSizeSearch
     from ..search.tuner import TuneResult
 
 Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile", "live",
-               "replaced", "batch"]
+               "replaced", "batch", "headspace", "fit"]
 Listener = Callable[[Part], None]
 ControlKind = Literal["bool", "choice", "int", "optional"]
 
@@ -237,6 +238,10 @@ class PanelState:
         self.profile: ProfileShown | None = None
         self.tune_result: TuneResult | None = None
         self.batch_search: BatchSizeSearch | None = None
+        #: The ceilings last measured (the row of bars under the runs table; the ladder and the tuner read them).
+        self.headspace: Headspace | None = None
+        #: Whether the settings fit, from a step traced on fake tensors before any burst ("" while none is known).
+        self.fit = ""
         self.live = False  # Live mode: every edit of the knobs starts a new burst (the controller's doing)
         self.replaced: int | None = None  # the run whose slot the newest live run took (the plots drop it)
         #: The baseline's measured noise band, when one is known (the controller looks it up; no bursts).
@@ -404,6 +409,17 @@ class PanelState:
         with self.lock:
             self.batch_search = search
             self._changed("batch")
+
+    def show_headspace(self, found: Headspace | None) -> None:
+        with self.lock:
+            self.headspace = found
+            self._changed("headspace")
+
+    def set_fit(self, text: str) -> None:
+        with self.lock:
+            if text != self.fit:
+                self.fit = text
+                self._changed("fit")
 
     def set_tune_result(self, outcome: TuneResult) -> None:
         with self.lock:
