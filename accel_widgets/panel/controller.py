@@ -38,7 +38,7 @@ from ..search.ladder import classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
 from ..search.tuner import TuneResult, TuneStep
 from ..views.comparison import interval_text, outcome_text, verdict_text
-from ..views.estimate import fit_text
+from ..views.estimate import fit_text, measured_text
 from ..views.headspace import headspace_lines
 from ..views.progress import BurstProgress
 from .state import PanelState, ProfileShown, Ticker
@@ -197,6 +197,7 @@ class PanelController:
         self._live_restart = threading.Lock()  # one restart at a time: stop, wait, start
         self._fit_timer: threading.Timer | None = None
         self._fit_asked = 0  # the newest estimate asked for: an older one that ends later is not shown
+        self._peaks: dict[Config, tuple[int, str]] = {}  # settings -> the last finished burst's peak and its kind
         state.noise_of = self._known_noise
         state.subscribe(self._edited)
         state.set_history(self.history is not None, problem)
@@ -315,7 +316,8 @@ class PanelController:
 
     def _estimate_fit(self, asked: int) -> None:
         """The fit line of the settings: shown before a burst runs, never traced while one measures (the trace would
-        take the burst's CPU); settings that cannot run here have none (their error says why)."""
+        take the burst's CPU); settings that cannot run here have none (their error says why). Once a burst of the
+        settings has finished, its measured peak is said beside the estimate: how far it was for this workload."""
         if self.running:
             self.state.set_fit("")
             return
@@ -325,7 +327,10 @@ class PanelController:
             self.state.set_fit("")
             return
         try:
-            text = fit_text(estimate(self.workload, config, device=self.state.device))
+            found = estimate(self.workload, config, device=self.state.device)
+            text = fit_text(found)
+            if config in self._peaks:  # a burst of these settings has run: how far the estimate was, here
+                text += f"; {measured_text(found, *self._peaks[config])}"
         except Exception as exc:  # an op fake tensors cannot run, a dataset without a sample: say why, carry on
             first = str(exc).splitlines()[0] if str(exc) else ""
             text = f"no memory estimate: {type(exc).__name__}{': ' + first if first else ''}"
@@ -684,6 +689,8 @@ class PanelController:
         flush()
         self.state.finish_run(run, result)
         self.last_run = result
+        if result.ok and result.peak_memory_bytes and result.memory_kind:
+            self._peaks[item.config] = (result.peak_memory_bytes, result.memory_kind)
         if not (live and result.status == "stopped"):
             self._record(result)
         return run, result

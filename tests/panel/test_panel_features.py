@@ -519,7 +519,8 @@ def wait_for(condition: Any, timeout_s: float = 20.0) -> bool:
 
 def test_the_fit_line_sits_under_batch_size_before_a_burst_and_follows_the_settings() -> None:
     """A step traced on fake tensors once the knobs are still: "fits on this machine with N GiB to spare" under the
-    batch_size control, again for new settings, and none for settings that cannot run here."""
+    batch_size control, again for new settings, none for settings that cannot run here, and once a burst of the
+    settings has run, its measured peak beside the estimate."""
     panel = make_panel()
     aside = panel.controls.controls["batch_size"].aside
     try:
@@ -531,6 +532,10 @@ def test_the_fit_line_sits_under_batch_size_before_a_burst_and_follows_the_setti
         assert panel.state.fit.startswith("fits on this machine")
         panel.set_config(Config(parallel="dataparallel"))  # no GPU here: the settings cannot run, so no estimate
         assert wait_for(lambda: panel.state.fit == "") and aside.layout.display == "none"
+        panel.set_config(Config(batch_size=100_000))
+        click(panel, "run_button")  # the fake's burst peaks at 150 MiB of RSS: said beside the estimate after it
+        assert wait_for(lambda: "; measured 0.15 GiB, estimated " in panel.state.fit), panel.state.fit
+        assert panel.state.fit.startswith("fits on this machine") and panel.state.fit.endswith("%)")
     finally:
         panel.close()
 
