@@ -520,7 +520,7 @@ def hf_gpt2_workload(*, n_layer: int = 12, n_embd: int = 768, n_head: int = 12, 
     """transformers' GPT-2 with random weights (the defaults: GPT-2 small, 124M parameters)."""
     model = functools.partial(_hf_gpt2, n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
                               n_positions=max(seq_len, 32), bos_token_id=0, eos_token_id=0)
-    return Workload(model=model, dataset=TokenItems(4, seq_len, vocab_size), batch_size=batch_size,
+    return Workload(model=model, dataset=TokenItems(4 * batch_size, seq_len, vocab_size), batch_size=batch_size,
                     name=f"hf-gpt2-{n_layer}x{n_embd}")
 
 
@@ -530,5 +530,6 @@ def hf_bert_workload(*, layers: int = 12, hidden: int = 768, heads: int = 12, vo
     model = functools.partial(_hf_bert, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                               intermediate_size=4 * hidden, vocab_size=vocab_size,
                               max_position_embeddings=max(seq_len, 32))
-    return Workload(model=model, dataset=TokenItems(4, seq_len, vocab_size, masked=True), batch_size=batch_size,
+    return Workload(model=model, dataset=TokenItems(4 * batch_size, seq_len, vocab_size, masked=True),
+                    batch_size=batch_size,
                     name=f"hf-bert-{layers}x{hidden}")
