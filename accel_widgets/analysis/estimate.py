@@ -39,7 +39,7 @@ from typing import Any, Literal
 import psutil
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.data import IterableDataset, default_collate
@@ -328,11 +328,18 @@ class _Traced:
 
 
 def _fake_model(workload: Workload, fake: FakeTensorMode) -> nn.Module:
-    """The workload's model with fake parameters: a factory is called under the fake mode (no weight is made), an
-    instance is copied with fake tensors in place of its own."""
-    if isinstance(workload.model, nn.Module):
-        with fake, FakeCopyMode(fake):
-            return copy.deepcopy(workload.model)
+    """The workload's model with fake parameters: a factory is called under the fake mode (no weight is made); an
+    instance is copied with a fake of each of its parameters and buffers in place of its own (tied ones stay tied),
+    so no weight is copied and no op of the copy touches a real tensor (a copy under torch's FakeCopyMode cloned each
+    Parameter's real data under the fake mode, which refuses it)."""
+    model = workload.model
+    if isinstance(model, nn.Module):
+        fakes: dict[int, Any] = {}
+        for _, tensor in (*model.named_parameters(remove_duplicate=False),
+                          *model.named_buffers(remove_duplicate=False)):
+            if id(tensor) not in fakes:
+                fakes[id(tensor)] = fake.from_tensor(tensor)
+        return copy.deepcopy(model, fakes)  # the memo: each tensor's copy is its fake
     with fake:
         return workload.build_model()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from accel_widgets import Config, ConfigError, Workload
 from accel_widgets.analysis.estimate import estimate
@@ -143,3 +144,18 @@ def test_the_report_says_the_estimate_and_the_ceilings_before_the_comparison(tmp
     assert "Data free: " in section and "can win at most" in section and "Communication free: not measured" in section
     assert "mlp-small (baseline): fits on NVIDIA L4 with " in section
     assert "<h2>Before tuning</h2>" not in write_report([make_result()], tmp_path / "s.html").read_text()
+
+
+def test_a_model_handed_in_as_an_instance_is_estimated_as_its_factory_is_and_left_untouched() -> None:
+    """``Workload(model=MyNet())``, the README's first form: the instance is copied with fakes of its weights (a tie
+    kept), never its real data, and reads as the same model built by a factory does."""
+    from tests.workloads import TinyNet, tiny_workload
+
+    torch.manual_seed(0)
+    instance = TinyNet()
+    instance.tied = instance.hidden.weight  # a second name for one weight: counted once
+    weights = [p.detach().clone() for p in instance.parameters()]
+    found = estimate(tiny_workload(instance), device=CPU)
+    assert found.peak.tensors == estimate(tiny_workload(), device=CPU).peak.tensors
+    assert found.peak.parameters == sum(p.numel() * 4 for p in instance.parameters())
+    assert all(torch.equal(p, w) and p.grad is None for p, w in zip(instance.parameters(), weights, strict=True))
