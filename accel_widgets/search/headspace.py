@@ -86,5 +86,6 @@ def headspace(
 
 
 def _unmeasured(comparison: Comparison) -> str:
-    """Why a variant's comparison has no block: it failed, or the budget or a stop came first."""
-    return f"not measured: {comparison.error}" if comparison.error else f"not measured ({comparison.stopped})"
+    """Why a variant's comparison has no block: it failed, or the budget or a stop came first (a ceiling's line puts
+    "not measured: " before it)."""
+    return f"it failed: {comparison.error}" if comparison.error else comparison.stopped or "no block was counted"

@@ -119,3 +119,15 @@ def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads
     reading = diagnose(ceiling.comparison.reference_windows[0], device=cpu_device(), headspace=found)
     limiter = next(f for f in reading if f.limit is not None)
     assert "communication" in limiter.detail or "the gradients' exchange" in limiter.detail
+
+
+def test_a_ceiling_the_budget_left_unmeasured_says_why_once() -> None:
+    """A budget too short for one block: the ceiling is not measured, and its line says so once, with the reason."""
+    from accel_widgets.views.headspace import ceiling_line
+
+    found = headspace(tiny_workload(), Config(), parts=["data"], budget_s=0.01, engine=FakeEngine(pace_s=0.01),
+                      device=cpu_device())
+    ceiling = found.ceilings["data"]
+    assert not ceiling.measured and ceiling.why_not
+    line = ceiling_line(ceiling)
+    assert line.startswith("Data free: not measured: ") and line.count("not measured") == 1, line
