@@ -570,3 +570,18 @@ def test_the_ladder_leaves_out_a_rung_whose_ceiling_reads_same() -> None:
     assert "+loader" in plain and read == [label for label in plain if label != "+loader"]
     other = headspace_of({"data": [1.0, 1.01, 0.99, 1.0, 1.005, 0.998]}, Config(num_workers=1))
     assert [item.label for item in ladder_plan(tiny_workload(), CPU, ceilings=other)] == plain  # not its baseline
+
+
+def test_the_reading_of_a_run_is_read_again_with_its_configs_ceilings() -> None:
+    """Measured after the run, the ceilings of its config size its limiter: the fake's data-free bursts twice as fast
+    make half the step the data's, which the step's own clock did not see."""
+    panel = make_panel(FakeEngine(freed_speedups={"data": 2.0}), budget_s=10)
+    try:
+        click(panel, "run_button")
+        assert panel.state.reading.findings[0].title.startswith("Compute-bound")
+        click(panel, "ceilings_button")
+    finally:
+        panel.close()
+    limiter = panel.state.reading.findings[0]
+    assert limiter.title == "Data-bound" and "50% of the step goes to data loading" in limiter.detail, limiter
+    assert "can win at most 2.00× here" in limiter.detail and "Data-bound" in panel.diagnosis.value
