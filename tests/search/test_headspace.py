@@ -83,6 +83,7 @@ def data_bound_workload() -> Workload:
     return Workload(model=model, dataset=SlowItems(), loss_fn=F.cross_entropy, batch_size=8, name="slow items")
 
 
+@pytest.mark.slow  # ~23 s: real bursts, the issue's data-bound bar
 def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reach() -> None:
     """Per-item decode with no workers: data free is many times faster (>= 1.5x, the issue's bar); two loader workers
     win less than that, inside the ceiling's interval or under it."""
@@ -95,6 +96,7 @@ def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reac
     assert workers.ratio is not None and workers.interval.low <= ceiling.interval.high
 
 
+@pytest.mark.slow  # ~14 s: real bursts, the issue's compute-bound bar
 def test_a_compute_bound_step_reads_same_with_the_data_free() -> None:
     """Eight 768-wide layers on a batch of 32 (~0.9 GFLOP a step) from a TensorDataset (a batch collated in ~0.2 ms):
     the data is well under 1% of the step."""
@@ -108,6 +110,7 @@ def test_a_compute_bound_step_reads_same_with_the_data_free() -> None:
     assert ceiling.room is not True
 
 
+@pytest.mark.slow  # ~9 s: two gloo ranks, the issue's DDP bar
 def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads_it() -> None:
     config = Config(parallel="ddp", world_size=2)
     found = headspace(tiny_workload(), config, parts=["communication"], budget_s=25, steps=10, window_s=0.3,
