@@ -28,13 +28,15 @@ def small_bert() -> Workload:
                                               ("lm", Config(activation_checkpointing="blocks")),
                                               ("gpt", Config(activation_checkpointing="blocks")),
                                               ("gpt", Config(precision="bf16")),
-                                              ("bert", Config(precision="bf16", activation_checkpointing="blocks"))])
+                                              ("bert", Config(precision="bf16", activation_checkpointing="blocks")),
+                                              ("image", Config(channels_last=True))])
 def test_the_estimate_is_within_15_percent_of_a_real_steps_tracked_peak(name, config) -> None:
     """The issue's bar, on the small ones here (the demos, GPT-2 and BERT in fp32 and bf16, with and without
     checkpointing, are in benchmarks/estimate_accuracy.py). A checkpointed step's peak is the hard one: the blocks
     recomputed in backward must be freed as the real step frees them (the LM demo's read 29% high, then 15% low, before
     the FLOP counter stopped holding them and the peak's clock counted frees)."""
     workloads = {"mlp": lambda: demo_workload("mlp"), "lm": lambda: demo_workload("lm"), "bert": small_bert,
+                 "image": lambda: demo_workload("image"),
                  "gpt": lambda: gpt_workload(n_layer=4, batch_size=32)}
     workload = workloads[name]()
     found = estimate(workload, config, device=CPU)
