@@ -18,6 +18,7 @@ from .engine.forkserver import prestart_on_import
 prestart_on_import(package_imported=False)  # first: a spawned server imports torch while this process does too
 
 from .analysis.diagnosis import Finding, diagnose
+from .analysis.estimate import Estimate, estimate
 from .analysis.guard import GuardVerdict, check_training, find_baseline
 from .data.streams import StreamReading
 from .demos import DEMO_NAMES, demo_workload
@@ -44,9 +45,11 @@ from .knobs.rules import ConfigError, check_config
 from .metrics.stats import Summary, summarize
 from .results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .results.comparison import Comparison
+from .results.headspace import Ceiling, Headspace
 from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
 from .search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
 from .search.compare import compare
+from .search.headspace import headspace
 from .search.ladder import Ladder, classic_ladder, run_ladder
 from .search.remeasure import remeasure
 from .search.sweep import SweepResult, sweep
@@ -78,14 +81,17 @@ __all__ = [
     "BurstRequestError",
     "BurstResult",
     "BurstTimeout",
+    "Ceiling",
     "CodePaths",
     "Comparison",
     "Config",
     "ConfigError",
     "DeviceInfo",
     "ErrorInfo",
+    "Estimate",
     "Finding",
     "GuardVerdict",
+    "Headspace",
     "HistoryError",
     "IsolationWarning",
     "Knob",
@@ -114,10 +120,12 @@ __all__ = [
     "compare",
     "demo_workload",
     "diagnose",
+    "estimate",
     "export_script",
     "figures",
     "find_baseline",
     "find_batch_size",
+    "headspace",
     "measure_noise",
     "probe_device",
     "recipe",

@@ -5,6 +5,8 @@
     accel-widgets export --workload pkg.mod:make_workload --parallel ddp --world-size 8 -o train.py
     accel-widgets export --workload pkg.mod:make_workload --precision bf16 --as hf   # TrainingArguments(...)
     accel-widgets knobs [--markdown]        # what every knob does (generated from the registry)
+    accel-widgets estimate --demo lm --device "H100 80GB" --precision bf16   # will it fit, before running
+    accel-widgets headspace --demo image    # the most each part of the step (data, ...) could win here
 
 Per-knob flags (``--num-workers``, ``--precision`` ...) are generated from the knob registry; ``--set
 name=value`` is the same thing spelled generically.
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .analysis.compare import comparison_rows
+from .analysis.estimate import Estimate, estimate
 from .demos import DEMO_NAMES, demo_workload
 from .engine.launcher import BurstError, run_burst
 from .engine.request import check_burst_request
@@ -31,8 +34,11 @@ from .knobs.rules import ConfigError
 from .results.burst import BurstResult
 from .results.comparison import Comparison
 from .search.compare import DEFAULT_BUDGET_S, Progress, measure_pairs
+from .search.headspace import headspace
 from .search.ladder import Ladder, Rung, classic_ladder, run_ladder
 from .views.comparison import comparison_sentence, interval_text, verdict_text
+from .views.estimate import estimate_line, estimate_lines
+from .views.headspace import headspace_lines
 from .views.progress import ProgressSeries, result_line
 
 DEFAULT_REPORT = "accel_widgets_report.html"
@@ -138,12 +144,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     device = probe_device()
     print(f"accel-widgets demo on {device.name} ({device.cpu_count} CPU cores, {len(device.gpus)} GPUs)", flush=True)
     results: list[BurstResult] = []
+    estimates: list[Estimate] = []
     compared: dict[int, Comparison] = {}
     stepwise: list[tuple[str, str, Comparison]] = []
     for name in names:
         workload = demo_workload(name, size=args.size)
         rungs = classic_ladder(workload, device, leave_out={"+compile"} if args.no_compile else ())
         print(f"\n{workload.name}: {' -> '.join(r.name for r in rungs)}", flush=True)
+        estimates.append(estimate(workload, rungs[0].config, device=device))
+        print(f"estimate: {estimate_line(estimates[-1])}", flush=True)
         ladder = _run_ladder_with_progress(workload, rungs, steps=args.steps, timeout_s=args.timeout,
                                            budget_s=args.budget)
         offset = len(results)
@@ -160,7 +169,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
              f"burst, then the rungs measured again, interleaved, for up to {args.budget:g} s per workload. A speed-up "
              "in brackets is its 95% anytime-valid interval against the workload's baseline."]
     report = write_report(results, args.report, title="accel_widgets demo: the classic ladder", notes=notes,
-                          compared=compared, comparisons=stepwise)
+                          compared=compared, comparisons=stepwise, estimates=estimates)
     print(f"\nreport: {report}")
     if args.json:
         print(f"json:   {write_json(results, args.json)}")
@@ -229,6 +238,36 @@ def _run_compared(args: argparse.Namespace, workload: Workload, config: Config) 
     if args.json:
         print(f"json: {write_json(results, args.json)}")
     return 0 if all(r.ok for r in results) else 1
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """Will the config fit, and how fast could its step be: one step traced on fake tensors, no burst, no memory."""
+    workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
+    found = estimate(workload, config_from_args(args), device=args.device)
+    print("\n".join(estimate_lines(found)) if args.details else estimate_line(found))
+    return 0 if found.fits else 1
+
+
+def cmd_headspace(args: argparse.Namespace) -> int:
+    """The ceilings of the config: each part of its step made free, measured against it as it is; one line each."""
+    workload = load_workload(args.workload) if args.workload else demo_workload(args.demo)
+    config = config_from_args(args)
+    print(f"measuring the ceilings of {config.label()} for up to {args.budget:g} s ...", file=sys.stderr, flush=True)
+    found = headspace(workload, config, budget_s=args.budget, steps=args.steps, timeout_s=args.timeout)
+    print("\n".join(headspace_lines(found)))
+    if args.report:
+        from .views.report import write_report
+
+        measured = [c.comparison for c in found.ceilings.values() if c.comparison is not None]
+        results = measured[0].reference_windows[:1] if measured else []  # the config as it is, its environment
+        print(f"report: {write_report(results, args.report, title='accel_widgets headspace', headspaces=[found])}")
+    return 0
+
+
+def _add_workload_source(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--workload", help="MODULE:FUNCTION returning an accel_widgets.Workload")
+    source.add_argument("--demo", choices=DEMO_NAMES, default="mlp", help="a built-in workload instead")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -334,6 +373,26 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--endpoint", default="HOST:29400", help="rendezvous HOST:PORT reachable from all nodes")
     _add_knob_flags(export)
     export.set_defaults(handler=cmd_export)
+
+    sized = commands.add_parser("estimate", help="will it fit, and how fast could a step be: one step traced on fake "
+                                "tensors, on this machine or a named GPU (no burst runs, nothing is allocated)")
+    _add_workload_source(sized)
+    sized.add_argument("--device", default=None, help="a named GPU (\"H100 80GB\", \"A100 40GB\", \"L4\", \"RTX 4090\" "
+                       "...); default this machine")
+    sized.add_argument("--details", action="store_true", help="the peak's breakdown and what the estimate leaves out")
+    _add_knob_flags(sized)
+    sized.set_defaults(handler=cmd_estimate)
+
+    room = commands.add_parser("headspace", help="the most each part of the step (data, communication, host) could "
+                               "win: the config with that part made free, measured against it as it is")
+    _add_workload_source(room)
+    room.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                      help=f"seconds the comparisons may take (default {DEFAULT_BUDGET_S:g})")
+    room.add_argument("--steps", type=int, default=None, help="measured steps of the first bursts")
+    room.add_argument("--timeout", type=float, default=600.0, help="burst timeout in seconds")
+    room.add_argument("--report", default=None, help="also write an HTML report with the ceilings' bars here")
+    _add_knob_flags(room)
+    room.set_defaults(handler=cmd_headspace)
 
     knobs = commands.add_parser("knobs", help="list every knob with what it does")
     knobs.add_argument("--markdown", action="store_true", help="print the Markdown reference")

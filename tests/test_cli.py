@@ -146,3 +146,25 @@ def test_export_as_a_style_prints_the_settings_as_code(workdir: Path, capsys: py
     assert "def train(model, dataset, loss_fn, make_optimizer, steps, seed=0" in (
         workdir / "mine" / "snippet.py").read_text()
     assert not (workdir / "train_ddp.py").exists()
+
+
+def test_headspace_says_one_line_per_ceiling_and_writes_their_bars(workdir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """``accel-widgets headspace``: the config's knobs from the flags, one line per ceiling, the bars in the report
+    (the measuring itself is ``aw.headspace``'s, tested with its bursts in tests/search/test_headspace.py)."""
+    from accel_widgets import cli
+    from tests.results.test_headspace import headspace_of
+
+    asked = []
+
+    def measured(workload, config, **kwargs):
+        asked.append((workload.name, config.label(), kwargs["budget_s"]))
+        return headspace_of({"data": [2.0, 2.2, 2.1, 1.9, 2.05]}, config, communication="one process")
+
+    monkeypatch.setattr(cli, "headspace", measured)
+    assert main(["headspace", "--demo", "image", "--num-workers", "2", "--budget", "9", "--report", "h.html"]) == 0
+    assert asked == [("image-small", "num_workers=2", 9.0)]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Data free: ") and "can win at most" in out[0]
+    assert out[1].startswith("Communication free: not measured: one process")
+    assert out[2] == "report: h.html" and "Ceilings (1× to 4×, log)" in (workdir / "h.html").read_text()

@@ -482,3 +482,54 @@ class FailsOnceFlagged(TinyNet):
         if os.path.exists(self.flag):
             raise RuntimeError("flagged to fail")
         return super().forward(x)
+
+
+# -- Hugging Face models with random weights, built from a config (no download) ---------------------------------
+class TokenItems(torch.utils.data.Dataset):
+    """Random token windows as Hugging Face items: ``input_ids`` and ``labels`` (and ``attention_mask`` for a
+    masked LM), so the loop calls ``model(**batch)`` and reads the model's own loss."""
+
+    def __init__(self, n: int, seq_len: int, vocab_size: int, *, masked: bool = False) -> None:
+        self.ids = torch.randint(0, vocab_size, (n, seq_len), generator=torch.Generator().manual_seed(0))
+        self.masked = masked
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self.ids[index]
+        if self.masked:
+            return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+        return {"input_ids": ids, "labels": ids}
+
+
+def _hf_gpt2(**config: int) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(**config))
+
+
+def _hf_bert(**config: int) -> nn.Module:
+    from transformers import BertConfig, BertForMaskedLM
+
+    return BertForMaskedLM(BertConfig(**config))
+
+
+def hf_gpt2_workload(*, n_layer: int = 12, n_embd: int = 768, n_head: int = 12, vocab_size: int = 50257,
+                     seq_len: int = 1024, batch_size: int = 8) -> Workload:
+    """transformers' GPT-2 with random weights (the defaults: GPT-2 small, 124M parameters)."""
+    model = functools.partial(_hf_gpt2, n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
+                              n_positions=max(seq_len, 32), bos_token_id=0, eos_token_id=0)
+    return Workload(model=model, dataset=TokenItems(4 * batch_size, seq_len, vocab_size), batch_size=batch_size,
+                    name=f"hf-gpt2-{n_layer}x{n_embd}")
+
+
+def hf_bert_workload(*, layers: int = 12, hidden: int = 768, heads: int = 12, vocab_size: int = 30522,
+                     seq_len: int = 512, batch_size: int = 8) -> Workload:
+    """transformers' BERT for masked LM with random weights (the defaults: BERT base, 110M parameters)."""
+    model = functools.partial(_hf_bert, num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                              intermediate_size=4 * hidden, vocab_size=vocab_size,
+                              max_position_embeddings=max(seq_len, 32))
+    return Workload(model=model, dataset=TokenItems(4 * batch_size, seq_len, vocab_size, masked=True),
+                    batch_size=batch_size,
+                    name=f"hf-bert-{layers}x{hidden}")

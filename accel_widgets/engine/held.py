@@ -22,6 +22,7 @@ from typing import Any
 
 from ..inputs.device import DeviceInfo
 from ..inputs.workload import Workload
+from ..knobs.base import Part
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from .events import MeasureAgain
@@ -38,16 +39,17 @@ class HeldBurst:
     after everything is ended). :meth:`measure` then has every rank build its training state afresh, warm it up and
     measure ``steps`` more steps; the window's result is a :class:`BurstResult` like any burst's, on the same clock
     as the first. A window that fails, times out or is stopped ends the held ranks (:attr:`alive` turns False).
+    ``freed`` holds a headspace variant of the config (one part of its step made free), as ``run_burst`` does.
     """
 
     def __init__(self, workload: Workload, config: Config | None = None, *, steps: int | None = None,
                  seconds: float | None = None, warmup_steps: int | None = None,
                  on_event: Callable[[Event], None] | None = None, stop: threading.Event | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, cache_dir: str | None = None, label: str = "",
-                 device: DeviceInfo | None = None) -> None:
+                 device: DeviceInfo | None = None, freed: Part | None = None) -> None:
         if not isinstance(config, Config | None):
             raise TypeError(f"config must be an accel_widgets.Config, got {type(config).__name__}")
-        request = BurstRequest(steps, seconds, warmup_steps, timeout_s)
+        request = BurstRequest(steps, seconds, warmup_steps, timeout_s, freed=freed)
         called_at = time.perf_counter()
         spec, result = prepare_burst(workload, config, request, called_at=called_at, device=device,
                                      cache_dir=cache_dir, label=label)

@@ -27,6 +27,7 @@ from torch import nn
 from ..data.cache import cache_root
 from ..inputs.device import DeviceInfo, probe_device, worker_env
 from ..inputs.workload import Workload
+from ..knobs.base import Part
 from ..knobs.config import Config
 from ..knobs.plan import resolve
 from ..knobs.rules import ConfigError
@@ -132,6 +133,7 @@ def run_burst(
     profile_steps: int = 0,
     profile_dir: str = "accel_widgets_profiles",
     sync_debug: bool = False,
+    freed: Part | None = None,
 ) -> BurstResult:
     """Train ``workload`` under ``config`` for a short timed burst and return what was measured.
 
@@ -146,13 +148,15 @@ def run_burst(
     host-device sync (anything but the loss read ``sync_every`` asks for) fails the burst with the
     traceback of the line that synced; torch.distributed's own syncs (NCCL collectives, DDP's bucket
     and buffer traffic) are outside that mode, so under DDP it vouches for the rest of the step only (the
-    result's warnings say so). Raises :class:`BurstRequestError` or :class:`ConfigError` before
+    result's warnings say so). ``freed`` trains a headspace variant of the config, one part of its step made free
+    (``"data"``, ``"communication"``, ``"host"``: :mod:`accel_widgets.knobs.parts`; ``aw.headspace`` compares them
+    with the config as it is). Raises :class:`BurstRequestError` or :class:`ConfigError` before
     starting anything if an argument is unusable (steps and seconds together too) or the config cannot
     run here, and a
     :class:`BurstError` subclass (with ``.result``) if the burst fails, times out or crashes; a loss
     that turns NaN/inf raises nothing and ends with status "diverged".
     """
-    request = BurstRequest(steps, seconds, warmup_steps, timeout_s, profile_steps, profile_dir, sync_debug)
+    request = BurstRequest(steps, seconds, warmup_steps, timeout_s, profile_steps, profile_dir, sync_debug, freed)
     if not isinstance(config, Config | None):
         raise TypeError(f"config must be an accel_widgets.Config, got {type(config).__name__}: pass "
                         "Config(precision='bf16'), or Config(**knobs) for a dict of knob values")
@@ -172,7 +176,7 @@ def prepare_burst(workload: Workload, config: Config | None, request: BurstReque
     """Resolve the config for this machine once and describe the burst: what its ranks are given (the spec, on the
     clock that starts at ``called_at``) and the result it will fill in. Raises :class:`ConfigError` for a config
     that cannot run here, before any process starts."""
-    plan = resolve(config or Config(), device or probe_device(), workload)
+    plan = resolve(config or Config(), device or probe_device(), workload, freed=request.freed)
     request = request.resolved(plan.warmup_steps)
     cache_dir = cache_dir or str(cache_root())
     owner = psutil.Process()
@@ -186,7 +190,7 @@ def prepare_burst(workload: Workload, config: Config | None, request: BurstReque
     notes = [SYNC_DEBUG_DDP_NOTE] if request.sync_debug and plan.group is not None else []
     result = BurstResult(workload=workload.name, config=plan.config, status="ok", world_size=plan.ranks,
                          warmup_steps=request.warmup_steps or 0, tokens_per_sample=workload.tokens_per_sample,
-                         warnings=[*plan.warnings, *notes], label=label, facts=plan.facts,
+                         warnings=[*plan.warnings, *notes], label=label, facts=plan.facts, freed=plan.freed,
                          environment={"driver": plan.device.driver, "gpus": [g.name for g in plan.device.gpus],
                                       "start_method": START_METHOD if isolation == "process" else "inprocess"})
     return spec, result

@@ -10,6 +10,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from ..knobs.base import Part
+from ..knobs.parts import PARTS
+
 #: Measured steps of a burst given neither steps nor seconds.
 DEFAULT_STEPS = 40
 DEFAULT_TIMEOUT_S = 600.0
@@ -24,6 +27,8 @@ class BurstRequest:
     unmeasured ones (None: the config's own, :func:`accel_widgets.knobs.compiling.default_warmup_steps`);
     ``timeout_s`` for the whole burst; ``profile_steps`` more steady-state steps under torch.profiler after the
     window, their trace under ``profile_dir``; ``sync_debug`` runs the window under CUDA's sync-debug mode.
+    ``freed``: the part of the step the burst makes free, a headspace variant of the config
+    (:mod:`accel_widgets.knobs.parts`); None trains the config as it is.
     """
 
     steps: int | None = None
@@ -33,9 +38,13 @@ class BurstRequest:
     profile_steps: int = 0
     profile_dir: str = DEFAULT_PROFILE_DIR
     sync_debug: bool = False
+    freed: Part | None = None
 
     def __post_init__(self) -> None:
         check_burst_request(self.steps, self.seconds, self.warmup_steps, self.timeout_s, self.profile_steps)
+        if self.freed is not None and self.freed not in PARTS:
+            raise BurstRequestError(f"freed={self.freed!r} names no part of the step: use one of "
+                                    f"{', '.join(map(repr, PARTS))}, or None for the config as it is")
 
     def resolved(self, warmup_steps: int) -> BurstRequest:
         """This request with its defaults taken: a length (``DEFAULT_STEPS``) and ``warmup_steps`` when unset."""

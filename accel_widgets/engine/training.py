@@ -32,8 +32,10 @@ from ..data.resume import DataPosition, ResumableSampler
 from ..data.streams import StreamReading, stream_randomness
 from ..inputs.workload import Workload, callable_name
 from ..knobs import CodePaths, attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
+from ..knobs.base import Part
 from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
+from ..knobs.parts import ON_DEVICE_BATCHES
 from ..knobs.plan import Plan
 from ..metrics.flops import count_training_flops
 from ..results.burst import OperatorTime, ProfileCapture, RankSummary, StepRecord
@@ -121,6 +123,44 @@ class EpochIterator:
                 ) from None
         self._taken += 1
         return batch
+
+
+@dataclass(frozen=True)
+class OnDevice:
+    """A batch already on the device, with the real tokens its host copy held: what a data-free burst trains on."""
+
+    batch: Any
+    tokens: int
+
+
+class OnDeviceBatches:
+    """The batches of a data-free headspace burst (:mod:`accel_widgets.knobs.parts`): the first
+    ``ON_DEVICE_BATCHES`` the loader yields, copied to the device once and cycled, so the measured steps wait on no
+    loader and copy nothing. The loader's workers are ended once those are read."""
+
+    def __init__(self, batches: EpochIterator, copy: Callable[[Any], Any]) -> None:
+        self._source = batches
+        try:
+            self._held = [OnDevice(copy(raw), real_tokens(raw) or 0)
+                          for raw in (next(batches) for _ in range(ON_DEVICE_BATCHES))]
+        finally:
+            batches.close()
+        self._next = 0
+
+    @property
+    def loader(self) -> DataLoader:
+        return self._source.loader
+
+    def position(self) -> DataPosition:
+        return self._source.position()
+
+    def close(self) -> None:
+        """The loader's workers ended when the batches were read."""
+
+    def __next__(self) -> OnDevice:
+        held = self._held[self._next % len(self._held)]
+        self._next += 1
+        return held
 
 
 _PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -259,6 +299,22 @@ def call_model(model: nn.Module, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
 
 
+def micro_batch_loss(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+                     step_fn: Callable[[nn.Module, Any], Any] | None) -> torch.Tensor:
+    """A micro-batch's loss, in the first form the workload gives (see :class:`~accel_widgets.Workload`): its
+    ``step``, a dict batch's ``model(**batch)`` (the model's own loss, or ``loss_fn(output, batch)``), or
+    ``loss_fn(model(inputs), targets)``."""
+    if step_fn is not None:
+        return step_loss(step_fn(model, batch), step_fn)
+    if isinstance(batch, Mapping):
+        output = model(**batch)
+        return loss_fn(output, batch) if loss_fn is not None else model_loss(output)
+    inputs, targets = split_batch(batch)
+    if loss_fn is None:
+        return model_loss(call_model(model, inputs))
+    return loss_fn(call_model(model, inputs), targets)
+
+
 def peak_memory_bytes(devices: list[torch.device]) -> int:
     """The allocator's peak on the busiest of the rank's GPUs (DataParallel's replicas included); on a CPU
     the process's peak RSS."""
@@ -344,7 +400,7 @@ class TrainingLoop:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
-    batches: EpochIterator
+    batches: EpochIterator | OnDeviceBatches
     config: Config
     device: torch.device
     rank: int
@@ -360,6 +416,7 @@ class TrainingLoop:
     scheduler: Any = None  # the workload's learning-rate schedule (torch.optim.lr_scheduler.LRScheduler), if any
     hooks: StepHooks | None = None  # a job's (None in a burst)
     compiled: str = ""  # what torch.compile compiled, in words ("" when nothing)
+    freed: Part | None = None  # the part of the step a headspace burst makes free (knobs/parts.py), None: none
     mixed_precision: precision.MixedPrecision = field(init=False)
     _pending_losses: list[torch.Tensor] = field(init=False, default_factory=list)
     last_micro_batch: tuple[Any, Any] | None = field(init=False, default=None)
@@ -420,16 +477,7 @@ class TrainingLoop:
                          convolution=bool(calls.names & _CONVOLUTIONS), cuda=self.device.type == "cuda")
 
     def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """The micro-batch's loss, in the first form the workload gives (see :class:`~accel_widgets.Workload`)."""
-        if self.step_fn is not None:
-            return step_loss(self.step_fn(model, batch), self.step_fn)
-        if isinstance(batch, Mapping):
-            output = model(**batch)
-            return self.loss_fn(output, batch) if self.loss_fn is not None else model_loss(output)
-        inputs, targets = split_batch(batch)
-        if self.loss_fn is None:
-            return model_loss(call_model(model, inputs))
-        return self.loss_fn(call_model(model, inputs), targets)
+        return micro_batch_loss(model, batch, self.loss_fn, self.step_fn)
 
     def _samples_in(self, batch: Any) -> int:
         if self.step_fn is None and not isinstance(batch, Mapping):
@@ -489,16 +537,20 @@ class TrainingLoop:
         samples, tokens, step_loss = 0, 0, None
         micro_batches = batch.micro_batches(config)
         for micro in range(micro_batches):
-            self.set_phase(Phase.DATA)
-            with clock.waiting_for_data():
+            self._phase(Phase.DATA)
+            with self._marked(clock.waiting_for_data):
                 raw_batch = next(self.batches)
-            self.set_phase(Phase.STEP)
-            tokens += real_tokens(raw_batch) or 0  # counted on the host copy: no device sync
-            with clock.copying():
-                moved = data.copy_batch(raw_batch, self.device, config, system.inputs_channels_last(config))
+            self._phase(Phase.STEP)
+            if isinstance(raw_batch, OnDevice):  # data free: on the device already, its tokens counted on the host
+                moved, tokens = raw_batch.batch, tokens + raw_batch.tokens
+            else:
+                tokens += real_tokens(raw_batch) or 0  # counted on the host copy: no device sync
+                with self._marked(clock.copying):
+                    moved = data.copy_batch(raw_batch, self.device, config, system.inputs_channels_last(config))
             samples += self._samples_in(moved)
             self.last_micro_batch = moved
-            with parallel.gradient_sync(self.model, last_micro_batch=micro == micro_batches - 1):
+            with parallel.gradient_sync(self.model, last_micro_batch=micro == micro_batches - 1,
+                                        communication_free=self.freed == "communication"):
                 with self.mixed_precision.autocast(), attention.forward_context(config):
                     loss = self._loss(self.model, moved)
                 self.mixed_precision.backward(batch.scale_for_accumulation(loss, config))
@@ -510,13 +562,25 @@ class TrainingLoop:
         overhead.zero_grad(self.optimizer, config)
         self._tokens.append(tokens or None)
         self._pending_losses.append(step_loss if micro_batches == 1 else step_loss / micro_batches)
-        if overhead.loss_read_due(len(self._pending_losses), config):
+        if overhead.loss_read_due(len(self._pending_losses), config, host_free=self.freed == "host"):
             self._read_losses()
         clock.end_step()
         self._step_samples = samples
         if self.hooks is not None:
             self.hooks.after_step(samples, tokens or None)
         return samples
+
+    def _phase(self, phase: Phase) -> None:
+        """What the rank is doing, for a hang's report; a host-free burst says nothing per step (it is work the burst
+        adds to the step)."""
+        if self.freed != "host":
+            self.set_phase(phase)
+
+    def _marked(self, interval: Callable[[], contextlib.AbstractContextManager[None]]
+                ) -> contextlib.AbstractContextManager[None]:
+        """A part of the step (the data wait, the copy) on the step clock; a host-free burst marks only the step's ends
+        (the markers are work the burst adds: on a GPU, events recorded)."""
+        return contextlib.nullcontext() if self.freed == "host" else interval()
 
     def losses(self) -> list[float]:
         """Every step's loss so far, read back to the host now (a host sync on a GPU: a job's log asks at its
@@ -721,12 +785,15 @@ def build_loop(
     timeline = CudaTimeline(device) if device.type == "cuda" else HostTimeline(time.perf_counter)
     random_data = (stream_randomness(loader.dataset) if isinstance(dataset, IterableDataset)
                    else map_randomness(dataset, data.data_seed(workload)))
-    loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), EpochIterator(loader, resume_at),
-                        config,
+    batches: EpochIterator | OnDeviceBatches = EpochIterator(loader, resume_at)
+    if plan.freed == "data":
+        batches = OnDeviceBatches(batches, lambda raw_batch: data.copy_batch(raw_batch, device, config,
+                                                                             system.inputs_channels_last(config)))
+    loop = TrainingLoop(model, optimizer, overhead.prepare_loss(workload, config), batches, config,
                         device, rank, emit, StepClock(timeline, time.perf_counter, clock_origin),
                         should_stop=should_stop, set_phase=set_phase, step_fn=workload.step,
                         max_grad_norm=workload.max_grad_norm, random_data=random_data, cache=cache,
-                        scheduler=scheduler, compiled=compiled)
+                        scheduler=scheduler, compiled=compiled, freed=plan.freed)
     return loop, raw
 
 

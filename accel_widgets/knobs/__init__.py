@@ -17,7 +17,7 @@ module (or a few lines in the right one) plus its test.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from .base import (
     Knob,
     KnobRegistry,
     KnobValueError,
+    Part,
     Remedy,
     Rule,
     Search,
@@ -40,6 +41,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from ..inputs.device import DeviceInfo
     from .config import Config
 
 #: The owning modules, one group each, in the classic order a tuning session walks them (the ladder's too). float8
@@ -60,15 +62,45 @@ def owner_of(name: str) -> ModuleType:
     return next(owner for owner in OWNERS if any(knob.name == name for knob in owner.KNOBS))
 
 
-def remedy(symptom: Symptom, config: Config) -> Remedy | None:
+def remedy(symptom: Symptom, config: Config, device: DeviceInfo | None = None, *, paths: CodePaths | None = None,
+           closed: Collection[Part] = ()) -> Remedy | None:
     """What to try next for ``symptom`` under ``config``: the first owner's advice, owners in the classic order
-    (the data pipeline before the arithmetic, the arithmetic before compile)."""
+    (the data pipeline before the arithmetic, the arithmetic before compile), that can act.
+
+    An owner's advice is passed over where it could not act: on ``device``, a knob that does not act on its kind, or
+    a value the owners' rules warn about or refuse there (bf16 where bf16 is emulated); a knob whose code path the
+    step never ran (``paths``); a knob whose part of the step a headspace ceiling found worth nothing (``closed``:
+    the parts whose ceiling reads "same"). The next owner's advice is then the answer, or none."""
     for owner in OWNERS:
         advise = owner.REMEDIES.get(symptom)
         found = advise(config) if advise is not None else None
-        if found is not None:
+        if found is not None and not _cannot_act(found, config, device, paths, closed):
             return found
     return None
+
+
+def _cannot_act(advice: Remedy, config: Config, device: DeviceInfo | None, paths: CodePaths | None,
+                closed: Collection[Part]) -> str:
+    """Why ``advice`` could not act here ("" when it can): the knob's device kinds, the step's code paths, a closed
+    ceiling, or a rule that the suggested value breaks on ``device`` and ``config`` as it is does not."""
+    knob = KNOBS[advice.knob]
+    if knob.part in closed:
+        return f"the {knob.part} ceiling leaves {knob.name} nothing to win"
+    if paths is not None and (idle := knob.idle_on(paths)):
+        return idle
+    if device is None:
+        return ""
+    if device.kind not in knob.applies_to:
+        return f"{knob.name} acts only on {', '.join(knob.applies_to)}"
+    if advice.value is None:
+        return ""
+    try:
+        suggested = config.replace(**{knob.name: advice.value})
+    except ValueError as exc:  # a value the config cannot hold with the rest of it
+        return str(exc)
+    broken = [rule for rule in RULES if knob.name in rule.knobs and rule.applies(suggested, device)
+              and not rule.applies(config, device)]
+    return broken[0].message(suggested, device) if broken else ""
 
 
 @contextlib.contextmanager
@@ -105,6 +137,7 @@ __all__ = [
     "Knob",
     "KnobRegistry",
     "KnobValueError",
+    "Part",
     "Remedy",
     "Rule",
     "Search",

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 #: A knob's group: the ``GROUP`` of the module that owns it (``"data"``, ``"precision"``, ...).
 Group = str
 DeviceKind = Literal["cpu", "cuda"]
+#: A part of the training step a headspace burst can make free (:mod:`accel_widgets.knobs.parts` declares each): the
+#: data (loader and copy), the gradients' communication between ranks, the host's per-step work.
+Part = Literal["data", "communication", "host"]
 
 
 class KnobValueError(ValueError):
@@ -100,6 +103,7 @@ Symptom = Literal[
     "memory_headroom",  # the peak leaves room
     "out_of_memory",  # the burst ran out of memory, or its process was killed for it
     "diverged",  # a loss went NaN/inf
+    "communication_bound",  # the gradients' exchange between ranks takes a large share of the step
     "one_process_many_gpus",  # one process drives several GPUs
     "compile_does_not_pay",  # compiled steps are no faster than eager ones
     "graph_breaks",  # torch.compile broke the model's graph
@@ -110,10 +114,12 @@ Symptom = Literal[
 @dataclass(frozen=True)
 class Remedy:
     """What a knob owner advises for a symptom: the knob to try and what to do with it, in a clause that completes
-    the diagnosis's sentence ("add DataLoader workers")."""
+    the diagnosis's sentence ("add DataLoader workers"), and the ``value`` it suggests where it names one (what the
+    rules are asked about before the advice is given on a machine: bf16 where bf16 is emulated is no advice)."""
 
     knob: str
     text: str
+    value: Any = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +153,9 @@ class Knob:
     """One optimisation: its valid values and the text a user reads before flipping it. ``needs`` names the code
     paths (:class:`CodePaths`) its effect acts on: none for a knob that acts on every step; ``search`` how a search
     tries it. ``short``: what a label that must fit names it (:meth:`compact`): None for its own name, "" where its
-    value names itself (``bf16``, ``ddp``)."""
+    value names itself (``bf16``, ``ddp``). ``part``: the part of the step whose whole cost is the most this knob can
+    remove (its headspace ceiling, :mod:`~accel_widgets.knobs.parts`): a loader knob cannot win more than a step
+    with the data free; None where no one part bounds it."""
 
     name: str
     group: Group
@@ -164,6 +172,7 @@ class Knob:
     needs: tuple[CodePath, ...] = ()
     search: Search = Search()
     short: str | None = None
+    part: Part | None = None
 
     def __post_init__(self) -> None:
         unknown = [path for path in self.needs if path not in CODE_PATH_TEXT]

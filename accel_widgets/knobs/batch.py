@@ -46,6 +46,9 @@ LADDER: list[Climb] = []
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "memory_full": lambda c: Remedy("grad_accum_steps", "the next step up in batch size will not fit; accumulate "
                                     "gradients instead"),
+    "communication_bound": lambda c: Remedy("grad_accum_steps", "accumulate micro-batches so gradients are exchanged "
+                                            "once per several (the effective batch grows with them)", 2)
+    if c.grad_accum_steps == 1 else None,
 }
 
 

@@ -141,7 +141,8 @@ LADDER = [
 ]
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
-    "compute_bound": lambda c: Remedy("compile_mode", "try torch.compile to fuse kernels") if not compiled(c) else None,
+    "compute_bound": lambda c: Remedy("compile_mode", "try torch.compile to fuse kernels", "default")
+    if not compiled(c) else None,
     "compile_does_not_pay": lambda c: Remedy("compile_mode", "leave it off for this model, or look for graph breaks "
                                              "and recompiles"),
     "graph_breaks": lambda c: Remedy("compile_mode", "fix that first: each break ends a graph and runs Python before "

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from .config import Config
 
 DEFAULT_BATCH_SIZE = 64
+#: The knob whose value the step's activations grow with: the panel says whether the settings fit beside it.
+SIZES_MEMORY = "batch_size"
 
 
 class SharedMemoryTooSmall(RuntimeError):
@@ -83,6 +85,7 @@ KNOBS = [
     Knob(
         "num_workers", "data", int, 0, minimum=0, maximum=64,
         short="workers",
+        part="data",
         what="DataLoader worker processes that load and augment batches in parallel.",
         why="With 0 workers the training loop waits while every item is decoded/augmented on its thread.",
         when="Data wait is a visible share of the step (per-item CPU work: decoding, augmentation).",
@@ -91,6 +94,7 @@ KNOBS = [
     Knob(
         "pin_memory", "data", bool, False, applies_to=("cuda",),
         short="pin",
+        part="data",
         what="Collate batches into page-locked host memory.",
         why="The GPU's DMA engine copies from pinned memory directly, faster and asynchronously.",
         when="Host-to-device copies are a visible share of the step. No effect without CUDA.",
@@ -99,6 +103,7 @@ KNOBS = [
     Knob(
         "prefetch_factor", "data", int, 2, minimum=1, maximum=64,
         short="prefetch",
+        part="data",
         what="Batches each DataLoader worker prepares ahead of the training loop.",
         why="A deeper queue absorbs jitter in per-batch loading time.",
         when="Loading time varies a lot between batches. Needs num_workers > 0.",
@@ -107,6 +112,7 @@ KNOBS = [
     Knob(
         "persistent_workers", "data", bool, False,
         short="persistent",
+        part="data",
         what="Keep DataLoader workers alive between epochs.",
         why="Restarting workers every epoch re-forks processes and re-creates dataset state.",
         when="Epochs are short or dataset setup is expensive. Needs num_workers > 0.",
@@ -114,6 +120,7 @@ KNOBS = [
     Knob(
         "non_blocking", "data", bool, False, applies_to=("cuda",),
         short="non-blocking",
+        part="data",
         what="Issue host-to-device copies with non_blocking=True.",
         why="From pinned memory the copy overlaps with compute instead of stalling the host.",
         when="Together with pin_memory on a GPU. No effect without CUDA.",
@@ -122,6 +129,7 @@ KNOBS = [
     Knob(
         "data_cache", "data", str, "none", choices=("none", "memory", "memmap", "shards"),
         short="cache",
+        part="data",
         what="Materialise the dataset once: in RAM, in a numpy.memmap file, or in WebDataset tar shards streamed "
         "back; the files are reused by later runs.",
         why="Per-item preprocessing is paid once instead of every epoch; memmap is shared by loader workers; "
@@ -171,7 +179,7 @@ LADDER = [
 
 def _data_wait(config: Config) -> Remedy:
     if config.num_workers == 0:
-        return Remedy("num_workers", "every item is prepared on the training thread: add DataLoader workers")
+        return Remedy("num_workers", "every item is prepared on the training thread: add DataLoader workers", 2)
     if config.data_cache == "none":
         return Remedy("data_cache", f"even with {config.num_workers} workers: cache the prepared items (memory or "
                       "memmap) or prefetch deeper")
@@ -182,14 +190,14 @@ def _data_wait(config: Config) -> Remedy:
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "data_wait": _data_wait,
     "slow_copies": lambda c: Remedy("non_blocking" if c.pin_memory else "pin_memory", "pin host memory and copy "
-                                    "with non_blocking so copies overlap compute"),
+                                    "with non_blocking so copies overlap compute", True),
     "stream_rereads": lambda c: Remedy("data_cache", "write the items as shards (data_cache='shards' streams whole "
                                        "shards per reader), or have the stream split itself (by get_worker_info() "
                                        "and the rank) and declare it with splits_itself"),
     "frozen_augmentation": lambda c: Remedy("data_cache", "cache only the deterministic part and augment after, or "
                                             "leave data_cache off"),
-    "starved_loader": lambda c: Remedy("data_cache", "more workers cannot help; cache the prepared items instead")
-    if c.num_workers > 0 else None,
+    "starved_loader": lambda c: Remedy("data_cache", "more workers cannot help; cache the prepared items instead",
+                                       "memory") if c.num_workers > 0 and c.data_cache == "none" else None,
     "disk_bound": lambda c: Remedy("data_cache", "the data source is the limit; cache the prepared items"),
     "overhead_bound": lambda c: Remedy("batch_size", "a larger batch amortises it"),
     "memory_headroom": lambda c: Remedy("batch_size", "room for a larger batch"),

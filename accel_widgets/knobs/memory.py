@@ -100,7 +100,7 @@ LADDER = [
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "allocator_slack": lambda c: Remedy("expandable_segments", "expandable segments let freed memory hold the next "
-                                        "shapes") if not c.expandable_segments else None,
+                                        "shapes", True) if not c.expandable_segments else None,
 }
 
 

@@ -42,6 +42,7 @@ KNOBS = [
     Knob(
         "sync_every", "python", int, 1, minimum=0, maximum=1 << 20,
         short="sync every",
+        part="host",
         what="Read the loss on the host every N steps (1 = every step, 0 = only at the end).",
         why="loss.item() blocks the host until the GPU finishes, so the GPU idles while Python catches up.",
         when="Launch-bound GPU steps; logging every step is the classic hidden sync. fp16 with a non-fused "
@@ -80,7 +81,7 @@ LADDER = [
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
     "sync_bound": lambda c: Remedy("sync_every", "the loss is read every step, and each read makes the host wait "
-                                   "for the GPU") if c.sync_every == 1 else None,
+                                   "for the GPU", 0) if c.sync_every == 1 else None,
 }
 
 _IMPLEMENTATION_FLAGS = {"for-loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False},
@@ -203,9 +204,16 @@ def zero_grad(optimizer: torch.optim.Optimizer, config: Config) -> None:
     optimizer.zero_grad(set_to_none=config.set_to_none)
 
 
-def loss_read_due(unread_steps: int, config: Config) -> bool:
-    """Why sync_every: reading a loss (.item()) blocks the host until the device has run every queued kernel."""
-    return bool(config.sync_every) and unread_steps >= config.sync_every
+def frees_gradients(config: Config) -> bool:
+    """Whether zero_grad frees the gradients between steps (``set_to_none``): otherwise they stay allocated, zeroed,
+    through the next forward."""
+    return config.set_to_none
+
+
+def loss_read_due(unread_steps: int, config: Config, *, host_free: bool = False) -> bool:
+    """Why sync_every: reading a loss (.item()) blocks the host until the device has run every queued kernel.
+    ``host_free``: a host-free headspace burst reads none until its window ends, as ``sync_every=0`` would."""
+    return not host_free and bool(config.sync_every) and unread_steps >= config.sync_every
 
 
 def scripted_loss(config: Config) -> bool:

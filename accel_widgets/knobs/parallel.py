@@ -329,6 +329,12 @@ def sharded(config: Config) -> bool:
     return config.parallel == "fsdp"
 
 
+def keeps_gathered(config: Config) -> bool:
+    """Whether FSDP keeps every block's gathered parameters from forward to backward (``reshard_after_forward`` off):
+    a rank then holds the whole unsharded model at its peak."""
+    return sharded(config) and not config.reshard_after_forward
+
+
 def group_name(config: Config) -> str:
     """How the ranks of ``config`` are called in a sentence: "DDP" or "FSDP"."""
     return config.parallel.upper()
@@ -403,12 +409,16 @@ def _fully_shard(model: nn.Module, config: Config, device: torch.device, blocks_
     return model
 
 
-def gradient_sync(model: nn.Module, last_micro_batch: bool) -> contextlib.AbstractContextManager[Any]:
+def gradient_sync(model: nn.Module, last_micro_batch: bool, *,
+                  communication_free: bool = False) -> contextlib.AbstractContextManager[Any]:
     """Gradients are reduced only on the micro-batch that steps the optimizer: DDP's ``no_sync`` before it, FSDP's
-    ``set_requires_gradient_sync(False)`` (its unsharded gradients accumulate locally, then one reduce-scatter)."""
+    ``set_requires_gradient_sync(False)`` (its unsharded gradients accumulate locally, then one reduce-scatter).
+    ``communication_free``: a communication-free headspace burst reduces on none (each rank steps its own
+    gradients; under FSDP they stay unsharded, so its optimizer steps none)."""
+    sync = last_micro_batch and not communication_free
     if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(last_micro_batch)
+        model.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
-    if last_micro_batch or not hasattr(model, "no_sync"):
+    if sync or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()

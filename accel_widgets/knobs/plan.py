@@ -15,8 +15,9 @@ from typing import Literal
 from ..inputs.device import DeviceInfo, GpuInfo
 from ..inputs.workload import Workload
 from . import compiling, data, facts, float8, memory, parallel
-from .base import Facts
+from .base import Facts, Part
 from .config import Config
+from .parts import FREE_PARTS, why_not_free
 from .rules import ConfigError, check_config, refusals
 
 #: Where a rank's process group rendezvouses: a burst's private file (its sockets on loopback only), or
@@ -38,7 +39,8 @@ class Plan:
 
     ``warnings`` are the rules' warnings and what the knobs replace in the workload's own DataLoader;
     ``gpus`` the GPUs the run trains on; ``threads_per_rank`` the intra-op threads of each rank (the usable
-    cores shared by the ranks on this machine); ``group`` the process group, None for one process.
+    cores shared by the ranks on this machine); ``group`` the process group, None for one process. ``freed``: the
+    part of the step a headspace burst makes free (:mod:`~accel_widgets.knobs.parts`), None for the config as it is.
     """
 
     config: Config
@@ -50,18 +52,23 @@ class Plan:
     gpus: tuple[GpuInfo, ...]
     threads_per_rank: int
     group: ProcessGroup | None
+    freed: Part | None = None
 
     @property
     def ranks(self) -> int:
         return self.group.world_size if self.group is not None else 1
 
 
-def resolve(config: Config, device: DeviceInfo, workload: Workload, *, world_size: int | None = None) -> Plan:
+def resolve(config: Config, device: DeviceInfo, workload: Workload, *, world_size: int | None = None,
+            freed: Part | None = None) -> Plan:
     """Check ``config`` against ``device`` (and ``workload``'s own DataLoader) and take every decision a run needs.
 
     Raises :class:`ConfigError` naming what cannot run. ``world_size``: the ranks of a group that spans
-    machines (torchrun's ``WORLD_SIZE``); the config's ranks are then those of this machine.
+    machines (torchrun's ``WORLD_SIZE``); the config's ranks are then those of this machine. ``freed``: the part of
+    the step a headspace burst makes free (refused, saying why, where that part is not there to free).
     """
+    if freed is not None and (why := why_not_free(freed, config, device)):
+        raise ConfigError(f"{FREE_PARTS[freed].title} cannot be measured here: {why}")
     warnings = check_config(config, device)
     try:
         warnings += data.loader_notes(workload, config)
@@ -81,6 +88,7 @@ def resolve(config: Config, device: DeviceInfo, workload: Workload, *, world_siz
         gpus=parallel.gpus_for(config, device),
         threads_per_rank=max(1, device.cpu_count // ranks),
         group=group,
+        freed=freed,
     )
 
 

@@ -109,11 +109,12 @@ LADDER = [
 ]
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
-    "compute_bound": lambda c: Remedy("precision", "try mixed precision (bf16)") if c.precision == "fp32" else None,
+    "compute_bound": lambda c: Remedy("precision", "try mixed precision (bf16)", "bf16")
+    if c.precision == "fp32" else None,
     "fp32_on_tensor_cores": lambda c: Remedy("precision", "bf16/fp16 matmuls run on tensor cores several times "
-                                             "faster than fp32") if c.precision == "fp32" else None,
+                                             "faster than fp32", "bf16") if c.precision == "fp32" else None,
     "tensor_cores_idle": lambda c: Remedy("precision", "the math is not on the tensor cores: try bf16, whose matmuls "
-                                          "run there (fp32 ones do not)") if c.precision == "fp32" else None,
+                                          "run there (fp32 ones do not)", "bf16") if c.precision == "fp32" else None,
     "diverged": lambda c: Remedy("precision", f"precision={c.precision!r} may overflow (fp16 past 65504): compare "
                                  "with fp32 or bf16") if c.precision != "fp32" else None,
 }

@@ -106,7 +106,7 @@ LADDER = [
 ]
 
 REMEDIES: dict[Symptom, Callable[[Config], Remedy | None]] = {
-    "compute_bound": lambda c: Remedy("channels_last", "for convolutional models try channels_last")
+    "compute_bound": lambda c: Remedy("channels_last", "for convolutional models try channels_last", True)
     if not c.channels_last else None,
 }
 
@@ -242,8 +242,18 @@ def cap_memory(config: Config, device: torch.device) -> None:
 
 
 def prepare_model(model: nn.Module, config: Config) -> nn.Module:
-    """Why channels_last: tensor-core convolutions run in NHWC; NCHW weights pay a transpose around every conv."""
-    return model.to(memory_format=torch.channels_last) if config.channels_last else model
+    """Why channels_last: tensor-core convolutions run in NHWC; NCHW weights pay a transpose around every conv.
+
+    Each 4- and 5-D parameter and buffer is given the layout in place, as ``model.to(memory_format=...)`` gives it to
+    a real model (``param.data = ...``), so that the estimate's fake weights take it too: ``Module.to`` swaps a fake
+    parameter for a new one instead, which torch refuses while the fake mode holds a weak reference to it."""
+    if not config.channels_last:
+        return model
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.dim() in (4, 5):
+                tensor.data = tensor.data.to(memory_format=torch.channels_last)
+    return model
 
 
 def inputs_channels_last(config: Config) -> bool:

@@ -42,6 +42,9 @@ class Thresholds:
     tensor_active_low_pct: float = 20.0
     read_amplification_notice: float = 1.5  # a stream read this many times per item kept is worth a note
     read_amplification_bound: float = 2.0  # ... and a warning from here: half or more of every read is dropped
+    # The share of the memory a batch must leave free to count as fitting (the batch-size finder's and the estimate's):
+    # a real run's longer sequences, evaluation passes and allocator fragmentation need room a short burst never shows.
+    fit_margin: float = 0.10
     # -- can the numbers be trusted ------------------------------------------------------------------
     noisy_relative_iqr: float = 0.10  # step IQR/median from which a median is flagged noisy (a hint)
     min_steps_for_spread: int = 4  # fewer measured steps cannot show a spread: flagged noisy

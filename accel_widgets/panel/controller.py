@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..analysis.estimate import estimate
 from ..analysis.guard import NoiseBand, cached_noise
 from ..engine.launcher import BurstError, Event
 from ..inputs.device import DeviceInfo
@@ -27,14 +28,18 @@ from ..knobs.config import Config
 from ..knobs.rules import ConfigError
 from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..results.comparison import Comparison
+from ..results.headspace import Headspace
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
 from ..search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
 from ..search.bursts import Bursts, Contender, Failed
 from ..search.compare import DEFAULT_BUDGET_S, WINDOW_S, Progress, measure_pairs
+from ..search.headspace import headspace
 from ..search.ladder import LADDER_WINDOW_S, classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
 from ..search.tuner import TuneResult, TuneStep
 from ..views.comparison import interval_text, outcome_text, verdict_text
+from ..views.estimate import fit_text, measured_text
+from ..views.headspace import headspace_lines
 from ..views.progress import BurstProgress
 from .state import PanelState, ProfileShown, Ticker
 
@@ -67,6 +72,8 @@ def holds_still(config: Config, device: DeviceInfo) -> bool:
 #: Live mode waits this long after the last edit: a user typing "64" or clicking through a drop-down
 #: starts one burst, not one per keystroke.
 LIVE_DELAY_S = 0.5
+#: How long the knobs stay still before the panel estimates whether the settings fit (a trace on fake tensors).
+FIT_DELAY_S = 0.3
 
 
 # -- plans -----------------------------------------------------------------------------------------
@@ -79,11 +86,13 @@ class PlanItem:
 
 
 def ladder_plan(workload: Workload, device: DeviceInfo, leave_out: Collection[str] = (),
-                batch_search: BatchSizeSearch | None = None) -> list[PlanItem]:
+                batch_search: BatchSizeSearch | None = None, ceilings: Headspace | None = None) -> list[PlanItem]:
     """The classic cumulative ladder (:func:`~accel_widgets.search.ladder.classic_ladder`) for this workload and
     device, but the rungs in ``leave_out``, as bursts to run in order, each recorded under its rung's name. The
-    panel's last batch-size search says where memory is the limit (its +memory rung)."""
-    rungs = classic_ladder(workload, device, leave_out=leave_out, batch_search=batch_search)
+    panel's last batch-size search says where memory is the limit (its +memory rung); its last ceilings, when they
+    were measured for the ladder's baseline, which rungs have nothing to win."""
+    ceilings = ceilings if ceilings is not None and ceilings.config == Config() else None
+    rungs = classic_ladder(workload, device, leave_out=leave_out, batch_search=batch_search, headspace=ceilings)
     return [PlanItem(rung.name, rung.config) for rung in rungs]
 
 
@@ -186,10 +195,14 @@ class PanelController:
         self._live_timer: threading.Timer | None = None
         self._live_length: Callable[[], dict[str, Any]] = lambda: {"steps": 20, "seconds": None}
         self._live_restart = threading.Lock()  # one restart at a time: stop, wait, start
+        self._fit_timer: threading.Timer | None = None
+        self._fit_asked = 0  # the newest estimate asked for: an older one that ends later is not shown
+        self._peaks: dict[Config, tuple[int, str]] = {}  # settings -> the last finished burst's peak and its kind
         state.noise_of = self._known_noise
         state.subscribe(self._edited)
         state.set_history(self.history is not None, problem)
         state.set_status("Ready." if self.history is not None else "Ready (no run history).")
+        self._schedule_fit()
 
     # -- actions ----------------------------------------------------------------------------------
     @property
@@ -207,7 +220,8 @@ class PanelController:
                    budget_s: float | None = DEFAULT_BUDGET_S) -> None:
         """The classic ladder, one burst per rung, then every rung compared with the one before and the baseline,
         interleaved, for up to ``budget_s``."""
-        plan = ladder_plan(self.workload, self.state.device, leave_out, self.state.batch_search)
+        plan = ladder_plan(self.workload, self.state.device, leave_out, self.state.batch_search,
+                           self.state.headspace)
         self._start("Ladder", lambda: self._run_compared("Ladder", plan, length, budget_s))
 
     def profile(self, length: dict[str, Any]) -> None:
@@ -221,6 +235,12 @@ class PanelController:
     def find_batch_size(self, steps: int) -> None:
         config = self.state.runnable_config()
         self._start("Batch size", lambda: self._run_batch_search(config, steps))
+
+    def headspace(self, budget_s: float = DEFAULT_BUDGET_S) -> None:
+        """The ceilings of the settings: each part of their step made free, against them as they are, interleaved,
+        for up to ``budget_s``; the row of bars under the runs table shows them, the ladder and the tuner read them."""
+        config = self.state.runnable_config()
+        self._start("Ceilings", lambda: self._run_headspace(config, budget_s))
 
     def remeasure(self, budget_s: float = DEFAULT_BUDGET_S) -> None:
         """Compare the run the reading is about with its baseline again, for up to ``budget_s``."""
@@ -253,8 +273,11 @@ class PanelController:
             self.state.pin(run)
 
     def close(self) -> None:
-        """Stop live mode and the running action, and wait for it: nothing of the panel keeps running."""
+        """Stop live mode, a fit estimate not yet begun and the running action, and wait for it: nothing of the panel
+        keeps running."""
         self.set_live(False, self._live_length)
+        if self._fit_timer is not None:
+            self._fit_timer.cancel()
         self.stop()
         self.wait()
 
@@ -272,9 +295,47 @@ class PanelController:
 
     # -- live mode --------------------------------------------------------------------------------
     def _edited(self, part: str) -> None:
-        """State listener: in live mode an edit of the knobs (re)starts the countdown to a new burst."""
-        if part == "draft" and self.state.live:
-            self._schedule_live()
+        """State listener: an edit of the knobs asks whether the new settings fit, and in live mode (re)starts the
+        countdown to a new burst."""
+        if part == "draft":
+            self._schedule_fit()
+            if self.state.live:
+                self._schedule_live()
+
+    # -- will it fit ------------------------------------------------------------------------------
+    def _schedule_fit(self) -> None:
+        """Estimate the settings' peak once the knobs have been still for FIT_DELAY_S, off the kernel's thread (a
+        step traced on fake tensors: a fraction of a second for a small model, seconds for a large one)."""
+        if self._fit_timer is not None:
+            self._fit_timer.cancel()
+        self._fit_asked += 1
+        timer = threading.Timer(FIT_DELAY_S, self._estimate_fit, args=(self._fit_asked,))
+        timer.name, timer.daemon = "accel-widgets-fit", True
+        self._fit_timer = timer
+        timer.start()
+
+    def _estimate_fit(self, asked: int) -> None:
+        """The fit line of the settings: shown before a burst runs, never traced while one measures (the trace would
+        take the burst's CPU); settings that cannot run here have none (their error says why). Once a burst of the
+        settings has finished, its measured peak is said beside the estimate: how far it was for this workload."""
+        if self.running:
+            self.state.set_fit("")
+            return
+        try:
+            config = self.state.runnable_config()
+        except ValueError:
+            self.state.set_fit("")
+            return
+        try:
+            found = estimate(self.workload, config, device=self.state.device)
+            text = fit_text(found)
+            if config in self._peaks:  # a burst of these settings has run: how far the estimate was, here
+                text += f"; {measured_text(found, *self._peaks[config])}"
+        except Exception as exc:  # an op fake tensors cannot run, a dataset without a sample: say why, carry on
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            text = f"no memory estimate: {type(exc).__name__}{': ' + first if first else ''}"
+        if asked == self._fit_asked:
+            self.state.set_fit(text)
 
     def _schedule_live(self) -> None:
         self._cancel_live()
@@ -329,6 +390,7 @@ class PanelController:
             raise
         finally:
             self.state.end_action()
+            self._schedule_fit()  # the settings as the action left them (the tuner's best), before the next burst
 
     def _run_plan(self, what: str, plan: list[PlanItem], length: dict[str, Any], *, live: bool = False) -> str:
         """Run each planned burst in turn (Run burst, Run ladder, a live burst)."""
@@ -450,8 +512,11 @@ class PanelController:
                                   busy=not self._stop.is_set())
 
         try:
+            ceilings = self.state.headspace if self.state.headspace is not None and \
+                self.state.headspace.config == base else None  # the ceilings of the tuner's start, when measured
             outcome = self._tuner(self.workload, budget_s=budget_s, base=base, steps=steps, device=self.state.device,
-                                  engine=self._engine, stop=self._stop, on_step=on_step, opener=opener)
+                                  engine=self._engine, stop=self._stop, on_step=on_step, opener=opener,
+                                  headspace=ceilings)
         except Exception as exc:  # a base the tuner refuses, or a tuner bug: the panel must survive it
             return f"Tune failed: {type(exc).__name__}: {exc}"
         self.state.set_tune_result(outcome)
@@ -491,6 +556,25 @@ class PanelController:
             return f"Batch size: no size fit ({search.stopped_reason})."
         return (f"Batch size: the largest that fits is {search.largest_fitting:,}, the fastest {search.fastest:,} "
                 f"({len(search.tries)} tries in {search.wall_s:.0f} s). Set batch_size to try it.")
+
+    def _run_headspace(self, config: Config, budget_s: float) -> str:
+        """Measure the ceilings of ``config``: what its step would be with each part free, by the comparison engine;
+        each block is reported on the status line, the bars are shown at the end (the windows are not runs of the
+        table: they measure the parts, not the knobs)."""
+        def progress(now: Progress) -> None:
+            counted = max((len(c.counted) for c in now.comparisons), default=0)
+            self.state.set_progress(min(1.0, now.elapsed_s / budget_s))
+            self.state.set_status(f"Ceilings of {config.label()}: {counted} block{'s' if counted != 1 else ''}, "
+                                  f"{now.elapsed_s:.0f} s of {budget_s:g} s", busy=not self._stop.is_set())
+
+        try:
+            found = headspace(self.workload, config, budget_s=budget_s, device=self.state.device,
+                              engine=self._engine, stop=self._stop, on_progress=progress)
+        except Exception as exc:  # a config the parts refuse, a burst that fails: the panel must survive it
+            return f"Ceilings failed: {type(exc).__name__}: {exc}"
+        self.state.set_progress(1.0)
+        self.state.show_headspace(found)
+        return f"Ceilings of {config.label()} ({found.wall_s:.0f} s): " + " ".join(headspace_lines(found))
 
     def _run_remeasure(self, run: int, result: BurstResult, baseline: BurstResult | None, budget_s: float) -> str:
         """The run's and its baseline's configs measured again, interleaved, by the comparison engine: the interval
@@ -606,6 +690,8 @@ class PanelController:
         flush()
         self.state.finish_run(run, result)
         self.last_run = result
+        if result.ok and result.peak_memory_bytes and result.memory_kind:
+            self._peaks[item.config] = (result.peak_memory_bytes, result.memory_kind)
         if not (live and result.status == "stopped"):
             self._record(result)
         return run, result

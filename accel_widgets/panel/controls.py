@@ -69,6 +69,7 @@ class KnobControl:
                                    layout=w.Layout(width=INFO_WIDTH, padding="0", flex="0 0 auto"))
         self.help = w.HTML(self._help_html(), layout=w.Layout(display="none", margin="0 0 6px 0"))
         self.note = w.HTML(layout=w.Layout(margin="0 0 4px 0"))
+        self.aside = w.HTML(layout=w.Layout(margin="0 0 4px 0", display="none"))  # what the panel adds (the fit)
         self.info.observe(self._toggle_help, names="value")
         self.input.observe(lambda change: on_edit(knob.name, change["new"]), names="value")
         # The name left, the input and its ⓘ right (inputs line up down a column); where the name and the input
@@ -78,10 +79,10 @@ class KnobControl:
                                                                  overflow="visible"))
         row = w.HBox([label, entry], layout=w.Layout(flex_flow="row wrap", align_items="center",
                                                      overflow="visible"))
-        self.box = w.VBox([row, self.note, self.help], layout=w.Layout(overflow="visible"))
+        self.box = w.VBox([row, self.note, self.aside, self.help], layout=w.Layout(overflow="visible"))
         # CSS hooks for browser tests and user styling, as the panel's own (``aw-panel``, ``aw-run-burst``...).
         for widget, hook in ((self.box, "knob"), (label, "knob-name"), (self.input, "knob-input"),
-                             (self.info, "knob-info"), (self.note, "knob-note")):
+                             (self.info, "knob-info"), (self.note, "knob-note"), (self.aside, "knob-aside")):
             widget.add_class(f"aw-{hook}")
 
     def render(self, draft: Draft) -> None:
@@ -94,6 +95,12 @@ class KnobControl:
         mark, colour = _NOTE_MARKS[note.severity]
         self.note.value = f'<div style="{NOTE_STYLE} color: {colour};">{html.escape(mark + note.message)}</div>'
         self.note.layout.display = None
+
+    def show_aside(self, text: str, colour: str) -> None:
+        """A line the panel keeps under the control, in ``colour`` ("" hides it): whether the settings fit, under
+        the knob the activations grow with."""
+        self.aside.value = f'<div style="{NOTE_STYLE} color: {colour};">{html.escape(text)}</div>' if text else ""
+        self.aside.layout.display = None if text else "none"
 
     @staticmethod
     def _make_input(knob: Knob, draft: Draft) -> w.ValueWidget:

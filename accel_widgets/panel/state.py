@@ -28,11 +28,12 @@ from ..views.comparison import comparison_sentence
 from ..views.style import LOADED_MARK, run_name
 
 if TYPE_CHECKING:
+    from ..results.headspace import Headspace
     from ..search.batchsize import BatchSizeSearch
     from ..search.tuner import TuneResult
 
 Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile", "live",
-               "replaced", "batch"]
+               "replaced", "batch", "headspace", "fit"]
 Listener = Callable[[Part], None]
 ControlKind = Literal["bool", "choice", "int", "optional"]
 
@@ -237,6 +238,10 @@ class PanelState:
         self.profile: ProfileShown | None = None
         self.tune_result: TuneResult | None = None
         self.batch_search: BatchSizeSearch | None = None
+        #: The ceilings last measured (the row of bars under the runs table; the ladder and the tuner read them).
+        self.headspace: Headspace | None = None
+        #: Whether the settings fit, from a step traced on fake tensors before any burst ("" while none is known).
+        self.fit = ""
         self.live = False  # Live mode: every edit of the knobs starts a new burst (the controller's doing)
         self.replaced: int | None = None  # the run whose slot the newest live run took (the plots drop it)
         #: The baseline's measured noise band, when one is known (the controller looks it up; no bursts).
@@ -338,8 +343,7 @@ class PanelState:
         with self.lock:
             self.runs[run].result = result
             self._rejudge()
-            row = self.rows[run]
-            self.reading = Reading(run, self.runs[run].name, diagnose(result, row.baseline, verdict=row.verdict))
+            self.reading = self._read(run)
             self._changed("runs")
             self._changed("reading")
 
@@ -405,6 +409,24 @@ class PanelState:
             self.batch_search = search
             self._changed("batch")
 
+    def show_headspace(self, found: Headspace | None) -> None:
+        """The ceilings last measured; the reading is read again with them when they are its run's config's (its
+        limiter sized by them, the families they close left out of its advice)."""
+        with self.lock:
+            self.headspace = found
+            self._changed("headspace")
+            if self.reading is not None and self.reading.run < len(self.rows):
+                compared = [f for f in self.reading.findings if f.title.startswith("Compared with its baseline")]
+                fresh = self._read(self.reading.run)
+                self.reading = Reading(fresh.run, fresh.name, [*compared, *fresh.findings])
+                self._changed("reading")
+
+    def set_fit(self, text: str) -> None:
+        with self.lock:
+            if text != self.fit:
+                self.fit = text
+                self._changed("fit")
+
     def set_tune_result(self, outcome: TuneResult) -> None:
         with self.lock:
             self.tune_result = outcome
@@ -428,6 +450,15 @@ class PanelState:
                 kept = [f for f in self.reading.findings if not f.title.startswith("Compared with its baseline")]
                 self.reading = Reading(run, self.reading.name, [finding, *kept])
                 self._changed("reading")
+
+    def _read(self, run: int) -> Reading:
+        """``run``'s reading: its diagnosis against its row's baseline, with the ceilings last measured when they
+        were measured for its config."""
+        row = self.rows[run]
+        ceilings = self.headspace if self.headspace is not None and self.headspace.config == row.result.config \
+            else None
+        return Reading(run, self.runs[run].name, diagnose(row.result, row.baseline, verdict=row.verdict,
+                                                          headspace=ceilings))
 
     def remeasurable(self) -> int | None:
         """The run a Re-measure would pair with its baseline: the one the reading is about, when it finished and

@@ -22,12 +22,14 @@ from ..engine.forkserver import warm_up
 from ..engine.launcher import run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
+from ..knobs import data
 from ..knobs.config import Config
 from ..results.burst import BurstResult, ProfileCapture
 from ..results.comparison import Comparison
 from ..results.history import RunHistory
 from ..search.tuner import TuneResult, tune
 from ..views.figures import COMPARISONS, comparison_figures
+from ..views.headspace import ceilings_html
 from ..views.style import findings_html, themed
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
@@ -114,7 +116,7 @@ class TuningPanel:
         self.root = self._assemble()
         with self.state.lock:
             self.state.subscribe(self._render)
-            for part in ("draft", "action", "status", "progress"):
+            for part in ("draft", "action", "status", "progress", "fit"):
                 self._render(part)
         self.plots.probe.observe(self._fit, names="width")
         self.plots.chart.observe(self._chart_shown, names="visible")
@@ -190,6 +192,13 @@ class TuningPanel:
         """Compare the run the reading is about with its baseline again, interleaved, within the budget box's
         seconds (the Re-measure button): its row then shows the interval and verdict."""
         self.controller.remeasure(self._budget())
+
+    def headspace(self) -> None:
+        """Measure the ceilings of the current settings within the budget box's seconds (the Ceilings button): each
+        part of the step made free (the data; the gradients' exchange under DDP/FSDP; the host's work on a GPU)
+        against the settings as they are; the bars appear under the runs table, and the ladder and the tuner leave
+        out what a "same" ceiling closes."""
+        self.controller.headspace(self._budget())
 
     def _budget(self) -> float:
         """The one budget the user sets: Tune's search, and what each comparison may spend."""
@@ -281,6 +290,13 @@ class TuningPanel:
                                     f"{html.escape(state.reading.name)}</b>{findings}</div>")
         elif part == "batch":
             self._render_batch_search()
+        elif part == "headspace":
+            found = state.headspace
+            self.ceilings.value = "" if found is None else ceilings_html(found, themed)
+            self.ceilings.layout.display = "none" if found is None else None
+        elif part == "fit":
+            colour = themed("warning" if state.fit.startswith(("does not fit", "no memory")) else "muted")
+            self.controls.controls[data.SIZES_MEMORY].show_aside(state.fit, colour)
         elif part == "profile":
             self.profile_view.layout.display = "none" if state.profile is None else None
             self.profile_view.value = "" if state.profile is None else profile_html(state.profile)
@@ -319,7 +335,8 @@ class TuningPanel:
 
     def _render_buttons(self) -> None:
         running, ok = self.state.action is not None, self.state.draft.validation.ok
-        for button in (self.run_button, self.profile_button, self.tune_button, self.batch_button):
+        for button in (self.run_button, self.profile_button, self.tune_button, self.batch_button,
+                       self.ceilings_button):
             button.disabled = running or not ok
         self.ladder_button.disabled = running
         self.load_button.disabled = running or not self.state.history_on
@@ -459,12 +476,17 @@ class TuningPanel:
         self.remeasure_button = w.Button(description="Re-measure", icon="balance-scale", disabled=True,
                                          tooltip="measure the run in the reading again, interleaved with its "
                                                  "baseline: the paired speed-up and its spread")
+        self.ceilings_button = w.Button(description="Ceilings", icon="tachometer",
+                                        tooltip="the most each part of the step could win: the settings with the "
+                                                "data (the gradients' exchange, the host's work) made free, measured "
+                                                "against them as they are within the budget; the ladder and Tune "
+                                                "then leave out what cannot help")
         self.load_button = w.Button(description="Load earlier runs", icon="history",
                                     tooltip="add this workload's runs recorded in the history file (⟲ in the "
                                             "table) that are not shown yet")
         for button in (self.run_button, self.ladder_button, self.stop_button, self.profile_button,
                        self.tune_button, self.live_button, self.pin_button, self.remeasure_button, self.batch_button,
-                       self.load_button):
+                       self.ceilings_button, self.load_button):
             button.layout = w.Layout(width="auto", margin="0 4px 4px 0", flex="0 0 auto")
         self.reset_button.layout = w.Layout(width="auto", flex="0 0 auto")
         self.run_button.on_click(lambda _: self.run_burst())
@@ -477,6 +499,7 @@ class TuningPanel:
         self.live_button.observe(self._live_toggled, names="value")
         self.pin_button.on_click(lambda _: self.pin())
         self.batch_button.on_click(lambda _: self.find_batch_size())
+        self.ceilings_button.on_click(lambda _: self.headspace())
         self.remeasure_button.on_click(lambda _: self.remeasure())
         self.batch_view = w.VBox(layout=w.Layout(display="none", margin="6px 0 0 0"))
         self.validation = w.HTML()
@@ -502,7 +525,8 @@ class TuningPanel:
              w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit), self.compare_runs], layout=group),
              w.HBox([w.HTML("Burst", layout=label), self.length_value, self.length_unit], layout=group),
              w.HBox([self.live_button, self.pin_button, self.profile_button, self.remeasure_button, self.batch_button,
-                     self.load_button], layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),
+                     self.ceilings_button, self.load_button],
+                    layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),
              header],
             layout=w.Layout(flex_flow="row wrap", align_items="center", width="100%", overflow="visible"))
         for box in actions.children[1:3]:  # an input's own margin is beside it, not under it
@@ -517,9 +541,12 @@ class TuningPanel:
         self.plots.chart.layout = w.Layout(width="100%", min_width="0", overflow="hidden")
         self._chart_box = w.VBox([self.plots.chart], layout=w.Layout(min_width=f"{MIN_WIDTH}px", order="0"))
         self.table.widget.layout = w.Layout(width="100%", flex="1 1 100%", margin="4px 0 0 0", order="2")
+        # The ceilings' bars right under the table, before the knobs when these wrap under it (same order, later).
+        self.ceilings = w.HTML(layout=w.Layout(width="100%", flex="1 1 100%", margin="4px 0 0 0", order="2",
+                                               display="none"))
         # One wrapping row: the chart and the knobs, then the runs table on a line of its own; narrow, the knobs go
         # after the table. Before the kernel has answered a resize, the knobs wrap under the chart in the browser.
-        self._main = w.HBox([self._chart_box, self.knobs, self.table.widget],
+        self._main = w.HBox([self._chart_box, self.knobs, self.table.widget, self.ceilings],
                             layout=w.Layout(flex_flow="row wrap", align_items="flex-start", width="100%",
                                             overflow="visible"))
         self._place_knobs(beside=True)
@@ -535,6 +562,7 @@ class TuningPanel:
                              (self.live_button, "live"), (self.pin_button, "pin"),
                              (self.remeasure_button, "remeasure"),
                              (self.batch_button, "find-batch-size"), (self.batch_view, "batch-view"),
+                             (self.ceilings_button, "headspace"), (self.ceilings, "ceilings"),
                              (self.compare, "compare"), (self.recipe.button, "use-in-my-code"),
                              (self.recipe.styles, "recipe-styles"), (self.recipe.code, "recipe-code"),
                              (self.profile_view, "profile-view"), (actions, "actions"), (self.knobs, "knobs"),

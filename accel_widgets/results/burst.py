@@ -17,6 +17,7 @@ from typing import Any, Literal
 from ..data.cache import CacheInfo
 from ..data.streams import StreamReading
 from ..knobs import CodePaths, Facts
+from ..knobs.base import Part
 from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
 from ..metrics.energy import counter_energy_j, integrated_energy_j, value_at
@@ -240,6 +241,7 @@ class BurstResult:
     error: ErrorInfo | None = None
     label: str = ""
     facts: Facts | None = None  # how the knob owners said the burst runs (None: it never got that far)
+    freed: Part | None = None  # the part of the step this headspace burst made free (None: the config as it is)
 
     # -- derived numbers ------------------------------------------------------------------------
     @property

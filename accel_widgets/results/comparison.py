@@ -12,6 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from ..knobs.base import Part
 from ..knobs.config import Config
 from ..metrics.sequential import Interval, Verdict, block_log_ratio, interval, verdict
 from ..metrics.thresholds import THRESHOLDS
@@ -71,7 +72,8 @@ class Comparison:
     subject's samples/s over the reference's. ``stopped`` says why measuring ended ("settled", or the budget, a
     stop, a failure), ``error`` what failed when a config could not be measured; ``firsts`` are the two configs'
     first bursts (an ordinary burst each: steps from the first, losses, the code paths it ran), in no block: they ran
-    on a fresh process's state.
+    on a fresh process's state. ``freed``: the part of the step the subject made free (a headspace ceiling: the
+    reference's config with that part free), None for a config as it is.
     """
 
     reference: Config
@@ -85,6 +87,7 @@ class Comparison:
     reference_label: str = ""
     subject_label: str = ""
     firsts: list[BurstResult] = field(default_factory=list)  # each config's first burst, reference then subject
+    freed: Part | None = None
 
     # -- the blocks ------------------------------------------------------------------------------------
     @property
@@ -130,8 +133,8 @@ class Comparison:
 
     @property
     def same_config(self) -> bool:
-        """The subject's config is the reference's: what it measures is this machine's noise floor."""
-        return self.subject == self.reference
+        """The subject is the reference's config, trained as it is: what it measures is this machine's noise floor."""
+        return self.subject == self.reference and self.freed is None
 
     @property
     def noise(self) -> NoiseSources | None:

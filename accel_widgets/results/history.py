@@ -54,7 +54,7 @@ APPLICATION_ID = 0x41574849
 #: Bumped when the schema or the stored results change; a file of a newer format is refused rather than misread,
 #: and one of an older format is brought up to date (:data:`_UPGRADES`): in place where this process may write
 #: it, row by row as it is read where it may not.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: How long a write waits for another process's transaction before giving up with a HistoryError.
 BUSY_TIMEOUT_S = 10.0
 
@@ -421,8 +421,16 @@ def _before_compile_reports(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _before_headspace(result: dict[str, Any]) -> dict[str, Any]:
+    """Format 3 to 4: a result says which part of its step a headspace burst made free (``freed``). Every result stored
+    before trained its config as it is; the new format makes an older accel_widgets refuse a file holding the field
+    rather than fail on it."""
+    return {**result, "freed": result.get("freed")}
+
+
 #: What brings a stored result from each older format to the next.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _with_facts, 2: _before_compile_reports}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _with_facts, 2: _before_compile_reports,
+                                                                    3: _before_headspace}
 
 
 def _upgraded(result: dict[str, Any], version: int) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import psutil
 from torch.utils.data import IterableDataset
 
+from ..analysis.estimate import estimate
 from ..engine.launcher import run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
@@ -46,6 +47,7 @@ from ..knobs import KNOBS, KnobValueError, batch, memory, parallel, system
 from ..knobs.config import Config
 from ..knobs.plan import resolve
 from ..knobs.rules import ConfigError, check_config
+from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import MISSING, significant
 from ..results.burst import BurstResult, TelemetrySample
 from ..views.style import COLOURS, PALETTE
@@ -61,9 +63,8 @@ DEFAULT_CPU_SHARE = 0.5
 DEFAULT_STEPS = 8
 #: Bisection tries after the doubling: each halves the gap, so 4 end within 1/16 of the last doubling.
 DEFAULT_REFINE_TRIES = 4
-#: The share of the memory a size must leave free to count as fitting: a real run's longer sequences, evaluation
-#: passes and allocator fragmentation need room a short burst does not show.
-DEFAULT_MARGIN = 0.1
+#: The share of the memory a size must leave free to count as fitting (the estimate's margin too).
+DEFAULT_MARGIN = THRESHOLDS.fit_margin
 #: Ways of reaching a target batch measured (the largest micro-batches that fit, each with its accumulation).
 TARGET_CANDIDATES = 3
 #: torch's CPU allocator raises a plain RuntimeError (not OutOfMemoryError) when malloc fails.
@@ -164,7 +165,9 @@ class BatchSizeSearch:
     "cuda_allocator"). ``margin`` is the share of ``limit_bytes`` (the cap, else the GPU's memory as CUDA reports
     it) a size must leave free to count. ``room_config`` is the config sizes that did not fit were tried again
     under (activation checkpointing), None when none was. ``stopped_reason`` says why the search ended; ``target``
-    how a target global batch is reached fastest, when one was asked for.
+    how a target global batch is reached fastest, when one was asked for. ``estimated``: the largest size the
+    estimate on fake tensors (:func:`~accel_widgets.analysis.estimate.estimate`) said fits, where the search started;
+    ``estimate_note`` why there is none.
     """
 
     workload: str
@@ -181,6 +184,17 @@ class BatchSizeSearch:
     limit_bytes: int | None = None
     target: TargetBatch | None = None
     room_config: Config | None = None
+    estimated: int | None = None
+    estimate_note: str = ""
+
+    @property
+    def estimate_error(self) -> float | None:
+        """How far the estimate's largest batch was from the search's answer, as a share of the answer (+0.09: the
+        estimate said 9% more); None without both."""
+        found = self.largest_within_margin
+        if self.estimated is None or not found:
+            return None
+        return self.estimated / found - 1
 
     @property
     def largest_fitting(self) -> int | None:
@@ -256,9 +270,20 @@ class BatchSizeSearch:
             lines.append(f"with {self.room_setting}: largest that fits {room}")
         if self.target is not None:
             lines.append(self.target.summary())
+        lines.append(self._estimate_line())
         lines.append(f"{'batch':>9}  {'fits':<4}  {'samples/s':>10}  {'step ms ± IQR':>15}  {'peak mem':>9}")
         lines += [_try_line(t, self) for t in sorted(self.tries, key=lambda t: (t.setting, t.batch_size))]
         return "\n".join(lines)
+
+    def _estimate_line(self) -> str:
+        """Where the search started and how far the estimate was from what it found."""
+        if self.estimated is None:
+            start = f"started at {self.tries[0].batch_size:,} " if self.tries else ""
+            return f"{start}(no estimate: {self.estimate_note})"
+        error = self.estimate_error
+        off = (f"; it found {self.largest_within_margin:,}: the estimate was {abs(error):.0%} "
+               f"{'high' if error > 0 else 'low'}" if error is not None else "")
+        return f"started at the estimate, {self.estimated:,} (a step traced on fake tensors){off}"
 
     def _margin_line(self) -> int:
         return int((self.limit_bytes or 0) * (1 - self.margin))
@@ -342,7 +367,9 @@ def find_batch_size(
 
     The batch size is ``Config.batch_size``: samples per micro-batch of one process, so under DDP it is per
     rank (each of ``world_size`` ranks trains on that many; the result's ``batch_scope`` says so).
-    ``start``: the first size tried (default: the config's batch size, else the workload's, else 1).
+    ``start``: the first size tried (default: the largest the estimate on fake tensors says leaves the margin free,
+    :func:`~accel_widgets.analysis.estimate.estimate`; where it cannot say, the config's batch size, else the
+    workload's, else 1); the result says how far the estimate was from the answer.
     ``max_batch_size`` bounds the growth, as does the dataset (a size needs one full batch of items per rank).
 
     ``memory_cap``: bytes (``2 * 2**30``), a size text (``"2GiB"``, ``"1.5 GB"``), or a share in (0, 1] of the
@@ -378,8 +405,10 @@ def find_batch_size(
     _check_batchable(workload)
     config, cap, cap_note = _memory_cap(memory_cap, config, device)
     limit, limit_note = _limit(workload, config, max_batch_size)
-    first = min(start or config.batch_size or workload.batch_size or 1, limit)
     limits = _Limits(margin, None if device.has_cuda else cap, *_gpu_limit(config, device))
+    estimated, estimate_note = (None, "a start was given") if start is not None else _estimated(
+        workload, config, device, limits, margin)
+    first = min(start or estimated or config.batch_size or workload.batch_size or 1, limit)
     bursts = Bursts(engine, steps=steps, stop=stop)
     search = _Search(workload, config, bursts, limits, on_try)
     search.grow(first, limit, limit_note)
@@ -400,7 +429,23 @@ def find_batch_size(
     return BatchSizeSearch(workload.name, config, device.name if device.has_cuda else f"CPU ({device.name})",
                            "cuda_allocator" if device.has_cuda else "rss", cap, cap_note, batch_scope(config),
                            tuple(tries), stopped, time.perf_counter() - search.started, margin, limits.memory(),
-                           target, room if any(t.setting for t in tries) else None)
+                           target, room if any(t.setting for t in tries) else None, estimated, estimate_note)
+
+
+def _estimated(workload: Workload, config: Config, device: DeviceInfo, limits: _Limits,
+               margin: float) -> tuple[int | None, str]:
+    """The largest batch the estimate says leaves the margin of the search's memory free (its cap on a CPU, the GPU's
+    memory on a GPU), or why there is none: a model the fake tensors cannot trace is searched from the config's size."""
+    memory_bytes = limits.memory()
+    if memory_bytes is None:
+        return None, "the memory the batch must fit in is unknown"
+    try:
+        found = estimate(workload, config, device=device, margin=margin)
+    except Exception as exc:  # an op fake tensors cannot run, a dataset that cannot give a sample: search without it
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    largest = found.largest_within(memory_bytes, margin)
+    return (largest, "") if largest is not None else (None, "the estimate says not even a batch of 1 fits")
 
 
 def batch_scope(config: Config) -> str:

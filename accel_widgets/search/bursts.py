@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from ..engine.held import HeldBurst
 from ..engine.launcher import BurstError, run_burst
 from ..inputs.workload import Workload
+from ..knobs.base import Part
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 
@@ -36,17 +37,19 @@ class Contender(Protocol):
 class FreshBursts:
     """A contender whose every window is a burst of its own through ``engine``: what an engine other than
     ``run_burst`` gives (a ``partial`` of it, the in-process fallback, a fake), paying setup and compile each time.
-    A window is bound by its steps (an engine takes steps or seconds, not both), so ``cap_s`` is not applied."""
+    A window is bound by its steps (an engine takes steps or seconds, not both), so ``cap_s`` is not applied.
+    ``freed``: the part of the step its bursts make free (a headspace variant), None for the config as it is."""
 
     engine: Engine
     workload: Workload
     config: Config
     first: BurstResult
+    freed: Part | None = None
 
     def measure(self, steps: int, *, label: str = "", stop: threading.Event | None = None,
                 cap_s: float | None = None) -> BurstResult:
         result = self.engine(self.workload, self.config, steps=steps, seconds=None, label=label, stop=stop,
-                             on_event=None)
+                             on_event=None, **_freeing(self.freed))
         if not result.ok:
             raise BurstError(result.error.message if result.error is not None else f"burst {result.status}", result)
         return result
@@ -75,13 +78,15 @@ class Bursts:
     """Bursts through ``engine`` (:func:`~accel_widgets.engine.launcher.run_burst`, or anything that takes its
     ``steps``, ``seconds``, ``label``, ``stop`` and ``on_event``),
     each ``steps`` measured steps or ``seconds`` of measuring (neither: the engine's default), ending early when
-    ``stop`` is set."""
+    ``stop`` is set. ``freed``: every burst a headspace variant, that part of its step made free (the engine is then
+    also given ``freed``)."""
 
     engine: Engine = run_burst
     steps: int | None = None
     seconds: float | None = None
     stop: threading.Event | None = None
     timeout_s: float | None = None  # each burst's (None: the engine's default)
+    freed: Part | None = None
 
     def run(self, workload: Workload, config: Config, *, label: str = "",
             on_event: Callable[[Any], None] | None = None, stop: threading.Event | None = None) -> BurstResult:
@@ -90,7 +95,7 @@ class Bursts:
         timeout = {"timeout_s": self.timeout_s} if self.timeout_s is not None else {}
         try:
             return self.engine(workload, config, steps=self.steps, seconds=self.seconds, label=label,
-                               stop=stop or self.stop, on_event=on_event, **timeout)
+                               stop=stop or self.stop, on_event=on_event, **timeout, **_freeing(self.freed))
         except BurstError as exc:
             return exc.result
 
@@ -103,11 +108,11 @@ class Bursts:
         gives a contender that cannot measure again (its ``first`` says why)."""
         if self.engine is not run_burst:
             first = self.run(workload, config, label=label, on_event=on_event)
-            return FreshBursts(self.engine, workload, config, first) if first.ok else Failed(config, first)
+            return FreshBursts(self.engine, workload, config, first, self.freed) if first.ok else Failed(config, first)
         timeout = {"timeout_s": self.timeout_s} if self.timeout_s is not None else {}
         try:
             held = HeldBurst(workload, config, steps=self.steps, seconds=self.seconds, label=label,
-                             on_event=on_event, stop=self.stop, **timeout)
+                             on_event=on_event, stop=self.stop, freed=self.freed, **timeout)
         except BurstError as exc:
             return Failed(config, exc.result)
         if not held.first.ok:
@@ -121,3 +126,12 @@ class Bursts:
     def lasting(self, steps: int) -> Bursts:
         """The same bursts, ``steps`` measured steps each."""
         return replace(self, steps=steps, seconds=None)
+
+    def freeing(self, part: Part | None) -> Bursts:
+        """The same bursts, ``part`` of each step made free (None: the config as it is)."""
+        return replace(self, freed=part)
+
+
+def _freeing(part: Part | None) -> dict[str, Part]:
+    """The engine's ``freed`` keyword where a part is freed: an engine that never runs a variant need not know it."""
+    return {"freed": part} if part is not None else {}

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..engine.launcher import BurstError, run_burst
 from ..inputs.workload import Workload
+from ..knobs.base import Part
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Block, Comparison, too_loaded
@@ -73,6 +74,7 @@ class _Entry:
 
     config: Config
     label: str
+    freed: Part | None = None  # the part of its step a headspace variant makes free
     contender: Contender | None = None
     owned: bool = True  # opened here, so closed here
     steps: int = MIN_WINDOW_STEPS
@@ -127,7 +129,8 @@ class _Measurement:
         self.budget_covers_firsts = budget_covers_firsts
         self.windows: list[BurstResult] = []
         self.comparisons = [Comparison(entries[a].config, entries[b].config, min_effect,
-                                       reference_label=entries[a].label, subject_label=entries[b].label)
+                                       reference_label=entries[a].label, subject_label=entries[b].label,
+                                       freed=entries[b].freed)
                             for a, b in self.pairs]
         self.stopped = ""
 
@@ -136,7 +139,8 @@ class _Measurement:
         """The entry's first window (an ordinary burst), unless its contender came open."""
         entry = self.entries[index]
         if entry.contender is None:
-            entry.contender = self.bursts.open(self.workload, entry.config, label=entry.label, on_event=on_event)
+            entry.contender = self.bursts.freeing(entry.freed).open(self.workload, entry.config, label=entry.label,
+                                                                    on_event=on_event)
         first = entry.contender.first
         self.windows.append(first)
         if not first.ok:
@@ -299,6 +303,7 @@ def measure_pairs(
     window_s: float = WINDOW_S,
     timeout_s: float | None = None,
     budget_covers_firsts: bool = True,
+    freed: Sequence[Part | None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Measured:
     """Measure ``configs`` interleaved until every pair ``(reference, subject)`` of indices into them has its verdict,
@@ -311,12 +316,14 @@ def measure_pairs(
     indices to contenders already open (their first window measured: the panel's Run); those stay open for the
     caller, the rest are closed here. ``on_event`` sees the first windows' live events (their
     progress), ``on_progress`` each window and block as it lands. Setting ``stop`` ends it after the running window.
+    ``freed``: per config, the part of its step a headspace variant makes free (None: the config as it is).
     """
     _check(budget_s, min_effect)
     if any(not (0 <= a < len(configs) and 0 <= b < len(configs)) or a == b for a, b in pairs):
         raise ValueError(f"pairs name two different configs by index into the {len(configs)} given: got {pairs}")
     names = list(labels) if labels is not None else [config.label() for config in configs]
-    entries = [_Entry(config, names[i]) for i, config in enumerate(configs)]
+    parts = list(freed) if freed is not None else [None] * len(configs)
+    entries = [_Entry(config, names[i], parts[i]) for i, config in enumerate(configs)]
     for index, contender in (opened or {}).items():
         entries[index].contender, entries[index].owned = contender, False
     measurement = _Measurement(workload, entries, pairs, budget_s=budget_s, min_effect=min_effect,

@@ -21,6 +21,7 @@ from ..knobs import CLIMBS, RUNGS, Climb, Symptom
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.headspace import Ceiling, Headspace
 from .batchsize import BatchSizeSearch
 from .bursts import Engine
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, Progress, measure_pairs
@@ -42,7 +43,7 @@ MEMORY_RUNG = "+memory"
 
 def classic_ladder(workload: Workload, device: DeviceInfo | None = None, *, leave_out: Collection[str] = (),
                    base: Config | None = None, limits: Collection[Symptom] = (),
-                   batch_search: BatchSizeSearch | None = None) -> list[Rung]:
+                   batch_search: BatchSizeSearch | None = None, headspace: Headspace | None = None) -> list[Rung]:
     """baseline -> +loader -> +mixed precision -> (+memory) -> +compile -> +the rest, for this workload on this device.
 
     Each rung is what the knob owners declare for it (:data:`~accel_widgets.knobs.CLIMBS`), on top of the rungs
@@ -51,15 +52,36 @@ def classic_ladder(workload: Workload, device: DeviceInfo | None = None, *, leav
     (:attr:`~accel_widgets.knobs.Climb.only_when`: activation checkpointing where memory is the limit) is climbed
     only where ``limits`` names that symptom (``{f.symptom for f in diagnose(baseline)}``: "memory_full",
     "out_of_memory") or ``batch_search`` found memory to limit the speed (the fastest size that fit was the
-    largest); that search's size that then fit with the room made joins the +memory rung.
+    largest); that search's size that then fit with the room made joins the +memory rung. A rung whose every knob
+    belongs to a part whose ``headspace`` ceiling reads "same" is not climbed (:func:`closed_rungs` says which and why).
     """
+    climbs = _climbs(workload, device, leave_out, base, limits, batch_search)
+    rungs = [Rung("baseline", "the plain loop: no loader workers, fp32, eager", base or Config())]
+    for title, why, changes in climbs:
+        if headspace is None or headspace.closes_changes(changes) is None:
+            rungs.append(Rung(title, why, rungs[-1].config.replace(**changes)))
+    return rungs
+
+
+def closed_rungs(workload: Workload, device: DeviceInfo | None = None, *, headspace: Headspace,
+                 leave_out: Collection[str] = (), base: Config | None = None, limits: Collection[Symptom] = (),
+                 batch_search: BatchSizeSearch | None = None) -> list[tuple[str, Ceiling]]:
+    """The rungs :func:`classic_ladder` leaves out because ``headspace`` says their part has nothing to win, each
+    with the ceiling that closed it (its ``closed_text`` says why)."""
+    return [(title, closed) for title, _, changes in _climbs(workload, device, leave_out, base, limits, batch_search)
+            if (closed := headspace.closes_changes(changes)) is not None]
+
+
+def _climbs(workload: Workload, device: DeviceInfo | None, leave_out: Collection[str], base: Config | None,
+            limits: Collection[Symptom], batch_search: BatchSizeSearch | None
+            ) -> list[tuple[str, str, dict[str, Any]]]:
+    """Each rung the owners set something for here: its title, why, and the knobs it changes."""
     unknown = set(leave_out) - set(RUNGS)
     if unknown:
         raise ValueError(f"leave_out names no rung: {sorted(unknown)}; the rungs are {', '.join(RUNGS)}")
     device = device or probe_device()
     found = {*limits, *(("memory_full",) if batch_search is not None and batch_search.memory_limited else ())}
-    config = base or Config()
-    rungs = [Rung("baseline", "the plain loop: no loader workers, fp32, eager", config)]
+    climbs = []
     for name in RUNGS:
         if name in leave_out:
             continue
@@ -74,10 +96,9 @@ def classic_ladder(workload: Workload, device: DeviceInfo | None = None, *, leav
         if room:
             changes.update(room)
             why += f"; the batch size that then fits ({batch_search.room_setting}, find_batch_size)"
-        config = config.replace(**changes)
         title = next((climb.title(changes) for climb, _ in parts if climb.title is not None), name)
-        rungs.append(Rung(title, why, config))
-    return rungs
+        climbs.append((title, why, changes))
+    return climbs
 
 
 def _called_for(climb: Climb, found: set[str]) -> bool:
@@ -94,6 +115,14 @@ class Ladder:
     rungs: list[Rung]
     results: list[BurstResult]
     comparisons: dict[tuple[int, int], Comparison]
+    headspace: Headspace | None = None
+
+    def ceiling(self, index: int) -> Ceiling | None:
+        """The measured ceiling that bounds what rung ``index`` added (its knobs all of one part: +loader's, the
+        data ceiling), None where no one ceiling does."""
+        if self.headspace is None or index < 1:
+            return None
+        return self.headspace.bounding(self.rungs[index].config.diff(self.rungs[index - 1].config))
 
     def step(self, index: int) -> Comparison | None:
         """Rung ``index`` against the rung before it: what that rung's knobs added."""
@@ -134,12 +163,15 @@ def run_ladder(
     on_result: Callable[[Rung, BurstResult], None] | None = None,
     on_event: Callable[[Any], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    headspace: Headspace | None = None,
 ) -> Ladder:
     """Run each rung's first burst in order (``on_result`` is told of each as it ends, ``on_event`` sees their live
     events), then measure the rungs interleaved with the comparison engine until each rung's verdict against the
     one before and the baseline is settled or ``budget_s`` (after the first bursts) is spent. A failing rung keeps
-    its failed result and the ladder goes on; its comparisons say why they could not be made."""
-    rungs = rungs or classic_ladder(workload)
+    its failed result and the ladder goes on; its comparisons say why they could not be made. ``headspace``: the
+    baseline's ceilings (:func:`~accel_widgets.search.headspace.headspace`): the classic ladder leaves out the rungs
+    they close, and each rung is read against its ceiling (:meth:`Ladder.ceiling`)."""
+    rungs = rungs or classic_ladder(workload, headspace=headspace)
     told = 0
 
     def progress(now: Progress) -> None:
@@ -156,4 +188,4 @@ def run_ladder(
                              on_event=on_event, on_progress=progress, window_s=LADDER_WINDOW_S, timeout_s=timeout_s,
                              budget_covers_firsts=False)
     results = [first for first in measured.firsts if first is not None]
-    return Ladder(rungs[:len(results)], results, dict(zip(pairs, measured.comparisons, strict=True)))
+    return Ladder(rungs[:len(results)], results, dict(zip(pairs, measured.comparisons, strict=True)), headspace)

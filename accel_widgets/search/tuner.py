@@ -70,6 +70,7 @@ from ..knobs.rules import ConfigError, check_config, knob_availability
 from ..metrics.sequential import min_blocks
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.headspace import Headspace
 from ..results.history import RunHistory, workload_fingerprint
 from ..views.comparison import outcome_text
 from .bursts import Bursts, Contender, Engine
@@ -178,6 +179,7 @@ def tune(
     stop: threading.Event | None = None,
     history: RunHistory | None = None,
     opener: Opener | None = None,
+    headspace: Headspace | None = None,
 ) -> TuneResult:
     """Search ``knobs`` for the config with the highest samples/s, starting from ``base`` (``Config()``).
 
@@ -197,13 +199,15 @@ def tune(
     failing burst never raises: it is recorded and the candidate loses. ``history`` keeps the guard's noise band for
     later searches of the same workload (it is kept in this process either way). ``opener(workload, config, label)``
     opens a config's contender in place of ``engine`` (the panel's: each first burst becomes a run of its table).
+    ``headspace``: the start's ceilings (:func:`~accel_widgets.search.headspace.headspace`); a knob whose part's
+    ceiling reads "same" is not tried, with the reason ("data loading costs at most 3% here: ...").
     """
     device = device or probe_device()
     base = base or Config()
     check_config(base, device)  # a start that cannot run here, or a knob that does not exist, is the caller's
     plan = _plan(knobs)  # error: both raise before any burst
     search = _Search(workload, Bursts(engine, steps=steps, stop=stop), device, clock, budget_s, guard, on_step,
-                     history, plan, named=knobs is not None, opener=opener)
+                     history, plan, named=knobs is not None, opener=opener, headspace=headspace)
     try:
         best = search.run(base)
         confirmation = search.confirm(base) if best != base else None
@@ -338,8 +342,9 @@ class _Search:
 
     def __init__(self, workload: Workload, bursts: Bursts, device: DeviceInfo, clock: Callable[[], float],
                  budget_s: float, guard: bool, on_step: Callable[[TuneStep], None] | None,
-                 history: RunHistory | None, plan: Plan, *, named: bool, opener: Opener | None = None) -> None:
-        self.opener = opener
+                 history: RunHistory | None, plan: Plan, *, named: bool, opener: Opener | None = None,
+                 headspace: Headspace | None = None) -> None:
+        self.opener, self.headspace = opener, headspace
         self.workload, self.device, self.history, self.plan, self.named = workload, device, history, plan, named
         self.clock, self.budget_s, self.guard, self.on_step = clock, budget_s, guard, on_step
         self.runner, self.stop = bursts, bursts.stop
@@ -498,6 +503,9 @@ class _Search:
         idle = KNOBS[name].idle_on(self.paths) if self.paths is not None else ""
         if idle:
             return [], f"not tried: {idle}: it cannot change this step"
+        closed = self.headspace.closes(name) if self.headspace is not None else None
+        if closed is not None:
+            return [], f"not tried: {closed.closed_text}"
         left_out = KNOBS[name].search.left_out
         if not self.named and left_out:
             return [], f"left out: {left_out}; name it in knobs= to search it"

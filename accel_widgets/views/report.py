@@ -21,10 +21,14 @@ from typing import TYPE_CHECKING
 from ..analysis.compare import Row, RunRow, best_run, run_rows
 from ..analysis.compare import comparison_rows as comparison_rows  # re-exported: the rows the table functions take
 from ..analysis.diagnosis import diagnose
+from ..analysis.estimate import Estimate
 from ..job.recipe import recipe_of
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.headspace import Headspace
 from .comparison import comparison_sentence
+from .estimate import estimate_line
+from .headspace import ceilings_html, headspace_lines
 from .style import COLOURS, UNRELIABLE, findings_html, run_colour, run_name, shorten
 from .table import COLUMNS, REPORT_COLUMNS, STATUS, TEXT_COLUMNS, TITLE, row_cells, row_title, status_colour
 from .timeline import step_times_only, timeline
@@ -125,14 +129,17 @@ pre {{ background: {COLOURS["code"]}; padding: 0.6em; overflow-x: auto; }}
 def write_report(results: Sequence[BurstResult], path: str | os.PathLike[str], *,
                  title: str = "accel_widgets report", notes: Sequence[str] = (),
                  compared: Mapping[int, Comparison] | None = None,
-                 comparisons: Sequence[tuple[str, str, Comparison]] = ()) -> pathlib.Path:
+                 comparisons: Sequence[tuple[str, str, Comparison]] = (), headspaces: Sequence[Headspace] = (),
+                 estimates: Sequence[Estimate] = ()) -> pathlib.Path:
     """Write one self-contained HTML file (plotly.js inlined once) that opens offline; return its path.
 
     The table and the diagnoses are the panel's: the same cells, colours and verdicts, each run judged
     once against the baseline its speed-up refers to. ``compared`` maps a run to its comparison with that
     baseline (its interval and verdict replace the lone ratio); ``comparisons`` are more to say in words
-    (subject, reference, comparison: a ladder's rung against the one before). The file is written to a temporary
-    sibling and renamed, so a reader never sees half a report.
+    (subject, reference, comparison: a ladder's rung against the one before). ``headspaces`` and ``estimates`` are
+    what was asked before tuning: each config's ceilings (the bars the panel draws, and one line per ceiling) and
+    whether it fits (one line each). The file is written to a temporary sibling and renamed, so a reader never sees
+    half a report.
     """
     rows = run_rows(results, compared=compared)
     figures = build_figures(results, compared)
@@ -143,6 +150,7 @@ def write_report(results: Sequence[BurstResult], path: str | os.PathLike[str], *
     body = [
         f"<h1>{html.escape(title)}</h1>",
         _environment_html(results),
+        _before_tuning_html(headspaces, estimates),
         "<h2>Comparison</h2>",
         _table_html(rows),
         _comparisons_html(rows, comparisons),
@@ -202,6 +210,19 @@ def _cell_html(text: str, hover: str, *, numeric: bool, style: str = "") -> str:
     if style:
         attributes += f' style="{style}"'
     return f"<td{attributes}>{html.escape(text.strip())}</td>"
+
+
+def _before_tuning_html(headspaces: Sequence[Headspace], estimates: Sequence[Estimate]) -> str:
+    """What could be won and what fits, asked before tuning: each headspace's bars and lines, each estimate's line."""
+    parts = []
+    for found in headspaces:
+        lines = "".join(f"<li>{html.escape(line)}</li>" for line in headspace_lines(found))
+        parts.append(f"<h3>Ceilings of {html.escape(found.workload)} ({html.escape(found.config.label())})</h3>\n"
+                     f"{ceilings_html(found)}\n<ul>{lines}</ul>")
+    if estimates:
+        lines = "".join(f"<li>{html.escape(estimate_line(found))}</li>" for found in estimates)
+        parts.append(f"<h3>Will it fit (estimated on fake tensors)</h3>\n<ul>{lines}</ul>")
+    return "<h2>Before tuning</h2>\n" + "\n".join(parts) if parts else ""
 
 
 def _comparisons_html(rows: Sequence[RunRow], more: Sequence[tuple[str, str, Comparison]]) -> str:

@@ -1,5 +1,6 @@
 """The training step and its knobs, run in-process (fast) where isolation is not the point."""
 
+import dataclasses
 import multiprocessing
 import os
 import subprocess
@@ -27,6 +28,7 @@ from accel_widgets.engine.training import (
 )
 from accel_widgets.knobs import global_flags, parallel
 from accel_widgets.knobs.data import copy_batch
+from accel_widgets.knobs.parts import ON_DEVICE_BATCHES
 from accel_widgets.knobs.plan import Plan, resolve
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, fast_learning_workload, loss_fell, tiny_workload
@@ -292,6 +294,68 @@ def test_the_measured_window_closes_at_the_last_steps_end_not_after_the_final_lo
     assert len(measured) == 5 and all(r.loss is not None for r in records[-5:] if hasattr(r, "loss")) is not None
     steps_total = sum(r.total_s for r in measured)
     assert window.seconds < 0.3 and window.seconds == pytest.approx(steps_total, rel=0.05, abs=0.005)
+
+
+class CountedReads(torch.utils.data.Dataset):
+    """Items that count how often they are read, in this process (the loop runs in-process here)."""
+
+    reads = 0
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        CountedReads.reads += 1
+        return torch.full((16,), float(index % 7)), index % 3
+
+
+def test_a_data_free_loop_reads_a_few_batches_once_then_trains_on_them_with_no_wait_and_no_copy():
+    """The headspace's data-free variant: the loader is read for ON_DEVICE_BATCHES batches when the loop is built,
+    then never again; the steps cycle those batches, waiting for nothing and copying nothing."""
+    CountedReads.reads = 0
+    workload = Workload(model=TinyNet(), dataset=CountedReads(), loss_fn=F.cross_entropy, batch_size=4)
+    plan = dataclasses.replace(resolve(Config(), cpu_device(), workload), freed="data")
+    records = []
+    with tempfile.TemporaryDirectory() as cache:
+        loop, _ = build_loop(workload, plan, torch.device("cpu"), 0, cache_dir=cache, emit=records.append,
+                             clock_origin=time.perf_counter())
+        built = CountedReads.reads
+        first_step_s, _ = loop.warm_up(2)
+        window = loop.measure(20, None, first_step_s)
+    assert built >= ON_DEVICE_BATCHES * 4 and CountedReads.reads == built  # (plus the keyed data's probe)
+    steps = [r for r in records if getattr(r, "warmup", True) is False]
+    assert window.steps == 20 and len(steps) == 20 and all(r.h2d_s == 0.0 for r in steps)
+    assert sum(r.data_s for r in steps) < 0.02 * sum(r.total_s for r in steps)
+
+
+def test_a_host_free_loop_reads_no_loss_in_its_steps_and_marks_only_their_ends(counted_events, monkeypatch):
+    """The host-free variant on a GPU timeline: one marker a step (its end) instead of five, no phase set per step,
+    and the losses read once, after the window, whatever sync_every says."""
+    counted_events.lag, counted_events.clock = 0.0, TickingClock()
+    phases = []
+    with tempfile.TemporaryDirectory() as cache:
+        plans = {freed: dataclasses.replace(plan_of(Config(sync_every=1)), freed=freed) for freed in (None, "host")}
+        created = {}
+        for freed, plan in plans.items():
+            loop, _ = build_loop(tiny_workload(), plan, torch.device("cpu"), 0, cache_dir=cache,
+                                 emit=lambda event: None, clock_origin=time.perf_counter(), set_phase=phases.append)
+            loop.step_clock = StepClock(CudaTimeline(torch.device("cuda", 0)), counted_events.clock, origin=99.0)
+            reads = []
+            read_losses = loop._read_losses
+            monkeypatch.setattr(loop, "_read_losses", lambda read_losses=read_losses, reads=reads: (
+                reads.append(1), read_losses()))
+            first_step_s, _ = loop.warm_up(2)
+            phases.clear()
+            reads.clear()
+            before = counted_events.created
+            with torch_threads(1):
+                loop.measure(200, None, first_step_s)
+            created[freed] = counted_events.created - before
+            if freed == "host":
+                assert len(reads) == 1 and phases == []  # the losses once, at the window's end
+            else:
+                assert len(reads) == 201 and len(phases) == 400  # every step's loss, two phases a step
+    assert created["host"] < created[None] / 3
 
 
 def test_dataparallel_peak_memory_is_the_busiest_gpus_not_device_zeros(monkeypatch):

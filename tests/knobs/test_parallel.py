@@ -3,6 +3,8 @@ of a model without blocks. FSDP bursts themselves (2 ranks, gloo) are in tests/e
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -61,6 +63,34 @@ def test_accumulation_reduces_fsdp_gradients_on_the_last_micro_batch_only():
         with parallel.gradient_sync(model, last_micro_batch=micro == 2):
             pass
     assert model.calls == [False, False, True]
+
+
+def test_a_communication_free_burst_reduces_gradients_on_no_micro_batch():
+    """The headspace's communication-free variant: DDP's no_sync around every micro-batch, FSDP's sync off on each."""
+    class Sharded(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[bool] = []
+
+        def set_requires_gradient_sync(self, requires: bool) -> None:
+            self.calls.append(requires)
+
+    class Replicated(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.skipped = 0
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            self.skipped += 1
+            yield
+
+    sharded, replicated = Sharded(), Replicated()
+    for micro in range(3):
+        for model in (sharded, replicated):
+            with parallel.gradient_sync(model, last_micro_batch=micro == 2, communication_free=True):
+                pass
+    assert sharded.calls == [False, False, False] and replicated.skipped == 3
 
 
 def test_a_model_without_blocks_is_sharded_as_one_unit_and_said_so():

@@ -78,7 +78,8 @@ class FakeEngine:
     "plain" an exception without one; ``fail_times`` limits how many calls fail. ``profile_steps`` > 0
     puts a :class:`ProfileCapture` (two operators, a trace path under ``profile_dir``) on rank 0, as the
     real engine does after a finished burst. ``speedups`` makes a config's bursts that many times faster than the
-    others' (their measured seconds shrink), for the comparisons that follow a run.
+    others' (their measured seconds shrink), for the comparisons that follow a run; ``freed_speedups`` a headspace
+    variant's (by the part it frees), as the real engine's ``freed`` keyword asks.
     """
 
     steps_default: int = 10
@@ -90,13 +91,15 @@ class FakeEngine:
     emitted: list[list[StepRecord | TelemetrySample]] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
     speedups: dict[Config, float] = field(default_factory=dict)
+    freed_speedups: dict[str, float] = field(default_factory=dict)
 
     def __call__(self, workload: Any, config: Config, *, steps: int | None = None, seconds: float | None = None,
                  on_event: Any = None, stop: threading.Event | None = None, label: str = "",
-                 profile_steps: int = 0, profile_dir: str = "accel_widgets_profiles") -> BurstResult:
+                 profile_steps: int = 0, profile_dir: str = "accel_widgets_profiles",
+                 freed: str | None = None) -> BurstResult:
         self.calls.append(Call(config, {"steps": steps, "seconds": seconds, "on_event": on_event, "stop": stop,
                                         "label": label, "profile_steps": profile_steps,
-                                        "profile_dir": profile_dir}))
+                                        "profile_dir": profile_dir, "freed": freed}))
         events: list[StepRecord | TelemetrySample] = []
         self.emitted.append(events)
         self.started.set()
@@ -128,11 +131,13 @@ class FakeEngine:
         return BurstResult(
             workload=workload.name, config=config, status="stopped" if stopped else "ok", world_size=config.ranks,
             warmup_steps=WARMUP, steps=steps_done, telemetry=[e for e in events if isinstance(e, TelemetrySample)],
-            ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)) / self.speedups.get(config, 1.0),
+            ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)) / self.speedups.get(config, 1.0)
+                               / (self.freed_speedups.get(freed, 1.0) if freed is not None else 1.0),
                                150 * MIB, "rss", 0.1, 0.05,
                                "cpu", profile=profile if r == 0 else None) for r in range(config.ranks)],
             error=why,
             label=label,
+            freed=freed,  # type: ignore[arg-type]
         )
 
     def _fail(self, config: Config, label: str) -> BurstResult:

@@ -247,15 +247,17 @@ def test_the_figure_fits_and_the_knobs_sit_beside_the_chart_where_both_fit() -> 
     assert timeline_tab(panel).layout.width == 1180  # until measured
     # The chart, the knobs and the runs table share one wrapping row; only the flex order moves the knobs, so the
     # page builds no view again for it.
-    assert list(panel._main.children) == [panel._chart_box, panel.knobs, panel.table.widget]
-    order = {"chart": panel._chart_box.layout, "knobs": panel.knobs.layout, "table": panel.table.widget.layout}
+    main = [panel._chart_box, panel.knobs, panel.table.widget, panel.ceilings]  # the ceilings' bars under the table
+    assert list(panel._main.children) == main
+    order = {"chart": panel._chart_box.layout, "knobs": panel.knobs.layout, "table": panel.table.widget.layout,
+             "ceilings": panel.ceilings.layout}
     for width, beside in ((KNOBS_BESIDE_PX, True), (KNOBS_BESIDE_PX - 1, False), (1400, True)):
         panel.plots.probe.width = width  # what the probe's front end reports
         assert panel.knobs_beside == beside, width
-        assert sorted(order, key=lambda part: int(order[part].order)) == (
-            ["chart", "knobs", "table"] if beside else ["chart", "table", "knobs"]), width
+        assert sorted(order, key=lambda part: int(order[part].order)) == (  # a tie keeps the children's order
+            ["chart", "knobs", "table", "ceilings"] if beside else ["chart", "table", "ceilings", "knobs"]), width
         assert (order["knobs"].max_height == f"{KNOBS_MAX_PX}px") == beside  # beside, never taller than the chart
-        assert list(panel._main.children) == [panel._chart_box, panel.knobs, panel.table.widget]
+        assert list(panel._main.children) == main
     panel.plots.probe.width = KNOBS_BESIDE_PX - 100
     assert order["chart"].flex == "1 1 100%"  # the chart takes the whole line, the table the next
     panel.plots.probe.width = NARROW_PX

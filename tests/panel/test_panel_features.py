@@ -506,3 +506,83 @@ def test_a_ladder_compares_its_rungs_and_each_row_reads_against_the_baseline_run
         comparison = panel.state.compared[index]
         assert comparison.verdict == "faster" and comparison.ratio == pytest.approx(1.0 + 0.5 * index)
     assert "Ladder finished" in panel.status.value
+
+
+# -- before tuning: will it fit, and the ceilings -----------------------------------------------------------------
+def wait_for(condition: Any, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_fit_line_sits_under_batch_size_before_a_burst_and_follows_the_settings() -> None:
+    """A step traced on fake tensors once the knobs are still: "fits on this machine with N GiB to spare" under the
+    batch_size control, again for new settings, none for settings that cannot run here, and once a burst of the
+    settings has run, its measured peak beside the estimate."""
+    panel = make_panel()
+    aside = panel.controls.controls["batch_size"].aside
+    try:
+        assert wait_for(lambda: panel.state.fit.startswith("fits on this machine")), panel.state.fit
+        assert aside.layout.display is None and "to spare (peak " in aside.value and "estimated)" in aside.value
+        first = panel.state.fit
+        panel.set_config(Config(batch_size=100_000))
+        assert wait_for(lambda: panel.state.fit not in ("", first)), panel.state.fit
+        assert panel.state.fit.startswith("fits on this machine")
+        panel.set_config(Config(parallel="dataparallel"))  # no GPU here: the settings cannot run, so no estimate
+        assert wait_for(lambda: panel.state.fit == "") and aside.layout.display == "none"
+        panel.set_config(Config(batch_size=100_000))
+        click(panel, "run_button")  # the fake's burst peaks at 150 MiB of RSS: said beside the estimate after it
+        assert wait_for(lambda: "; measured 0.15 GiB, estimated " in panel.state.fit), panel.state.fit
+        assert panel.state.fit.startswith("fits on this machine") and panel.state.fit.endswith("%)")
+    finally:
+        panel.close()
+
+
+def test_ceilings_are_measured_for_the_settings_and_drawn_as_bars_under_the_runs_table() -> None:
+    """The Ceilings button: the settings with the data free against them as they are (the fake engine's data-free
+    bursts twice as fast), by the comparison engine; the bars appear under the table and the status says each."""
+    panel = make_panel(FakeEngine(freed_speedups={"data": 2.0}), budget_s=10)
+    try:
+        assert panel.ceilings.layout.display == "none"
+        click(panel, "ceilings_button")
+    finally:
+        panel.close()
+    found = panel.state.headspace
+    assert found is not None and found.ceilings["data"].room is True
+    assert found.ceilings["data"].comparison.ratio == pytest.approx(2.0, rel=0.05)
+    assert panel.ceilings.layout.display is None and panel.ceilings.value.count('class="aw-ceiling"') == 3
+    assert panel.state.status.startswith("Ceilings of baseline (") and "Data free: " in panel.state.status
+    assert panel.state.results == []  # the windows measure the parts, not the knobs: no run of the table
+    main = panel._main.children
+    assert main.index(panel.ceilings) == main.index(panel.table.widget) + 1
+
+
+def test_the_ladder_leaves_out_a_rung_whose_ceiling_reads_same() -> None:
+    """The panel's ladder reads the ceilings of its baseline: a data ceiling at 1x closes the loader's rung."""
+    from accel_widgets.panel.controller import ladder_plan
+    from tests.results.test_headspace import headspace_of
+
+    same = headspace_of({"data": [1.0, 1.01, 0.99, 1.0, 1.005, 0.998]})
+    plain = [item.label for item in ladder_plan(tiny_workload(), CPU)]
+    read = [item.label for item in ladder_plan(tiny_workload(), CPU, ceilings=same)]
+    assert "+loader" in plain and read == [label for label in plain if label != "+loader"]
+    other = headspace_of({"data": [1.0, 1.01, 0.99, 1.0, 1.005, 0.998]}, Config(num_workers=1))
+    assert [item.label for item in ladder_plan(tiny_workload(), CPU, ceilings=other)] == plain  # not its baseline
+
+
+def test_the_reading_of_a_run_is_read_again_with_its_configs_ceilings() -> None:
+    """Measured after the run, the ceilings of its config size its limiter: the fake's data-free bursts twice as fast
+    make half the step the data's, which the step's own clock did not see."""
+    panel = make_panel(FakeEngine(freed_speedups={"data": 2.0}), budget_s=10)
+    try:
+        click(panel, "run_button")
+        assert panel.state.reading.findings[0].title.startswith("Compute-bound")
+        click(panel, "ceilings_button")
+    finally:
+        panel.close()
+    limiter = panel.state.reading.findings[0]
+    assert limiter.title == "Data-bound" and "50% of the step goes to data loading" in limiter.detail, limiter
+    assert "can win at most 2.00× here" in limiter.detail and "Data-bound" in panel.diagnosis.value

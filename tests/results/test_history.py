@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -165,8 +166,26 @@ def test_compile_reports_survive_and_a_format_2_file_is_brought_to_format_3(tmp_
     assert old.result.compile_report is None and old.result.to_dict() == make_result().to_dict()
     assert new.result.compile_report == compiled_result().compile_report
     conn = raw(path)
-    assert conn.execute("PRAGMA user_version").fetchone() == (FORMAT_VERSION,) == (3,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (FORMAT_VERSION,) == (4,)
     conn.close()
+
+
+def test_a_format_3_file_reads_every_run_as_its_config_as_it_is(tmp_path):
+    """Format 4 says which part of a step a headspace burst made free; a format-3 file's runs trained their configs
+    as they are, and a data-free burst recorded now keeps its part."""
+    path = tmp_path / "h.sqlite"
+    with RunHistory(path) as runs:
+        runs.record(make_result(), fingerprint="a")
+    conn = raw(path)
+    conn.execute("UPDATE runs SET result_json = json_remove(result_json, '$.freed')")
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'format_version'")
+    conn.execute("PRAGMA user_version = 3")
+    conn.close()
+    with RunHistory(path) as runs:
+        runs.record(dataclasses.replace(make_result(), freed="data"), fingerprint="a")
+        old, new = runs.runs()[::-1]
+    assert old.result.freed is None and old.result.to_dict() == make_result().to_dict()
+    assert new.result.freed == "data"
 
 
 def test_closed_history_says_so(tmp_path):

@@ -118,8 +118,11 @@ def search(engine: FakeEngine, *, device: DeviceInfo = CPU, wl: Workload | None 
     seen: list[BatchTry] = []
     kwargs.setdefault("memory_cap", BASE + 700 * PER_SAMPLE if device is CPU else None)
     kwargs.setdefault("margin", 0.0)  # the bracket on running out of memory itself; the margin has tests of its own
-    result = find_batch_size(wl or workload(), device=device, engine=engine, steps=STEPS, on_try=seen.append,
-                             **kwargs)
+    wl = wl or workload()
+    # the fake's memory is a line of its own, not the model's: start where the config does (the estimate's start has
+    # a test of its own)
+    kwargs.setdefault("start", wl.batch_size or 1)
+    result = find_batch_size(wl, device=device, engine=engine, steps=STEPS, on_try=seen.append, **kwargs)
     return result, seen
 
 
@@ -233,7 +236,7 @@ def test_the_stop_event_ends_the_search_between_tries():
             stop.set()
 
     result = find_batch_size(workload(), device=CPU, engine=engine, steps=STEPS, memory_cap=10 * 2**30, stop=stop,
-                             on_try=on_try)
+                             on_try=on_try, start=64)
     assert engine.sizes() == [64, 128] and len(result.tries) == 2
     assert result.stopped_reason == "stopped: the stop event was set"
 
@@ -406,8 +409,9 @@ def test_the_result_round_trips_through_json_and_reads_as_text():
     assert text[0] == "batch size per step: largest that fits 672, fastest 672 (8,705 samples/s)"
     assert text[1].startswith("CPU (Fake CPU), memory cap 1,000 MiB (RSS of the burst's processes; memory_cap=")
     assert "9 tries in" in text[1] and text[1].endswith("704 does not fit; 672 does")
-    assert [line.split()[0] for line in text[3:]] == ["64", "128", "256", "512", "640", "672", "704", "768", "1,024"]
-    assert text[3].split()[1:3] == ["yes", "3,902"] and text[3].endswith("364 MiB")
+    assert text[2] == "started at 64 (no estimate: a start was given)"
+    assert [line.split()[0] for line in text[4:]] == ["64", "128", "256", "512", "640", "672", "704", "768", "1,024"]
+    assert text[4].split()[1:3] == ["yes", "3,902"] and text[4].endswith("364 MiB")
     assert text[-1].endswith("no    over the memory cap: 1,324 MiB > 1,000 MiB, seen live: the burst was stopped")
 
 
@@ -457,7 +461,8 @@ def test_stops_at_a_real_rss_cap_the_growth_crosses():
         return result
 
     seen: list[BatchTry] = []
-    result = find_batch_size(wl, memory_cap=cap, steps=6, refine_tries=2, engine=engine, on_try=seen.append)
+    result = find_batch_size(wl, memory_cap=cap, steps=6, refine_tries=2, engine=engine, on_try=seen.append,
+                             start=128)
     sizes = [t.batch_size for t in result.tries]
     assert sizes[:4] == [128, 256, 512, 1024] and len(sizes) == 6 and seen == list(result.tries)
     assert [t.fits for t in result.tries[:4]] == [True, True, True, False]
@@ -634,3 +639,17 @@ def test_a_target_batch_and_a_margin_are_checked_before_any_burst():
     with pytest.raises(ValueError, match="target_batch=0"):
         search(engine, target_batch=0)
     assert engine.calls == []
+
+
+def test_the_search_starts_at_the_estimate_and_says_how_far_it_was():
+    """Without a start, the step traced on fake tensors says which size leaves the margin of the cap free, and the
+    search starts there; the result compares it with what the bursts found (here a fake whose memory grows faster
+    than the tiny model's, so the estimate is high)."""
+    engine = FakeEngine()
+    result, _ = search(engine, start=None, margin=0.1)
+    assert result.estimated is not None and engine.sizes()[0] == min(result.estimated, 4096)
+    assert result.largest_within_margin is not None and result.estimate_error == pytest.approx(
+        result.estimated / result.largest_within_margin - 1)
+    assert f"started at the estimate, {result.estimated:,} (a step traced on fake tensors); it found " \
+           f"{result.largest_within_margin:,}: the estimate was" in result.summary()
+    assert BatchSizeSearch.from_json(result.to_json()).estimated == result.estimated

@@ -87,3 +87,26 @@ def test_a_ladder_reads_each_rung_against_the_one_before_and_the_baseline() -> N
     assert ladder.step(1).verdict == "faster" and ladder.step(2).verdict == "same"
     assert ladder.overall(2).verdict == "faster" and ladder.overall(1) is ladder.step(1)
     assert ladder_pairs(4) == [(0, 1), (1, 2), (2, 3), (0, 2), (0, 3)]
+
+
+def test_a_rung_whose_ceiling_reads_same_is_not_climbed_and_a_measured_one_reads_each_rung_against_it():
+    from accel_widgets.search.ladder import Ladder, closed_rungs
+    from accel_widgets.views.headspace import reached_text
+    from tests.results.test_headspace import headspace_of
+
+    flat = headspace_of({"data": [1.0, 1.01, 0.99, 1.0, 1.005]})
+    rungs = classic_ladder(tiny_workload(), CPU, headspace=flat)
+    assert [r.name for r in rungs] == ["baseline", "+bf16", "+compile", "+rest"]
+    assert not rungs[-1].config.num_workers  # nothing of the loader's climbed later either
+    ((title, ceiling),) = closed_rungs(tiny_workload(), CPU, headspace=flat)
+    assert title == "+loader" and ceiling.closed_text.startswith("data loading costs at most 2% here")
+    wide = headspace_of({"data": [2.0, 2.1, 2.05, 1.95]})
+    climbed = classic_ladder(tiny_workload(), CPU, headspace=wide)
+    assert [r.name for r in climbed] == ["baseline", "+loader", "+bf16", "+compile", "+rest"]
+    ladder = Ladder(climbed, [], {}, wide)
+    assert ladder.ceiling(1) is wide.ceilings["data"] and ladder.ceiling(2) is None
+    from tests.results.test_headspace import ceiling_of
+
+    rung = ceiling_of("data", [1.9, 1.9, 1.9, 1.9]).comparison
+    assert reached_text("+loader", rung, ladder.ceiling(1)) == ("+loader reached 1.90× of a possible 2.02× (data "
+                                                                "free)")

@@ -516,3 +516,16 @@ def test_a_real_duel_runs_on_held_ranks_within_the_budget() -> None:
     assert [r.label for r in duel.results[:2]] == ["tune: batch_size=4", "tune: baseline · repeat"]
     assert not duel.accepted and duel.comparison.verdict != "faster", result.summary()
     assert result.best == Config() and result.speedup == 1.0 and result.confirmation is None
+
+
+# -- the ceilings ---------------------------------------------------------------------------------------------
+def test_a_knob_whose_part_has_a_same_ceiling_is_not_tried_and_says_why() -> None:
+    """The data ceiling reads same: no loader knob can win, so none is measured; the rest is searched as before."""
+    from tests.results.test_headspace import headspace_of
+
+    flat = headspace_of({"data": [1.0, 1.01, 0.99, 1.0, 1.005]})
+    result, machine = run(knobs=["num_workers", "precision"], headspace=flat)
+    (workers,) = steps_for(result, "num_workers")
+    assert not workers.results and workers.reason.startswith("not tried: data loading costs at most 2% here: the "
+                                                             "loader knobs")
+    assert tried(machine, "num_workers") == {0} and steps_for(result, "precision")[0].results
