@@ -167,6 +167,7 @@ def main() -> None:
                              "needs 4 blocks")
     parser.add_argument("--steps", type=positive_int, default=30, help="measured steps of the first bursts")
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds to run (default all)")
+    parser.add_argument("--name", default="calibration", help="results/<name>.json (a run of some kinds apart)")
     args = parser.parse_args()
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     gate = QuietGate()
@@ -182,7 +183,7 @@ def main() -> None:
                   flush=True)
     summary = summarise(runs)
     print(table(["", "value"], [(key, value) for key, value in summary.items()]))
-    write_json("calibration", {"summary": summary, "runs": runs, "load_average": load_average(),
+    write_json(args.name, {"summary": summary, "runs": runs, "load_average": load_average(),
                                "quiet_wait_s": gate.waited_s})
 
 
