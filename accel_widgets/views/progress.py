@@ -150,13 +150,15 @@ class BurstProgress:
 
 
 def result_line(result: BurstResult, baseline: BurstResult | None) -> str:
-    """The one line a finished burst leaves in the terminal: throughput, speed-up and step time, or why not."""
+    """The one line a finished burst leaves in the terminal: throughput, its lone speed-up marked as one burst's, and
+    step time, or why not."""
     name = result.label or result.config.label()
     if not result.ok:
         message = result.error.message if result.error else result.status
         return f"  {name:<10} {result.status}: {message.splitlines()[0]}"
     speedup = result.speedup_over(baseline) if baseline is not None and baseline.ok else None
-    ratio = f"{speedup:5.2f}x" if speedup is not None else "     -"
+    # One burst against one: said so, the comparison's interval and verdict follow once it has measured.
+    ratio = f"{speedup:5.2f}x (1 burst)" if speedup is not None else f"{'-':>6}{'':10}"
     step = result.step_time
     step_text = f"{step.median * 1e3:8.2f} ms/step" if step is not None else ""
     return f"  {name:<10} {result.samples_per_s:10,.1f} samples/s {ratio} {step_text}"
