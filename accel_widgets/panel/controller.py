@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..analysis.estimate import estimate
+from ..analysis.estimate import Estimate, estimate
 from ..analysis.guard import NoiseBand, cached_noise
 from ..engine.launcher import BurstError, Event
 from ..inputs.device import DeviceInfo
@@ -197,6 +197,7 @@ class PanelController:
         self._live_restart = threading.Lock()  # one restart at a time: stop, wait, start
         self._fit_timer: threading.Timer | None = None
         self._fit_asked = 0  # the newest estimate asked for: an older one that ends later is not shown
+        self._fitted: tuple[Config, Estimate] | None = None  # the last settings traced, and their estimate
         self._peaks: dict[Config, tuple[int, str]] = {}  # settings -> the last finished burst's peak and its kind
         state.noise_of = self._known_noise
         state.subscribe(self._edited)
@@ -303,11 +304,15 @@ class PanelController:
                 self._schedule_live()
 
     # -- will it fit ------------------------------------------------------------------------------
-    def _schedule_fit(self) -> None:
+    def _schedule_fit(self, *, edited: bool = True) -> None:
         """Estimate the settings' peak once the knobs have been still for FIT_DELAY_S, off the kernel's thread (a
-        step traced on fake tensors: a fraction of a second for a small model, seconds for a large one)."""
+        step traced on fake tensors: a fraction of a second for a small model, seconds for a large one). Without an
+        edit (an action ended) settings traced before keep their estimate: only the measured peak beside it is new,
+        and a trace then would take the CPU of the burst the user starts next."""
         if self._fit_timer is not None:
             self._fit_timer.cancel()
+        if edited:
+            self._fitted = None
         self._fit_asked += 1
         timer = threading.Timer(FIT_DELAY_S, self._estimate_fit, args=(self._fit_asked,))
         timer.name, timer.daemon = "accel-widgets-fit", True
@@ -327,7 +332,10 @@ class PanelController:
             self.state.set_fit("")
             return
         try:
-            found = estimate(self.workload, config, device=self.state.device)
+            fitted = self._fitted
+            found = fitted[1] if fitted is not None and fitted[0] == config else estimate(
+                self.workload, config, device=self.state.device)
+            self._fitted = (config, found)
             text = fit_text(found)
             if config in self._peaks:  # a burst of these settings has run: how far the estimate was, here
                 text += f"; {measured_text(found, *self._peaks[config])}"
@@ -390,7 +398,7 @@ class PanelController:
             raise
         finally:
             self.state.end_action()
-            self._schedule_fit()  # the settings as the action left them (the tuner's best), before the next burst
+            self._schedule_fit(edited=False)  # the settings as the action left them (the tuner's best)
 
     def _run_plan(self, what: str, plan: list[PlanItem], length: dict[str, Any], *, live: bool = False) -> str:
         """Run each planned burst in turn (Run burst, Run ladder, a live burst)."""

@@ -17,7 +17,7 @@ import pytest
 
 from accel_widgets import Config
 from accel_widgets.analysis.compare import run_rows
-from accel_widgets.panel import TuningPanel
+from accel_widgets.panel import TuningPanel, controller
 from accel_widgets.panel.table import RunsTable
 from accel_widgets.results.burst import BurstResult
 from accel_widgets.results.comparison import Block, Comparison
@@ -518,7 +518,8 @@ def wait_for(condition: Any, timeout_s: float = 20.0) -> bool:
     return False
 
 
-def test_the_fit_line_sits_under_batch_size_before_a_burst_and_follows_the_settings() -> None:
+def test_the_fit_line_sits_under_batch_size_before_a_burst_and_follows_the_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A step traced on fake tensors once the knobs are still: "fits on this machine with N GiB to spare" under the
     batch_size control, again for new settings, none for settings that cannot run here, and once a burst of the
     settings has run, its measured peak beside the estimate."""
@@ -534,9 +535,13 @@ def test_the_fit_line_sits_under_batch_size_before_a_burst_and_follows_the_setti
         panel.set_config(Config(parallel="dataparallel"))  # no GPU here: the settings cannot run, so no estimate
         assert wait_for(lambda: panel.state.fit == "") and aside.layout.display == "none"
         panel.set_config(Config(batch_size=100_000))
+        assert wait_for(lambda: panel.state.fit.startswith("fits on this machine")), panel.state.fit
+        traced = []
+        monkeypatch.setattr(controller, "estimate", lambda *args, **kwargs: traced.append(args))
         click(panel, "run_button")  # the fake's burst peaks at 150 MiB of RSS: said beside the estimate after it
         assert wait_for(lambda: "; measured 0.15 GiB, estimated " in panel.state.fit), panel.state.fit
         assert panel.state.fit.startswith("fits on this machine") and panel.state.fit.endswith("%)")
+        assert traced == []  # the settings traced before the burst keep their estimate: no trace after it
     finally:
         panel.close()
 
