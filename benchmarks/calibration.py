@@ -16,11 +16,14 @@ interval, since 40 comparisons cannot pin a rate to a percent.
 
 Run:  .venv/bin/python benchmarks/calibration.py [--rounds 20] [--budget 30] [--effect-budget 45]
       (writes results/calibration.json)
+      .venv/bin/python benchmarks/calibration.py --combine calibration calibration-2 --name calibration-all
+      (one summary over the runs of several sessions, each run kept with the file it came from)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import QuietGate, load_average, positive_int, table, write_json
+from _common import RESULTS_DIR, QuietGate, load_average, positive_int, table, write_json
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -158,6 +161,16 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def combine(names: list[str], name: str) -> None:
+    """One summary over runs measured apart: calibration is a rate, and its interval narrows with every run kept."""
+    runs = [{**run, "source": source}
+            for source in names
+            for run in json.loads((RESULTS_DIR / f"{source}.json").read_text())["runs"]]
+    summary = summarise(runs)
+    print(table(["", "value"], [(key, value) for key, value in summary.items()]))
+    write_json(name, {"summary": summary, "sources": names, "runs": runs})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=positive_int, default=20, help="comparisons of each kind (default 20)")
@@ -168,7 +181,12 @@ def main() -> None:
     parser.add_argument("--steps", type=positive_int, default=30, help="measured steps of the first bursts")
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds to run (default all)")
     parser.add_argument("--name", default="calibration", help="results/<name>.json (a run of some kinds apart)")
+    parser.add_argument("--combine", nargs="+", metavar="NAME",
+                        help="measure nothing: summarise the runs stored in results/<NAME>.json files together")
     args = parser.parse_args()
+    if args.combine:
+        combine(args.combine, args.name)
+        return
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     gate = QuietGate()
     runs: list[dict[str, Any]] = []
