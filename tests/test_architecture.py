@@ -3,7 +3,8 @@
 The layers, bottom to top, are the package's folders (docs/architecture.md says what lives where and why). Every
 import is read from the source, lazy ones inside functions and ``TYPE_CHECKING`` ones included: a lazy upward
 import hides a dependency, it does not remove it. The one cycle allowed is type-only: the registry's modules name
-``Config`` in annotations while ``Config`` is built from the registry.
+``Config`` in annotations while ``Config`` is built from the registry. And the knob owners' hooks that change the model
+are reached through the registry alone, never by an owner's name.
 """
 
 from __future__ import annotations
@@ -167,3 +168,53 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
         if node not in index:
             visit(node)
     return components
+
+
+#: The owner modules whose hooks change the model, set torch's global flags or read the model's outline, and those
+#: hooks: reached only through the registry (``knobs.prepare_model``, ``knobs.global_flags``, ``knobs.model_notes``),
+#: so that a new knob that changes the model is its owner, its ``Config`` field and its test, and nothing else.
+MODEL_OWNERS = frozenset({"system", "float8", "memory", "compiling", "parallel", "precision"})
+MODEL_HOOKS = frozenset({"prepare_model", "convert", "checkpoint_blocks", "compile_blocks", "compile_model",
+                         "wrap_model", "model_notes", "global_flags"})
+TESTS = Path(__file__).resolve().parent
+
+
+def owner_hooks_reached(path: Path) -> list[str]:
+    """Where ``path`` reaches an owner's model hook by name: ``memory.checkpoint_blocks`` (the module imported under
+    any name, or reached as ``knobs.memory``), or ``from ..knobs.memory import checkpoint_blocks``."""
+    tree = ast.parse(path.read_text())
+    owners: dict[str, str] = {}  # local name -> the owner module it is
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = (node.module or "").split(".")
+            for alias in node.names:
+                if module[-1] == "knobs" and alias.name in MODEL_OWNERS:
+                    owners[alias.asname or alias.name] = alias.name
+                elif module[-2:-1] == ["knobs"] and module[-1] in MODEL_OWNERS and alias.name in MODEL_HOOKS:
+                    found.append(f"{path}:{node.lineno}: imports {module[-1]}.{alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in MODEL_HOOKS:
+            owner = owner_named(ast.unparse(node.value), owners)
+            if owner in MODEL_OWNERS:
+                found.append(f"{path}:{node.lineno}: calls {owner}.{node.attr}")
+    return found
+
+
+def owner_named(expression: str, owners: dict[str, str]) -> str:
+    """The owner module ``expression`` names: a local name of one (``owners``), or ``...knobs.<module>``; else ""."""
+    held, _, name = expression.rpartition(".")
+    if not held:
+        return owners.get(name, "")
+    return name if held.endswith("knobs") else ""
+
+
+def test_only_the_registry_reaches_the_owners_model_hooks() -> None:
+    """Outside ``knobs/`` (and the owners' own tests) the model is prepared, the global flags set and the model notes
+    read through the registry, which asks every owner in one order: a module that named an owner's hook would have to
+    learn of the next knob that changes the model."""
+    outside = [path for path in sorted(PACKAGE.rglob("*.py")) if "knobs" not in path.relative_to(PACKAGE).parts]
+    outside += [path for path in sorted(TESTS.rglob("*.py")) if "knobs" not in path.relative_to(TESTS).parts]
+    reached = [place for path in outside for place in owner_hooks_reached(path)]
+    assert not reached, "reach these through accel_widgets.knobs (prepare_model, global_flags, model_notes):\n" + \
+        "\n".join(reached)

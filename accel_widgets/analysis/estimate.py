@@ -50,7 +50,7 @@ from ..engine.training import micro_batch_loss
 from ..inputs.blocks import block_modules
 from ..inputs.device import DeviceInfo, GpuInfo, probe_device
 from ..inputs.workload import Workload
-from ..knobs import batch, data, memory, overhead, parallel, precision, system
+from ..knobs import ModelStage, batch, data, memory, overhead, parallel, precision, prepare_model, system
 from ..knobs.config import Config
 from ..knobs.plan import resolve
 from ..metrics.flops import OpClass, counting_flops
@@ -386,6 +386,13 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
                 yield value
 
 
+#: The owners' model stages a trace applies to the fake model (channels_last, activation checkpointing). DDP's and
+#: FSDP's memory is counted per rank from the one trace instead (:func:`_per_rank`); the float8 and compile stages are
+#: not traced.
+TRACED_STAGES: tuple[ModelStage, ...] = ("layout", "recompute")
+_CPU = torch.device("cpu")
+
+
 def _trace(workload: Workload, config: Config, batch_size: int, sample: Any, grads_persist: bool) -> _Traced:
     """One step of ``config`` on fake tensors at ``batch_size``: the storages alive at its peak, by what holds them,
     and its FLOPs."""
@@ -393,7 +400,7 @@ def _trace(workload: Workload, config: Config, batch_size: int, sample: Any, gra
     with torch.random.fork_rng(devices=[]):
         model = _fake_model(workload, fake)
         with fake:
-            model = memory.checkpoint_blocks(system.prepare_model(model, config), config, workload.blocks)
+            model, _, _ = prepare_model(model, config, _CPU, workload.blocks, stages=TRACED_STAGES)
             model.train()
             params = [p for p in model.parameters() if p.requires_grad]
             optimizer = overhead.build_optimizer(workload, params, config)

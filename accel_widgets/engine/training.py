@@ -31,7 +31,19 @@ from ..data.keyed import DataRandomness, map_randomness
 from ..data.resume import DataPosition, ResumableSampler
 from ..data.streams import StreamReading, stream_randomness
 from ..inputs.workload import Workload, callable_name
-from ..knobs import CodePaths, attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
+from ..knobs import (
+    CodePaths,
+    attention,
+    batch,
+    compiling,
+    data,
+    memory,
+    overhead,
+    parallel,
+    precision,
+    prepare_model,
+    system,
+)
 from ..knobs.base import Part
 from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
@@ -185,25 +197,6 @@ class DieWithRank:
             os._exit(1)
         if self.user_init is not None:
             self.user_init(worker_id)
-
-
-def prepare_model(model: nn.Module, config: Config, device: torch.device,
-                  blocks: str | None = None) -> tuple[nn.Module, nn.Module, str]:
-    """Move, reformat, convert, checkpoint, wrap and compile the model; returns ``(model to call, unwrapped model,
-    what was compiled)``. ``blocks``: the workload's stack of repeated blocks (None: found in the model where a knob
-    works per block).
-
-    In torchtitan's order: float8 swaps the linear layers before anything holds them, checkpointing replaces the
-    blocks' forwards before FSDP shards those blocks (its all-gather hooks then run around the recompute too), the
-    blocks are compiled (``compile_scope='blocks'``) before DDP or FSDP takes them, and a whole-model compile comes
-    last, over everything the step runs. FSDP changes the model in place, so under it the "unwrapped" model is the
-    sharded one (its parameters are what the optimizer steps).
-    """
-    raw = memory.checkpoint_blocks(float8.convert(system.prepare_model(model.to(device), config), config), config,
-                                   blocks)
-    compiling.compile_blocks(raw, config, blocks)
-    model, compiled = compiling.compile_model(parallel.wrap_model(raw, config, device, blocks), raw, config, blocks)
-    return model, raw, compiled
 
 
 def split_batch(batch: Any) -> tuple[Any, Any]:
@@ -778,7 +771,7 @@ def build_loop(
     data.check_shared_memory(dataset, workload, config, world_size)
     loader = data.build_loader(dataset, workload, config, device, rank, world_size)
     loader.worker_init_fn = DieWithRank(os.getpid(), loader.worker_init_fn)
-    model, raw, compiled = prepare_model(workload.build_model(), config, device, workload.blocks)
+    model, raw, compiled = prepare_model(workload.build_model().to(device), config, device, workload.blocks)
     optimizer = overhead.build_optimizer(workload, list(raw.parameters()), config)
     scheduler = workload.build_scheduler(optimizer)
     torch.manual_seed(data.data_seed(workload))

@@ -1,7 +1,7 @@
 """The winning settings in the user's own code: a plain PyTorch loop, ``TrainingArguments``, Lightning, Accelerate.
 
 :func:`recipe` writes a config as code in one of four styles. Every knob's part comes from its owner
-(:mod:`accel_widgets.knobs`: each owner's ``RECIPE`` says, per knob and style, the line, the keyword or that there is
+(:mod:`accel_widgets.knobs`: each owner's ``recipe`` says, per knob and style, the line, the keyword or that there is
 no equivalent and what to do instead); this module only lays the parts out, each line with its knob's one-line why.
 
 ``pytorch`` is a module with no accel_widgets import that defines ``train(model, dataset, loss_fn, make_optimizer,
@@ -25,7 +25,18 @@ from typing import Any
 from ..data.keyed import KEYED_READING_CODE, KEYED_READING_IMPORTS
 from ..inputs.workload import Workload
 from ..knobs import KNOBS, OWNERS
-from ..knobs.base import STYLES, Code, Construct, Flag, NoEquivalent, RecipeContext, RecipePart, Setting, Style
+from ..knobs.base import (
+    STYLES,
+    Code,
+    Construct,
+    Flag,
+    NoEquivalent,
+    RecipeContext,
+    RecipePart,
+    RecipeSlot,
+    Setting,
+    Style,
+)
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 
@@ -81,7 +92,7 @@ def recipe_of(result: BurstResult, style: Style = "pytorch") -> Recipe:
 def _written(config: Config, context: RecipeContext, style: Style, workload_name: str | None) -> Recipe:
     if style not in STYLES:
         raise ValueError(f"style={style!r}: use one of {', '.join(map(repr, STYLES))}")
-    parts = [part for owner in OWNERS for knob in owner.KNOBS for part in owner.RECIPE[knob.name][style](config,
+    parts = [part for owner in OWNERS for knob in owner.knobs for part in owner.recipe[knob.name][style](config,
                                                                                                          context)]
     missing = {part.knob: part.instead for part in parts if isinstance(part, NoEquivalent)}
     title = _title(config, workload_name, style)
@@ -132,7 +143,7 @@ class _Lines:
         return "\n".join(self.lines)
 
 
-def _of(parts: Sequence[RecipePart], slot: str) -> list[Code]:
+def _of(parts: Sequence[RecipePart], slot: RecipeSlot) -> list[Code]:
     return [part for part in parts if isinstance(part, Code) and part.slot == slot]
 
 
@@ -256,7 +267,7 @@ def _flags_function(flags: list[Flag]) -> str:
 def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
     lines, i = _Lines(), indent
 
-    def code(slot: str, at: int) -> None:
+    def code(slot: RecipeSlot, at: int) -> None:
         for part in _of(parts, slot):
             lines.add(at, part.code, f"{part.knob}: {_why(part)}")
 

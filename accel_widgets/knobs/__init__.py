@@ -1,25 +1,29 @@
-"""The knobs: every optimisation the tool can switch, each declared once, in the module that owns it.
+"""The knobs: every optimisation the tool can switch, each declared once, by the owner of its group.
 
 One module per optimisation group -- :mod:`.data`, :mod:`.precision`, :mod:`.attention`, :mod:`.batch`,
-:mod:`.compiling`, :mod:`.float8`, :mod:`.overhead`, :mod:`.system`, :mod:`.memory`, :mod:`.parallel` -- declares its
-knobs (values, devices, the what/why/when a user reads, how a search tries them), its rules (conflicts, "no effect
-here"), its part of the classic ladder (``LADDER``), its advice for what the diagnosis reads (``REMEDIES``), and
-everything the knobs do: to the loader, the model, the step, torch's global flags, and the facts analysis needs. The
-training step (:mod:`accel_widgets.engine.training`) calls the owners at fixed points and reads top to bottom; the
-ladder, the tuner and the diagnosis compose what the owners declare and name no knob themselves.
+:mod:`.compiling`, :mod:`.float8`, :mod:`.overhead`, :mod:`.system`, :mod:`.memory`, :mod:`.parallel` -- ends with
+its :class:`~.owner.Owner`: its knobs (values, devices, the what/why/when a user reads, how a search tries them), its
+rules (conflicts, "no effect here"), its part of the classic ladder, its advice for what the diagnosis reads, its part
+of a recipe, and what the knobs do to a run: the model's changes at the :data:`~.owner.MODEL_STAGES`, what those will
+do to a workload's model, torch's global flags, and the facts analysis needs. This module lists the owners and
+composes what they declare, asking none of them by name: the training step (:mod:`accel_widgets.engine.training`)
+prepares its model through :func:`prepare_model` and enters :func:`global_flags`, and the ladder, the tuner and the
+diagnosis compose what the owners declare and name no knob themselves.
 
-:data:`KNOBS` is the union of the modules' declarations; the panel's controls, the CLI's flags,
+:data:`KNOBS` is the union of the owners' declarations; the panel's controls, the CLI's flags,
 ``Config``'s fields and checks, the validation rules and the docs are generated from it. A config is resolved
-once for a machine and a workload into a :class:`~.plan.Plan` (:func:`~.plan.resolve`). Adding a knob is one
-module (or a few lines in the right one) plus its test.
+once for a machine and a workload into a :class:`~.plan.Plan` (:func:`~.plan.resolve`). Adding a knob is its owner
+module (or a few lines in the right one), its field in ``Config``, and its test.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterator
-from types import ModuleType
 from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
 
 from . import attention, batch, compiling, data, float8, memory, overhead, parallel, precision, system
 from .base import (
@@ -39,27 +43,30 @@ from .base import (
     SearchContext,
     Symptom,
 )
+from .owner import MODEL_STAGES, ModelSite, ModelStage, ModelStep, Owner, merged_facts, run_model_stages
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
+    from ..inputs.workload import Workload
     from .config import Config
 
-#: The owning modules, one group each, in the classic order a tuning session walks them (the ladder's too). float8
-#: follows compile, which it needs to gain; memory comes late: its knobs trade speed or nothing for room.
-OWNERS: tuple[ModuleType, ...] = (data, precision, attention, batch, compiling, float8, overhead, system, memory,
-                                  parallel)
-GROUPS: tuple[Group, ...] = tuple(owner.GROUP for owner in OWNERS)
-GROUP_TITLES: dict[Group, str] = {owner.GROUP: owner.TITLE for owner in OWNERS}
-KNOBS = KnobRegistry([knob for owner in OWNERS for knob in owner.KNOBS])
-RULES: tuple[Rule, ...] = tuple(rule for owner in OWNERS for rule in owner.RULES)
+#: The owners, one group each, in the classic order a tuning session walks them (the ladder's too). float8 follows
+#: compile, which it needs to gain; memory comes late: its knobs trade speed or nothing for room. Within a model
+#: stage, and for global flags and notes, the owners act in this order too.
+OWNERS: tuple[Owner, ...] = tuple(module.OWNER for module in (data, precision, attention, batch, compiling, float8,
+                                                              overhead, system, memory, parallel))
+GROUPS: tuple[Group, ...] = tuple(owner.group for owner in OWNERS)
+GROUP_TITLES: dict[Group, str] = {owner.group: owner.title for owner in OWNERS}
+KNOBS = KnobRegistry([knob for owner in OWNERS for knob in owner.knobs])
+RULES: tuple[Rule, ...] = tuple(rule for owner in OWNERS for rule in owner.rules)
 #: The owners' parts of the classic ladder's rungs, in the owners' order (the ladder groups them by rung).
-CLIMBS: tuple[Climb, ...] = tuple(climb for owner in OWNERS for climb in owner.LADDER)
+CLIMBS: tuple[Climb, ...] = tuple(climb for owner in OWNERS for climb in owner.ladder)
 
 
-def owner_of(name: str) -> ModuleType:
-    """The module that declares (and so implements) knob ``name``."""
+def owner_of(name: str) -> Owner:
+    """The owner that declares (and so implements) knob ``name``."""
     KNOBS[name]  # an unknown name raises, naming the known knobs
-    return next(owner for owner in OWNERS if any(knob.name == name for knob in owner.KNOBS))
+    return next(owner for owner in OWNERS if any(knob.name == name for knob in owner.knobs))
 
 
 def remedy(symptom: Symptom, config: Config, device: DeviceInfo | None = None, *, paths: CodePaths | None = None,
@@ -72,7 +79,7 @@ def remedy(symptom: Symptom, config: Config, device: DeviceInfo | None = None, *
     step never ran (``paths``); a knob whose part of the step a headspace ceiling found worth nothing (``closed``:
     the parts whose ceiling reads "same"). The next owner's advice is then the answer, or none."""
     for owner in OWNERS:
-        advise = owner.REMEDIES.get(symptom)
+        advise = owner.remedies.get(symptom)
         found = advise(config) if advise is not None else None
         if found is not None and not _cannot_act(found, config, device, paths, closed):
             return found
@@ -105,20 +112,37 @@ def _cannot_act(advice: Remedy, config: Config, device: DeviceInfo | None, paths
 
 @contextlib.contextmanager
 def global_flags(config: Config) -> Iterator[None]:
-    """Every owner's global torch switches for the duration, each put back on exit."""
-    with precision.global_flags(config), system.global_flags(config):
+    """Every owner's global torch switches for the duration, each put back on exit (in the reverse order)."""
+    with contextlib.ExitStack() as stack:
+        for owner in OWNERS:
+            if owner.global_flags is not None:
+                stack.enter_context(owner.global_flags(config))
         yield
 
 
 def facts(config: Config, device_kind: str, visible_gpus: int) -> Facts:
     """The owners' account of how a burst of ``config`` runs on such a machine."""
-    return Facts(
-        math=precision.math_precision(config, device_kind),
-        compiled=compiling.compiled(config),
-        gpus=parallel.gpus_used(config, device_kind, visible_gpus),
-        micro_batches=batch.micro_batches(config),
-        sharded=parallel.sharded(config),
-    )
+    return merged_facts(OWNERS, config, device_kind, visible_gpus)
+
+
+def prepare_model(model: nn.Module, config: Config, device: torch.device, blocks: str | None = None,
+                  stages: Collection[ModelStage] = MODEL_STAGES) -> tuple[nn.Module, nn.Module, str]:
+    """``model`` (already on ``device``) as the owners change it at ``stages`` (all of them: reformatted,
+    converted, checkpointed, wrapped and compiled, in :data:`~.owner.MODEL_STAGES` order); returns ``(model to call,
+    unwrapped model, what was compiled)``. ``blocks``: the workload's stack of repeated blocks (None: found in the
+    model where a knob works per block).
+
+    The model is not moved here: the step moves it before, and the memory estimate changes fake weights in place,
+    which a move would replace."""
+    site = ModelSite(device=device, blocks=blocks, unwrapped=model)
+    model = run_model_stages(OWNERS, model, config, site, stages)
+    return model, site.unwrapped, site.compiled
+
+
+def model_notes(workload: Workload, config: Config) -> list[str]:
+    """What the owners that change the model will do to ``workload``'s, read from its outline before any process
+    starts (ValueError: what they cannot do)."""
+    return [note for owner in OWNERS if owner.model_notes is not None for note in owner.model_notes(workload, config)]
 
 
 __all__ = [
@@ -126,6 +150,7 @@ __all__ = [
     "GROUPS",
     "GROUP_TITLES",
     "KNOBS",
+    "MODEL_STAGES",
     "OWNERS",
     "RULES",
     "RUNGS",
@@ -137,6 +162,10 @@ __all__ = [
     "Knob",
     "KnobRegistry",
     "KnobValueError",
+    "ModelSite",
+    "ModelStage",
+    "ModelStep",
+    "Owner",
     "Part",
     "Remedy",
     "Rule",
@@ -145,6 +174,8 @@ __all__ = [
     "Symptom",
     "facts",
     "global_flags",
+    "model_notes",
     "owner_of",
+    "prepare_model",
     "remedy",
 ]

@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import precision
 from .base import Climb, Code, Knob, RecipeContext, RecipeEntry, RecipePart, Remedy, Rule, Style, Symptom
+from .owner import Owner
 
 if TYPE_CHECKING:
     from .config import Config
@@ -96,3 +97,6 @@ def forward_context(config: Config) -> contextlib.AbstractContextManager[Any]:
     if config.sdpa_backend == "auto":
         return contextlib.nullcontext()
     return sdpa_kernel(_BACKENDS[config.sdpa_backend])
+
+
+OWNER = Owner(group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE)

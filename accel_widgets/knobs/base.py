@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -340,15 +341,37 @@ class RecipeContext:
     batch_size: int | None = None
 
 
+#: The places a recipe lays a :class:`Code` line out (:mod:`accel_widgets.job.recipe`): "code" in a framework's
+#: code, the others in the plain-PyTorch module -- at its top ("imports", "constants", "helpers", the module's "doc",
+#: the batch's "to_device"), at the head of ``train`` ("setup", "device", "sampler"), around the model ("layout",
+#: "prepare", "wrap", "compile", "optimizer", "scaler", "loss_fn"), in each micro-batch ("micro_batch",
+#: "around_backward", "forward_context", "loss_scale", "backward") and in each step ("unscale", "step", "zero_grad",
+#: "step_loss", "read_loss", "after_step").
+RecipeSlot = Literal[
+    "code", "imports", "constants", "helpers", "doc", "to_device", "setup", "device", "sampler", "layout", "prepare",
+    "wrap", "compile", "optimizer", "scaler", "loss_fn", "micro_batch", "around_backward", "forward_context",
+    "loss_scale", "backward", "unscale", "step", "zero_grad", "step_loss", "read_loss", "after_step",
+]
+RECIPE_SLOTS: tuple[RecipeSlot, ...] = typing.get_args(RecipeSlot)
+
+
 @dataclass(frozen=True)
 class Code:
     """A line of code ``knob`` puts in a recipe: in the plain-PyTorch loop at ``slot`` (a place in the loop the
-    recipe module lays out), or under a framework's object (``slot`` "code"). ``why`` defaults to the knob's."""
+    recipe module lays out), or under a framework's object (``slot`` "code"). ``why`` defaults to the knob's.
+
+    An unknown slot is refused at once: the recipe lays out only the slots it knows, so a misspelt one would drop the
+    line in silence."""
 
     knob: str
-    slot: str
+    slot: RecipeSlot
     code: str
     why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.slot not in RECIPE_SLOTS:
+            raise ValueError(f"{self.knob}'s recipe line is in slot {self.slot!r}, which no recipe lays out: use one "
+                             f"of {', '.join(RECIPE_SLOTS)}")
 
 
 @dataclass(frozen=True)
@@ -460,7 +483,7 @@ def blocks_code(context: RecipeContext, model: str, *, one_stack: bool) -> tuple
     return (stacks[0] if len(stacks) == 1 else f"[{', '.join('*' + stack for stack in stacks)}]"), ""
 
 
-def helper_parts(knob: str, slot: str, helper: str) -> list[RecipePart]:
+def helper_parts(knob: str, slot: RecipeSlot, helper: str) -> list[RecipePart]:
     """The parts that define a helper function of :func:`blocks_code` (none for ""): in the plain-PyTorch module's
     ``helpers``, or in a framework's code (``slot`` "code") after the import it needs."""
     if not helper:

@@ -21,6 +21,7 @@ from .base import (
     Symptom,
     setting,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from .config import Config
@@ -92,3 +93,9 @@ def scale_for_accumulation(loss: torch.Tensor, config: Config) -> torch.Tensor:
     node on every step, and the plain loop a user compares with has neither.
     """
     return loss if config.grad_accum_steps == 1 else loss / config.grad_accum_steps
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    facts=lambda config, device_kind, visible_gpus: {"micro_batches": micro_batches(config)},
+)

@@ -28,6 +28,7 @@ from .base import (
     RecipeContext,
     RecipeEntry,
     RecipePart,
+    RecipeSlot,
     Remedy,
     Rule,
     Search,
@@ -37,6 +38,7 @@ from .base import (
     blocks_code,
     helper_parts,
 )
+from .owner import ModelSite, Owner
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
@@ -163,7 +165,7 @@ def _by_blocks(config: Config) -> bool:
     return compiled(config) and config.compile_scope == "blocks"
 
 
-def _compile_line(slot: str, where: str = "") -> RecipeEntry:
+def _compile_line(slot: RecipeSlot, where: str = "") -> RecipeEntry:
     """The whole model compiled (compile_scope='blocks' writes its own lines instead)."""
     def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
         return [Code("compile_mode", slot, f"model = {_compile_call(config)}{where}")] if compiled(
@@ -190,7 +192,7 @@ def _stackless(context: RecipeContext) -> bool:
 _WHOLE = "the model has no stack of alike blocks: the whole model is compiled, as the burst did"
 
 
-def _block_compile(slot: str, model: str, where: str = "", whole_slot: str = "") -> RecipeEntry:
+def _block_compile(slot: RecipeSlot, model: str, where: str = "", whole_slot: RecipeSlot | None = None) -> RecipeEntry:
     """Each block compiled in place (``module.compile()``, so wrappers and hooks around it stay), as
     :func:`compile_blocks` does: in the plain loop in the ``wrap`` slot, ahead of DDP's or FSDP's lines (torchtitan's
     order); a model without blocks compiled whole, where the whole model is (``whole_slot``, else ``slot``)."""
@@ -280,13 +282,14 @@ def _mode(config: Config) -> str | None:
     return None if config.compile_mode == "default" else config.compile_mode
 
 
-def compile_blocks(raw: nn.Module, config: Config, blocks_path: str | None) -> None:
+def compile_blocks(raw: nn.Module, config: Config, blocks_path: str | None) -> nn.Module:
     """Under ``compile_scope='blocks'``, compile each repeated block of ``raw`` in place, before anything wraps or
     shards it: torchtitan's order (checkpointing, then compile, then FSDP's ``fully_shard`` per block), so what
     compiles is the block's own code and FSDP's units are made of compiled blocks. A model without blocks is compiled
-    whole, after wrapping, by :func:`compile_model`."""
+    whole, after wrapping, by :func:`compile_model`. Returns ``raw`` itself."""
     if _by_blocks(config) and (blocks := find_blocks(raw, blocks_path)) is not None:
         _compile_blocks(blocks, _mode(config))
+    return raw
 
 
 def compile_model(model: nn.Module, raw: nn.Module, config: Config, blocks_path: str | None) -> tuple[nn.Module, str]:
@@ -602,3 +605,18 @@ def _function(metrics: Any) -> str:
 
 def _most_frequent(found: Any) -> tuple[Any, ...]:
     return tuple(sorted(found, key=lambda item: -item.count)[:LISTED])
+
+
+def _compile_stage(model: nn.Module, config: Config, site: ModelSite) -> nn.Module:
+    """The "compile" stage: :func:`compile_model` over the wrapped model, its blocks found in the unwrapped one; what
+    it compiled is told on the site."""
+    model, site.compiled = compile_model(model, site.unwrapped, config, site.blocks)
+    return model
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    model_steps={"compile-blocks": lambda model, config, site: compile_blocks(model, config, site.blocks),
+                 "compile": _compile_stage},
+    facts=lambda config, device_kind, visible_gpus: {"compiled": compiled(config)},
+)

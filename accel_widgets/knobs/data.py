@@ -47,6 +47,7 @@ from .base import (
     powers_of_two,
     setting,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -544,3 +545,6 @@ def _moved(obj: Any, device: torch.device, non_blocking: bool, channels_last: bo
     if isinstance(obj, (list, tuple)):
         return type(obj)(_moved(v, device, non_blocking, channels_last) for v in obj)
     return obj
+
+
+OWNER = Owner(group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE)

@@ -30,6 +30,7 @@ from .base import (
     Style,
     Symptom,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
@@ -222,3 +223,10 @@ RECIPE: dict[str, dict[Style, RecipeEntry]] = {
         "accelerate": _framework_recipe("before accelerator.prepare"),
     },
 }
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    model_steps={"low-precision": lambda model, config, site: convert(model, config)},
+    model_notes=model_notes,
+)

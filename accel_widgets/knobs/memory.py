@@ -34,6 +34,7 @@ from .base import (
     RecipeContext,
     RecipeEntry,
     RecipePart,
+    RecipeSlot,
     Remedy,
     Rule,
     Search,
@@ -43,6 +44,7 @@ from .base import (
     blocks_code,
     helper_parts,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -259,7 +261,7 @@ def allocator_not_in_effect(config: Config, expandable: bool | None) -> Remedy |
 
 
 # -- recipes --------------------------------------------------------------------------------------------------------
-def _checkpoint_lines(config: Config, context: RecipeContext, slot: str, where: str = "") -> list[RecipePart]:
+def _checkpoint_lines(config: Config, context: RecipeContext, slot: RecipeSlot, where: str = "") -> list[RecipePart]:
     """:func:`checkpoint_blocks` as code: each block's forward replaced on the instance, in the loop's ``prepare``
     slot or a framework's code; the selective policy's ops as a constant."""
     blocks, helper = blocks_code(context, "model", one_stack=False)
@@ -321,7 +323,7 @@ _ALLOCATOR_WHY = ("Set before anything initialises CUDA (the allocator reads its
                   "shape can then hold the next")
 
 
-def _allocator_entry(slot: str) -> RecipeEntry:
+def _allocator_entry(slot: RecipeSlot) -> RecipeEntry:
     def entry(config: Config, context: RecipeContext) -> list[RecipePart]:
         if not config.expandable_segments:
             return []
@@ -343,3 +345,10 @@ RECIPE: dict[str, dict[Style, RecipeEntry]] = {
     "expandable_segments": {style: _allocator_entry("setup" if style == "pytorch" else "code")
                             for style in ("pytorch", "hf", "lightning", "accelerate")},
 }
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    model_steps={"recompute": lambda model, config, site: checkpoint_blocks(model, config, site.blocks)},
+    model_notes=model_notes,
+)

@@ -30,6 +30,7 @@ from .base import (
     changed,
     no_equivalent,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -219,3 +220,6 @@ def loss_read_due(unread_steps: int, config: Config, *, host_free: bool = False)
 def scripted_loss(config: Config) -> bool:
     """Whether the loss function runs as TorchScript (the legacy path)."""
     return config.script_loss
+
+
+OWNER = Owner(group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE)

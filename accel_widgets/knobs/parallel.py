@@ -36,6 +36,7 @@ from .base import (
     no_equivalent,
     powers_of_two,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo, GpuInfo
@@ -422,3 +423,12 @@ def gradient_sync(model: nn.Module, last_micro_batch: bool, *,
     if sync or not hasattr(model, "no_sync"):
         return contextlib.nullcontext()
     return model.no_sync()
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    model_steps={"wrap": lambda model, config, site: wrap_model(model, config, site.device, site.blocks)},
+    model_notes=model_notes,
+    facts=lambda config, device_kind, visible_gpus: {"gpus": gpus_used(config, device_kind, visible_gpus),
+                                                     "sharded": sharded(config)},
+)

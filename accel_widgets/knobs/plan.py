@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..inputs.device import DeviceInfo, GpuInfo
 from ..inputs.workload import Workload
-from . import compiling, data, facts, float8, memory, parallel
+from . import compiling, data, facts, model_notes, parallel
 from .base import Facts, Part
 from .config import Config
 from .parts import FREE_PARTS, why_not_free
@@ -72,7 +72,7 @@ def resolve(config: Config, device: DeviceInfo, workload: Workload, *, world_siz
     warnings = check_config(config, device)
     try:
         warnings += data.loader_notes(workload, config)
-        warnings += _model_notes(workload, config)
+        warnings += model_notes(workload, config)
     except ValueError as exc:  # what the knobs cannot keep of the workload's own DataLoader, or do to its model
         raise ConfigError(str(exc)) from None
     ranks = parallel.ranks(config)
@@ -90,13 +90,6 @@ def resolve(config: Config, device: DeviceInfo, workload: Workload, *, world_siz
         group=group,
         freed=freed,
     )
-
-
-def _model_notes(workload: Workload, config: Config) -> list[str]:
-    """What the owners that change the model will do to ``workload``'s, read from its outline before any process
-    starts (ValueError: what they cannot do)."""
-    return [*memory.model_notes(workload, config), *float8.model_notes(workload, config),
-            *parallel.model_notes(workload, config)]
 
 
 def portable_errors(config: Config, workload: Workload | None = None) -> list[str]:

@@ -28,6 +28,7 @@ from .base import (
     Style,
     Symptom,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.device import DeviceInfo
@@ -323,3 +324,10 @@ def global_flags(config: Config) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32 = cudnn
         for op, value in zip(ops, per_op, strict=True):
             op.fp32_precision = value
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    global_flags=global_flags,
+    facts=lambda config, device_kind, visible_gpus: {"math": math_precision(config, device_kind)},
+)

@@ -18,6 +18,7 @@ from .base import (
     RecipeContext,
     RecipeEntry,
     RecipePart,
+    RecipeSlot,
     Remedy,
     Rule,
     Search,
@@ -27,6 +28,7 @@ from .base import (
     changed,
     no_equivalent,
 )
+from .owner import Owner
 
 if TYPE_CHECKING:
     from ..inputs.workload import Workload
@@ -117,7 +119,7 @@ _WORKSPACE = f'os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", "{_CUBLAS_DETERM
 _CHANNELS_LAST = "model = model.to(memory_format=torch.channels_last)"
 
 
-def _code(name: str, line: str | Callable[[Config], str], slot: str = "code") -> RecipeEntry:
+def _code(name: str, line: str | Callable[[Config], str], slot: RecipeSlot = "code") -> RecipeEntry:
     """An entry that writes one line when the config changes the knob."""
     return lambda config, context: [Code(name, slot, line(config) if callable(line) else line)] if changed(
         _KNOB[name], config) else []
@@ -265,3 +267,10 @@ def release_cached_memory(config: Config, device: torch.device) -> None:
     """After warm-up: return the allocator's cached blocks to the driver (other processes can use them)."""
     if device.type == "cuda" and config.empty_cache:
         torch.cuda.empty_cache()
+
+
+OWNER = Owner(
+    group=GROUP, title=TITLE, knobs=KNOBS, rules=RULES, ladder=LADDER, remedies=REMEDIES, recipe=RECIPE,
+    model_steps={"layout": lambda model, config, site: prepare_model(model, config)},
+    global_flags=global_flags,
+)

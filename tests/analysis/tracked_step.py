@@ -12,16 +12,17 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils._pytree import tree_flatten, tree_map
 
 from accel_widgets import Config, Workload
-from accel_widgets.analysis.estimate import sample_batch
+from accel_widgets.analysis.estimate import TRACED_STAGES, sample_batch
 from accel_widgets.engine.training import micro_batch_loss
-from accel_widgets.knobs import memory, overhead, precision, system
+from accel_widgets.knobs import overhead, precision, prepare_model
 
 
 def tracked_peak(workload: Workload, config: Config, batch_size: int) -> int:
     """The bytes MemTracker saw alive at the peak of one steady-state step on this CPU (the batch included: the
     estimate counts it, as the step holds it)."""
     torch.manual_seed(workload.seed)
-    model = memory.checkpoint_blocks(system.prepare_model(workload.build_model(), config), config, workload.blocks)
+    model, _, _ = prepare_model(workload.build_model(), config, torch.device("cpu"), workload.blocks,
+                                stages=TRACED_STAGES)
     model.train()
     optimizer = overhead.build_optimizer(workload, [p for p in model.parameters() if p.requires_grad], config)
     sample = sample_batch(workload)

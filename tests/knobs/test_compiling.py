@@ -16,7 +16,7 @@ from torch import nn
 from accel_widgets import Config
 from accel_widgets.demos import demo_workload
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
-from accel_widgets.knobs import compiling
+from accel_widgets.knobs import compiling, prepare_model
 from accel_widgets.knobs.compiling import CompileReport, CompileWatch, GraphBreak, Recompile
 from accel_widgets.knobs.rules import check_config
 from accel_widgets.search.ladder import classic_ladder
@@ -246,7 +246,6 @@ def test_blocks_are_compiled_before_ddp_or_fsdp_takes_them(monkeypatch, parallel
     """torchtitan's order: checkpointing, then each block compiled, then fully_shard per block (or DDP's wrapper).
     What the wrapper is handed is read at the moment it is called (the wrapper itself is replaced: no process group
     here), and the compile after it leaves the compiled blocks as they are."""
-    from accel_widgets.engine import training
     from accel_widgets.knobs import parallel as parallel_owner
 
     handed: list[list[bool]] = []
@@ -258,7 +257,7 @@ def test_blocks_are_compiled_before_ddp_or_fsdp_takes_them(monkeypatch, parallel
     monkeypatch.setattr(parallel_owner, "wrap_model", wrap_model)
     config = Config(compile_mode="default", compile_scope="blocks", parallel=parallel, world_size=2)
     model = Stack()
-    called, raw, scope = training.prepare_model(model, config, torch.device("cpu"))
+    called, raw, scope = prepare_model(model, config, torch.device("cpu"))
     compiled = [layer._compiled_call_impl for layer in model.layers]
     assert handed == [[True, True, True]] and called is raw is model
     assert scope == "3 x Sequential at layers (88% of the parameters), each compiled; the code between them eager"

@@ -10,9 +10,12 @@ config (``config.num_workers``), a knob named as a keyword (``config.replace(num
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import typing
 from pathlib import Path
 
+from accel_widgets import knobs
 from accel_widgets.knobs import KNOBS, OWNERS, owner_of
 from accel_widgets.knobs.base import STYLES, RecipeContext
 from accel_widgets.knobs.config import Config
@@ -33,8 +36,15 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
+#: The modules of the knobs package, by file name.
+KNOB_MODULES = {info.name: importlib.import_module(f"{knobs.__name__}.{info.name}")
+                for info in pkgutil.iter_modules(knobs.__path__)}
+#: Each owner's file: the module that ends with it.
+OWNER_FILES = {module.OWNER: f"knobs/{name}.py" for name, module in KNOB_MODULES.items() if hasattr(module, "OWNER")}
+
+
 def owner_file(knob: str) -> str:
-    return f"knobs/{owner_of(knob).__name__.rpartition('.')[2]}.py"
+    return OWNER_FILES[owner_of(knob)]
 
 
 def config_like(node: ast.expr) -> bool:
@@ -122,10 +132,10 @@ def test_every_knob_has_an_entry_in_every_style() -> None:
     """One knob, one place: each owner says, for each of its knobs and each style, what to write (possibly nothing,
     or that there is no equivalent); the recipe module names no knob."""
     for owner in OWNERS:
-        assert set(owner.RECIPE) == {knob.name for knob in owner.KNOBS}, owner.__name__
-        for name, entries in owner.RECIPE.items():
+        assert set(owner.recipe) == {knob.name for knob in owner.knobs}, owner.group
+        for name, entries in owner.recipe.items():
             assert set(entries) == set(STYLES), (name, sorted(entries))
-    assert sum(len(owner.RECIPE) for owner in OWNERS) == len(KNOBS)
+    assert sum(len(owner.recipe) for owner in OWNERS) == len(KNOBS)
 
 
 #: A value off each knob's default (and what else it needs to mean something), for the test below.
@@ -148,5 +158,5 @@ def test_a_knob_set_off_its_default_is_said_in_every_style_or_said_to_have_no_eq
     for name, value in CHANGED.items():
         config = Config(**NEEDS.get(name, {}), **{name: value})
         for style in STYLES:
-            parts = owner_of(name).RECIPE[name][style](config, RecipeContext())
+            parts = owner_of(name).recipe[name][style](config, RecipeContext())
             assert parts and {part.knob for part in parts} == {name}, (name, style, parts)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable
-from types import ModuleType
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from accel_widgets.knobs import (
     OWNERS,
     RUNGS,
     Facts,
+    Owner,
     Symptom,
     compiling,
     facts,
@@ -28,8 +28,8 @@ from accel_widgets.knobs.data import DEFAULT_BATCH_SIZE, copy_batch, resolve_bat
 from tests.workloads import TinyNet, tiny_workload
 
 
-def _declared_by(name: str) -> list[ModuleType]:
-    return [owner for owner in OWNERS if any(knob.name == name for knob in owner.KNOBS)]
+def _declared_by(name: str) -> list[Owner]:
+    return [owner for owner in OWNERS if any(knob.name == name for knob in owner.knobs)]
 
 
 def test_every_config_field_is_a_knob_owned_by_exactly_one_module():
@@ -40,28 +40,28 @@ def test_every_config_field_is_a_knob_owned_by_exactly_one_module():
 
 def test_each_module_owns_one_group_in_the_classic_order():
     for owner in OWNERS:
-        assert {knob.group for knob in owner.KNOBS} == {owner.GROUP}, owner.__name__
-    assert [owner.GROUP for owner in OWNERS] == list(GROUPS)
+        assert {knob.group for knob in owner.knobs} == {owner.group}, owner.group
+    assert [owner.group for owner in OWNERS] == list(GROUPS)
     assert GROUPS[:2] == ("data", "precision") and GROUPS[-1] == "parallel"
 
 
 def test_every_rule_names_its_owners_knob_and_only_registry_knobs():
     """A rule lives with one of the knobs it involves, and names only knobs of the registry."""
     for owner in OWNERS:
-        own = {knob.name for knob in owner.KNOBS}
-        for rule in owner.RULES:
-            assert set(rule.knobs) <= set(KNOBS), (owner.__name__, rule.knobs)
-            assert own & set(rule.knobs), f"{owner.__name__} holds a rule about {rule.knobs}, none of them its own"
+        own = {knob.name for knob in owner.knobs}
+        for rule in owner.rules:
+            assert set(rule.knobs) <= set(KNOBS), (owner.group, rule.knobs)
+            assert own & set(rule.knobs), f"{owner.group} holds a rule about {rule.knobs}, none of them its own"
 
 
 def test_every_owner_declares_its_part_of_the_ladder_and_its_remedies():
     for owner in OWNERS:
-        assert all(climb.rung in RUNGS for climb in owner.LADDER), owner.__name__
-        assert all(isinstance(advice, Callable) for advice in owner.REMEDIES.values()), owner.__name__
-        for symptom, advise in owner.REMEDIES.items():
-            assert symptom in typing.get_args(Symptom), (owner.__name__, symptom)
+        assert all(climb.rung in RUNGS for climb in owner.ladder), owner.group
+        assert all(isinstance(advice, Callable) for advice in owner.remedies.values()), owner.group
+        for symptom, advise in owner.remedies.items():
+            assert symptom in typing.get_args(Symptom), (owner.group, symptom)
             remedy = advise(Config())
-            assert remedy is None or owner_of(remedy.knob) is owner, (owner.__name__, symptom, remedy)
+            assert remedy is None or owner_of(remedy.knob) is owner, (owner.group, symptom, remedy)
 
 
 def test_facts_are_the_owners_account_of_a_run():
