@@ -336,11 +336,6 @@ def keeps_gathered(config: Config) -> bool:
     return sharded(config) and not config.reshard_after_forward
 
 
-def group_name(config: Config) -> str:
-    """How the ranks of ``config`` are called in a sentence: "DDP" or "FSDP"."""
-    return config.parallel.upper()
-
-
 def model_notes(workload: Workload, config: Config) -> list[str]:
     """What FSDP will do with ``workload``'s model, said before any process starts: a model without repeated blocks
     is sharded as one unit (every parameter gathered at once, nothing to overlap)."""

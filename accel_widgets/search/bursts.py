@@ -123,10 +123,6 @@ class Bursts:
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
 
-    def lasting(self, steps: int) -> Bursts:
-        """The same bursts, ``steps`` measured steps each."""
-        return replace(self, steps=steps, seconds=None)
-
     def freeing(self, part: Part | None) -> Bursts:
         """The same bursts, ``part`` of each step made free (None: the config as it is)."""
         return replace(self, freed=part)

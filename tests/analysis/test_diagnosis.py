@@ -155,7 +155,7 @@ def test_failures_are_read_first_with_their_first_line() -> None:
     assert findings[0].title == "Out of memory" and findings[0].knob == "batch_size"
     assert "more" not in findings[0].detail
     failed = diagnose(synthetic_result(status="failed", error=ErrorInfo("exception", "ValueError: bad\ntrace")))
-    assert findings[0].severity == "warn" and by_title(failed, "Burst failed").detail == "ValueError: bad"
+    assert failed[0].title == "Burst failed" and failed[0].severity == "warn" and failed[0].detail == "ValueError: bad"
 
 
 def test_a_stopped_burst_is_still_read_from_its_steps() -> None:
