@@ -852,8 +852,9 @@ class Call:
 
     def gpu_tests(self, timeout: float) -> str:
         log_path = self.report.path.parent / "gpu_tests.log"
+        # One process, in file order (DDP last), whatever the project's addopts: the GPU machine has no pytest-xdist.
         command = [sys.executable, "-m", "pytest", "-v", "-rfE", "-m", "gpu", "-p", "no:cacheprovider",
-                   *map(str, gpu_test_files())]
+                   "-o", "addopts=", *map(str, gpu_test_files())]
         started = time.monotonic()
         returncode, timed_out = run_in_group(command, log_path, timeout)
         seconds = time.monotonic() - started

@@ -7,6 +7,7 @@ The preloaded forkserver and multiprocessing's resource tracker are session-long
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import multiprocessing.util
@@ -37,6 +38,38 @@ tempfile.tempdir = _SESSION_TMP
 
 # Removed at exit after multiprocessing's own finalizers (priority -100) have cleaned their pymp-* dirs in it.
 multiprocessing.util.Finalize(None, shutil.rmtree, args=(_SESSION_TMP, True), exitpriority=-200)
+
+
+def _machine_lock() -> int | None:
+    """Under pytest-xdist, one file every worker of this run locks around each test (None in a plain run).
+
+    Most tests only need to finish; a test marked ``alone`` reads what a user would see of a burst (a browser drawing
+    it live, the runs table's marks), which another worker's bursts on these two cores would change. Such a test takes
+    the lock exclusively and the others share it, so it runs with the machine to itself while the rest run in
+    parallel."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None
+    path = Path(tempfile.gettempdir()).parent / f"accel-widgets-tests-{run}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    multiprocessing.util.Finalize(None, path.unlink, kwargs={"missing_ok": True}, exitpriority=-300)
+    return fd
+
+
+_MACHINE_LOCK = _machine_lock()
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``alone`` has the machine to itself under pytest-xdist (see :func:`_machine_lock`)."""
+    if _MACHINE_LOCK is None:
+        yield
+        return
+    fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -153,7 +186,10 @@ def no_leaks() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU tests run only where CUDA exists (the GPU check script runs them on a lent GPU)."""
+    """Under pytest-xdist, slow tests first, so that its workers are not left waiting on one long test at the end; GPU
+    tests run only where CUDA exists (the GPU check script runs them on a lent GPU, in one process, in file order)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -83,6 +83,7 @@ def test_a_bad_reference_exits_non_zero_with_one_line(workdir: Path, capsys: pyt
     assert err.startswith("accel-widgets: error: workload 'mywl:make_it'") and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_the_command_runs_a_workload_module_from_its_current_directory(workdir: Path) -> None:
     # -I keeps the current directory off sys.path, as for the installed `accel-widgets` script: the CLI must add it,
     # and the worker processes must find the module too (Net is pickled by reference to it).

@@ -305,7 +305,7 @@ class Absent:
         if name.split(".")[0] in {absent!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}")
 sys.meta_path.insert(0, Absent())
-sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", *{files!r}]))
+sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=", *{files!r}]))
 """
 
 
@@ -427,6 +427,7 @@ def _dry_run(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(gc.ROOT)})
 
 
+@pytest.mark.slow
 def test_the_dry_run_plans_the_h200_call_within_its_420_s():
     """What the device plan's first run will do, planned on its sizes and timings: it must fit, or CI fails. The
     least wanted compile piece (image +rest) gives way to the 420 s the second run needs left of 15 minutes."""
@@ -450,6 +451,7 @@ def test_the_dry_run_plans_the_h200_call_within_its_420_s():
            "lm +loader, lm +bf16, lm +compile" in out
 
 
+@pytest.mark.slow
 def test_a_dry_run_whose_budget_cannot_hold_the_lms_compile_fails_and_says_why():
     run = _dry_run("--budget-s", "150")
     assert run.returncode == 1

@@ -74,6 +74,7 @@ def test_nothing_a_ddp_burst_opens_is_reachable_from_the_network():
     assert not _listening_addresses(_burst_processes())
 
 
+@pytest.mark.slow
 def test_bursts_bounded_by_seconds_agree_on_their_steps():
     """Ranks that each decided on their own clock disagreed by a step and hung in the extra all-reduce."""
     rng = random.Random(0)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from accel_widgets.engine import forkserver
 
@@ -137,6 +138,7 @@ def test_a_process_that_imported_torch_first_is_forked_into_the_server_and_only_
     assert seen["atexit"] == "caller exit\n"  # the server and the ranks leave with os._exit: once, the caller's
 
 
+@pytest.mark.slow
 def test_a_process_whose_openmp_pool_ran_gets_a_spawned_server_not_a_hanging_fork(short_tmp):
     """After a parallel region libgomp's children hang at their next one: the canary sees it, the server is
     spawned, and the DDP burst trains."""
@@ -158,6 +160,7 @@ MAPS_AFTER_IS_AVAILABLE = [*MAPS_AFTER_IMPORT[:2],
                            "/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06\n", *MAPS_AFTER_IMPORT[2:]]
 
 
+@pytest.mark.slow
 def test_a_cuda_context_the_cuda_driver_a_large_heap_or_the_opt_out_keep_the_spawned_server(monkeypatch, short_tmp):
     """``is_available()`` runs cuInit without setting torch's flag: the loaded driver alone refuses the fork (every
     rank of such a fork fails with "CUDA error: initialization error")."""

@@ -12,6 +12,7 @@ from tests.workloads import wide_workload
 run_burst = functools.partial(_run_burst, device=cpu_device())  # gloo on the CPU, even where there are GPUs
 
 
+@pytest.mark.slow
 def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank():
     """Wide MLP blocks (12.6M parameters, AdamW) with accumulation over 2 micro-batches: FSDP's reduce-scatter on the
     last micro-batch gives the gradients DDP's all-reduce does, so the losses match.

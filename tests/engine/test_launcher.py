@@ -307,9 +307,12 @@ def test_fast_steps_streaming_in_wake_the_caller_per_tick_not_per_message():
 
     from accel_widgets.engine.ranks import PUMP_TICK_S
 
-    seconds = 2.0
     before = resource.getrusage(resource.RUSAGE_THREAD)
-    result = run_burst(tiny_workload(), Config(), seconds=seconds, on_event=lambda event: None)
+    started = time.monotonic()
+    result = run_burst(tiny_workload(), Config(), seconds=2.0, on_event=lambda event: None)
+    lasted = time.monotonic() - started
     wakes = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before.ru_nvcsw
-    assert result.ok and len(result.steps) > 200
-    assert wakes <= seconds / PUMP_TICK_S + 30, wakes  # ticks, plus starting the rank and its first events
+    # Many steps a message (a busy machine runs fewer: the rank still sends every STEP_BATCH_S), one wake a tick
+    # of the whole call, plus starting the rank and its first events.
+    assert result.ok and len(result.steps) > 40
+    assert wakes <= lasted / PUMP_TICK_S + 30, (wakes, lasted)

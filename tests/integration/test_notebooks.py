@@ -11,6 +11,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "ddp.ipynb"])
 def test_notebook_runs_top_to_bottom(name, tmp_path):
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
@@ -47,6 +48,7 @@ class Data(torch.utils.data.Dataset):
 '''
 
 
+@pytest.mark.slow
 def test_autoreload_edits_train_in_the_next_burst(tmp_path, monkeypatch):
     """The notebook loop: %autoreload 2, the model's module imported before accel_widgets, a burst, the module
     edited: the next bursts (one rank; DDP x 2 with a loader worker each) train the edited code, as calling Net() in

@@ -35,7 +35,8 @@ from tests.browsers import (
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = NEEDS_CHROMIUM
+# In a browser, with the chart on screen: what a user sees of a burst, so nothing else may share the machine.
+pytestmark = [*NEEDS_CHROMIUM, pytest.mark.alone]
 
 VIEWPORT = {"width": 1400, "height": 1900}
 NARROW_WIDTH = 1000

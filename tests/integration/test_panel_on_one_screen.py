@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import nbformat
+import pytest
 
 from tests.browsers import (
     ARTIFACTS,
@@ -30,7 +31,8 @@ from tests.browsers import (
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-pytestmark = NEEDS_CHROMIUM
+# In a browser, with the chart on screen: what a user sees of a burst, so nothing else may share the machine.
+pytestmark = [*NEEDS_CHROMIUM, pytest.mark.alone]
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "tuning.ipynb"
 #: The notebook's parameters: short bursts, and no cold compile (tests/engine/test_compile.py compiles).

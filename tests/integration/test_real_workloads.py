@@ -51,6 +51,7 @@ def bert_workload(model=tiny_bert, **changes) -> Workload:
                     optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3), **changes)
 
 
+@pytest.mark.slow
 def test_a_hugging_face_model_trains_on_dict_batches_with_its_own_loss_and_real_tokens():
     result = run_burst(bert_workload(), Config(), steps=6, device=cpu_device())
     assert result.ok, result.summary()

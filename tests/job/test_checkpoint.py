@@ -166,6 +166,7 @@ def run_jobs(where: Path, scenario: str, seed: int = 0) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_one_before_it_resumed_exactly(short_tmp: Path):
     """Checkpoints at steps 2, 4, 6, 8; the newest overwritten with garbage, truncated, or without its .metadata:
     --resume says which and why, keeps it as step_00000008.damaged, and steps 7-10 are the uninterrupted job's."""
@@ -195,6 +196,7 @@ def test_no_usable_checkpoint_ends_the_script_with_one_line_and_an_error_code(sh
     assert (short_tmp / "ckpt" / "step_00000004.damaged").is_dir()
 
 
+@pytest.mark.slow
 def test_every_resume_after_a_kill_during_a_save_is_exact(short_tmp: Path):
     """A checkpoint every step, killed 10 times at random moments during a save: the checkpoints before each kill
     are intact, the partial one is only ever under its hidden name, and every step trained after each resume has

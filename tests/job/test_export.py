@@ -40,6 +40,7 @@ def run_script(script: Path, nproc: int, tmp_path: Path) -> list[float]:
     return json.loads(line)["losses"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: c.label())
 def test_the_exported_script_trains_exactly_as_the_burst_did(config, short_tmp):
     script = export_script(REFERENCE, config, short_tmp / "train.py")

@@ -235,6 +235,7 @@ def _fsdp_rank(rank: int, code: str, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_the_fsdp_snippet_on_two_ranks_trains_as_the_burst(tmp_path: Path) -> None:
     """FSDP2 on 2 gloo ranks: each block, then the root, fully_shard-ed; accumulation reduces on the last micro-batch
     only; the per-rank data shards and epochs as in the burst."""

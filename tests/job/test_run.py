@@ -88,6 +88,7 @@ def augmented_reference(config: Config, steps: int) -> list[float]:
     return burst.losses(rank=0)
 
 
+@pytest.mark.slow
 def test_one_process_with_augmenting_loader_workers_killed_five_times_inside_epochs_resumes_exactly(
         short_tmp: Path) -> None:
     """2 loader workers, random augmentation from torch, Python and NumPy, 6 batches an epoch, a checkpoint every 5
@@ -121,6 +122,7 @@ def test_one_process_with_augmenting_loader_workers_killed_five_times_inside_epo
     assert max(abs(loss - reference[step - 1]) for step, loss in logged) == 0.0
 
 
+@pytest.mark.slow
 def test_ddp_ranks_with_augmenting_loader_workers_killed_and_stopped_inside_epochs_resume_exactly(
         short_tmp: Path) -> None:
     """DDP x 2, 2 loader workers each, 3 batches an epoch per rank, a checkpoint every 5 steps: rank 0 SIGKILLed in
@@ -145,6 +147,7 @@ def test_ddp_ranks_with_augmenting_loader_workers_killed_and_stopped_inside_epoc
     assert max(abs(loss - reference[step - 1]) for step, loss in logged_losses(short_tmp)) == 0.0
 
 
+@pytest.mark.slow
 def test_one_process_stopped_by_sigterm_then_killed_resumes_exactly(short_tmp: Path) -> None:
     """fp16 with GradScaler, 2 micro-batches a step, a StepLR schedule, epochs of 8 steps: SIGTERM in step 7 stops
     the job after it with a checkpoint and exit 0; the resumed job is SIGKILLed in step 13, after its checkpoint at
@@ -185,6 +188,7 @@ def test_one_process_stopped_by_sigterm_then_killed_resumes_exactly(short_tmp: P
     assert events.Scalars("eval/loss")[-1].value == float(torch.tensor(log[-1]["eval"]["loss"]))
 
 
+@pytest.mark.slow
 def test_ddp_ranks_killed_resume_exactly_and_stop_together_on_one_ranks_sigterm(short_tmp: Path) -> None:
     """DDP x 2 (gloo), bf16, 2 micro-batches a step (no_sync): rank 0 is SIGKILLed in step 13, after the checkpoint
     at 12. Resumed (logging every 2 steps), a SIGTERM that only rank 0 gets in step 17 stops both ranks at the next

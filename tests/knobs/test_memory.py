@@ -63,6 +63,7 @@ def test_a_model_without_repeated_blocks_is_refused_before_any_process_starts():
     assert memory.room_maker(Config(activation_checkpointing="selective"), gpt_workload()) is None
 
 
+@pytest.mark.slow
 def test_checkpointing_lowers_a_bursts_peak_and_trains_the_same():
     """A thin transformer with many tokens per step: its activations outweigh the weights (~110 MiB of them over
     8 blocks at batch 256), so recomputing them shows in the rank's peak RSS, while the fp32 losses stay equal step

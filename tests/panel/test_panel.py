@@ -351,6 +351,7 @@ def test_long_bursts_keep_each_series_bounded_and_aligned() -> None:
     assert [row[3] for row in util] == pytest.approx([100 + (row[1] - 0.5) / 0.05 for row in util], abs=1)
 
 
+@pytest.mark.slow
 def test_a_running_burst_sends_only_new_points_a_few_times_a_second_and_nothing_off_screen() -> None:
     """The observer must not cost the measurement: the page gets each point once, about once a second, and nothing
     while it does not show the chart; what it missed follows when it is back."""
