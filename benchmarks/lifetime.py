@@ -33,6 +33,7 @@ import psutil
 from _common import positive_int, spread, table, write_json
 
 import accel_widgets as aw
+from accel_widgets.engine.process import running
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_STOP_S = 0.2
@@ -78,17 +79,6 @@ def stop_latency() -> float:
     return time.perf_counter() - pressed[0]
 
 
-def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
-    alive = []
-    for process in processes:
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 def owner_killed(knobs: dict[str, Any]) -> dict[str, float]:
     """SIGKILL an owner mid-burst; seconds until its ranks and workers, then everything, are gone."""
     tmp = tempfile.mkdtemp(prefix="awl-", dir="/tmp")  # short: the owner's forkserver socket lives there
@@ -104,10 +94,10 @@ def owner_killed(knobs: dict[str, Any]) -> dict[str, float]:
         ranks = [p for p in family if p not in infrastructure]
         killed = time.perf_counter()
         owner.kill()
-        while _running(ranks):
+        while running(ranks):
             time.sleep(0.002)
         ranks_s = time.perf_counter() - killed
-        while _running(family):
+        while running(family):
             time.sleep(0.002)
         return {"processes": len(ranks), "ranks_and_workers_s": ranks_s, "everything_s": time.perf_counter() - killed}
     finally:

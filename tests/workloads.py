@@ -533,3 +533,31 @@ def hf_bert_workload(*, layers: int = 12, hidden: int = 768, heads: int = 12, vo
     return Workload(model=model, dataset=TokenItems(4 * batch_size, seq_len, vocab_size, masked=True),
                     batch_size=batch_size,
                     name=f"hf-bert-{layers}x{hidden}")
+
+
+#: A user's models.py, edited between bursts (the tests of the code a rank runs). The model's output and the dataset's
+#: target say which version ran: (output - target)^2 is 1 before the edit, 4 after it, and 9 or 0 for a rank that ran
+#: one half of each.
+MODELS = '''
+import torch
+from torch import nn
+
+OUTPUT, TARGET = {output}, {target}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.w * 0 + OUTPUT + 0 * x[:, :1]
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return torch.ones(4), torch.full((1,), TARGET)
+'''

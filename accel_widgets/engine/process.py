@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import psutil
 import torch
@@ -84,10 +84,16 @@ def _descendants() -> list[psutil.Process]:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
-    return [child for child in children if _alive(child)]
+    return running(children)
 
 
-def _alive(process: psutil.Process) -> bool:
+def running(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still running: a zombie has ended (it only waits to be reaped), and a process that is
+    gone or no longer readable is not one of ours any more."""
+    return [process for process in processes if _running(process)]
+
+
+def _running(process: psutil.Process) -> bool:
     try:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -99,7 +105,7 @@ def _zombie_children(loader_workers: set[int]) -> list[int]:
     loader workers aside: multiprocessing reaps those."""
     with contextlib.suppress(psutil.Error):
         return [child.pid for child in psutil.Process().children()
-                if child.pid not in loader_workers and not _alive(child)]
+                if child.pid not in loader_workers and not _running(child)]
     return []
 
 

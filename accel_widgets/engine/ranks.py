@@ -29,6 +29,7 @@ from torch.multiprocessing.spawn import ProcessContext, _wrap  # torch's rank wr
 from ..results.burst import BurstPhase, RankSummary, StepRecord, TelemetrySample
 from .events import EventChannel, MeasureAgain, Phase, RankDone, RankFailed, RankLosses, StepBatch, WorkerEvent
 from .forkserver import MP_DIR_PREFIX, RANK_NAME_PREFIX, forkserver_context, warm_up
+from .process import running
 from .stacks import where_stuck
 from .telemetry import TelemetrySampler
 from .worker import BurstSpec, worker_main
@@ -327,17 +328,10 @@ def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.P
     """
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in processes if _running(p)]
+        alive = running(processes)
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.005)
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 

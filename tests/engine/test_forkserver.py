@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from accel_widgets.engine import forkserver
+from tests.workloads import MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -204,31 +205,6 @@ def test_a_process_that_loaded_the_cuda_driver_is_not_forked(short_tmp):
 
 
 # -- the code a rank runs is the caller's, as it is at the burst -------------------------------------------------
-#: The model's output and the dataset's target say which version of models.py ran: (output - target)^2 is 1 before
-#: the edit, 4 after it, and 9 or 0 for a rank that ran one half of each.
-MODELS = '''
-import torch
-from torch import nn
-
-OUTPUT, TARGET = {output}, {target}
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.zeros(1))
-
-    def forward(self, x):
-        return self.w * 0 + OUTPUT + 0 * x[:, :1]
-
-
-class Data(torch.utils.data.Dataset):
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, index):
-        return torch.ones(4), torch.full((1,), TARGET)
-'''
 #: Imports accel_widgets before it defines what the workload uses: the server is forked while it is half-executed.
 HELPER = '''
 import torch

@@ -25,6 +25,7 @@ from accel_widgets import BurstTimeout, Config, StepRecord, WorkerCrashed, Worke
 from accel_widgets.engine import launcher
 from accel_widgets.engine.events import Phase
 from accel_widgets.engine.launcher import _crash_message, inductor_cache_dir
+from accel_widgets.engine.process import running
 from accel_widgets.engine.ranks import Collected, remove_orphaned_burst_dirs
 from tests.workloads import FailAt, ForksInForward, StuckItemDataset, tiny_workload
 
@@ -46,22 +47,11 @@ aw.run_burst(tiny_workload(), aw.Config(**json.loads(sys.argv[1])), seconds=120,
 """
 
 
-def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
-    alive = []
-    for process in processes:
-        try:
-            if process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 def _gone_within(processes: list[psutil.Process], seconds: float) -> float:
     """Seconds until every process has exited (fails the test past ``seconds``)."""
     started = time.perf_counter()
-    while _running(processes):
-        assert time.perf_counter() - started < seconds, f"still running: {_running(processes)}"
+    while running(processes):
+        assert time.perf_counter() - started < seconds, f"still running: {running(processes)}"
         time.sleep(0.02)
     return time.perf_counter() - started
 

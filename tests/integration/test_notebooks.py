@@ -8,6 +8,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.workloads import MODELS
+
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
@@ -23,29 +25,6 @@ def test_notebook_runs_top_to_bottom(name, tmp_path):
     assert "samples/s" in outputs
 
 
-MODELS = '''
-import torch
-from torch import nn
-
-OUTPUT, TARGET = {output}, {target}
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.zeros(1))
-
-    def forward(self, x):
-        return self.w * 0 + OUTPUT + 0 * x[:, :1]
-
-
-class Data(torch.utils.data.Dataset):
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, index):
-        return torch.ones(4), torch.full((1,), TARGET)
-'''
 
 
 @pytest.mark.slow
