@@ -23,18 +23,10 @@ from .analysis.guard import GuardVerdict, check_training, find_baseline
 from .data.streams import StreamReading
 from .demos import DEMO_NAMES, demo_workload
 from .engine.forkserver import warm_up
-from .engine.launcher import (
-    BurstError,
-    BurstTimeout,
-    IsolationWarning,
-    WorkerCrashed,
-    WorkerError,
-    WorkerOutOfMemory,
-    WorkloadNotPicklable,
-    run_burst,
-)
+from .engine.launcher import BurstEngine, IsolationWarning, WorkloadNotPicklable, run_burst
+from .engine.outcome import BurstError, BurstTimeout, WorkerCrashed, WorkerError, WorkerOutOfMemory
 from .engine.payload import UserCodeWarning
-from .engine.request import BurstRequestError
+from .engine.request import BurstOptions, BurstRequestError
 from .inputs.device import DeviceInfo, probe_device
 from .inputs.workload import Workload
 from .job.export import export_script
@@ -76,7 +68,9 @@ __all__ = [
     "KNOBS",
     "BatchSizeSearch",
     "BatchTry",
+    "BurstEngine",
     "BurstError",
+    "BurstOptions",
     "BurstPhase",
     "BurstRequestError",
     "BurstResult",

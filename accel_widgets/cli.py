@@ -23,8 +23,9 @@ from typing import Any
 from .analysis.compare import comparison_rows
 from .analysis.estimate import Estimate, estimate
 from .demos import DEMO_NAMES, demo_workload
-from .engine.launcher import BurstError, run_burst
-from .engine.request import check_burst_request
+from .engine.launcher import run_burst
+from .engine.outcome import BurstError
+from .engine.request import BurstOptions, check_burst_request
 from .inputs.device import probe_device
 from .inputs.workload import Workload, load_workload
 from .knobs import GROUP_TITLES, GROUPS, KNOBS, KnobValueError, parallel
@@ -198,9 +199,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Progress goes to stderr: stdout keeps the results, for whoever reads them from a pipe.
     progress = ProgressSeries("run", 1, steps=args.steps, seconds=args.seconds, stream=sys.stderr)
     progress.begin(config.label(), config)
+    options = BurstOptions(timeout_s=args.timeout, profile_steps=args.profile_steps)
     try:
-        result = run_burst(workload, config, steps=args.steps, seconds=args.seconds, timeout_s=args.timeout,
-                           profile_steps=args.profile_steps, on_event=progress.on_event)
+        result = run_burst(workload, config, steps=args.steps, seconds=args.seconds, on_event=progress.on_event,
+                           options=options)
     except BurstError as exc:
         result = exc.result
         progress.end()

@@ -61,7 +61,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -489,8 +489,8 @@ def _gpu_tests(path: Path) -> list[tuple[ast.FunctionDef, bool, list[ast.expr]]]
 def audit_gpu_tests(files: list[Path]) -> list[str]:
     """What keeps the GPU tests from fitting the plan: a GPU test without a timeout of at most
     ``GPU_TEST_TIMEOUT_S`` (``pytest.mark.timeout``, on it or in ``pytestmark``), a burst in one without a
-    ``timeout_s`` of at most ``GPU_TEST_BURST_TIMEOUT_S`` (``run_burst(..., timeout_s=...)``;
-    ``find_batch_size(..., engine=functools.partial(run_burst, timeout_s=...))``), a DDP test anywhere but
+    ``timeout_s`` of at most ``GPU_TEST_BURST_TIMEOUT_S`` (``run_burst(..., options=BurstOptions(timeout_s=...))``;
+    ``find_batch_size(..., engine=BurstEngine(BurstOptions(timeout_s=...)))``), a DDP test anywhere but
     last. Read from the files' syntax, so it holds on a machine that cannot run them."""
     problems, order = [], []
     for path in files:
@@ -516,15 +516,26 @@ def _burst_timeouts(test: ast.FunctionDef, constants: dict[str, float]) -> list[
         if name not in BURST_CALLS:
             continue
         keywords = {k.arg: k.value for k in call.keywords}
-        limit = keywords.get("timeout_s")
+        options = keywords.get("options")
         if name == "find_batch_size":
             engine = keywords.get("engine")
-            limit = next((k.value for k in getattr(engine, "keywords", []) if k.arg == "timeout_s"), None)
+            options = engine.args[0] if isinstance(engine, ast.Call) and _named(engine, "BurstEngine") else None
+        limit = _keyword(options, "timeout_s") if isinstance(options, ast.Call) and _named(options, "BurstOptions") \
+            else None
         seconds = _number(limit, constants) if limit is not None else None
         if seconds is None or seconds > GPU_TEST_BURST_TIMEOUT_S:
             problems.append(f"{name}(...) without a timeout_s of at most {GPU_TEST_BURST_TIMEOUT_S:g} s "
                             f"(line {call.lineno})")
     return problems
+
+
+def _named(call: ast.Call, name: str) -> bool:
+    """``name(...)`` or ``<module>.name(...)``."""
+    return getattr(call.func, "id", getattr(call.func, "attr", "")) == name
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
 
 
 def _constants(tree: ast.Module) -> dict[str, float]:
@@ -574,15 +585,17 @@ def first_line(text: str) -> str:
 
 
 def run_budgeted(workload: aw.Workload, config: aw.Config, *, timeout_s: float, cap_s: float, label: str,
-                 **burst_kwargs: Any) -> BurstOutcome:
-    """A burst with the timeout the plan gave it; a timeout caused by the plan's cut (below the cap) is no failure.
+                 options: aw.BurstOptions | None = None, **length: Any) -> BurstOutcome:
+    """A burst (``length``: its steps or seconds; ``options``: anything else it asks for) with the timeout the plan
+    gave it; a timeout caused by the plan's cut (below the cap) is no failure.
 
     Anything else that keeps the burst from a valid measurement -- a BurstError, a refused config, a
     diverged loss, an engine API that changed under the script -- is a failure with its first line.
     """
     wall = time.time()
     try:
-        result = aw.run_burst(workload, config, label=label, timeout_s=timeout_s, **burst_kwargs)
+        result = aw.run_burst(workload, config, label=label, **length,
+                              options=replace(options or aw.BurstOptions(), timeout_s=timeout_s))
     except aw.BurstTimeout as exc:
         if timeout_s < cap_s:
             return BurstOutcome(exc.result, "cut", f"cut by the plan after {timeout_s:.0f} s", wall)
@@ -742,16 +755,16 @@ def side_by_side(rows: list[dict[str, Any]]) -> str:
     return f"{' '.join(r['rung'] for r in rows)}: measured {measured}, reference {reference}"
 
 
-#: The check bursts: (workload, config, run_burst's extra arguments) by name. "mlp" is the MLP demo, "conv"
+#: The check bursts: (workload, config, the options of its burst) by name. "mlp" is the MLP demo, "conv"
 #: the small CNN; each check reads one of them.
 NO_SYNC = aw.Config(sync_every=0, optimizer_impl="fused", pin_memory=True, non_blocking=True)
-CHECK_BURSTS: dict[str, tuple[str, aw.Config, dict[str, Any]]] = {
-    "probe": ("mlp", aw.Config(), {"profile_steps": 3}),
+CHECK_BURSTS: dict[str, tuple[str, aw.Config, aw.BurstOptions]] = {
+    "probe": ("mlp", aw.Config(), aw.BurstOptions(profile_steps=3)),
     # Pinned memory and non_blocking too: a blocking copy from pageable memory is itself a host sync.
-    "no host sync": ("mlp", NO_SYNC, {"sync_debug": True}),
-    "fp16+fused": ("mlp", aw.Config(precision="fp16", optimizer_impl="fused"), {}),
-    "channels_last": ("conv", aw.Config(channels_last=True), {}),
-    "reduce-overhead": ("mlp", aw.Config(compile_mode="reduce-overhead"), {}),
+    "no host sync": ("mlp", NO_SYNC, aw.BurstOptions(sync_debug=True)),
+    "fp16+fused": ("mlp", aw.Config(precision="fp16", optimizer_impl="fused"), aw.BurstOptions()),
+    "channels_last": ("conv", aw.Config(channels_last=True), aw.BurstOptions()),
+    "reduce-overhead": ("mlp", aw.Config(compile_mode="reduce-overhead"), aw.BurstOptions()),
 }
 #: The order compile work runs in, most wanted first: the LM's compile is the ladder's largest bf16-era step.
 COMPILE_ORDER = ("lm", "image")
@@ -827,7 +840,7 @@ class Call:
     def fail_fast(self, timeout: float) -> str:
         """Five CUDA steps of one rank: if the ranks cannot start, nothing later can, so the call stops here."""
         outcome = run_budgeted(aw.demo_workload("mlp", size="small"), aw.Config(), timeout_s=timeout, cap_s=timeout,
-                               label="fail fast", steps=5, warmup_steps=1)
+                               label="fail fast", steps=5, options=aw.BurstOptions(warmup_steps=1))
         self.report.burst("fail fast", outcome)
         if outcome.status != "ok" or outcome.result is None:
             trace = outcome.result.error.traceback if outcome.result is not None and outcome.result.error else ""
@@ -866,12 +879,12 @@ class Call:
 
     def check(self, key: str, cap_s: float, timeout: float) -> str:
         """One check burst and the checks that read it."""
-        workload_name, config, extra = CHECK_BURSTS[key]
+        workload_name, config, options = CHECK_BURSTS[key]
         workload = conv_workload() if workload_name == "conv" else self.workload("mlp", self.args.size)
-        if "profile_steps" in extra:
-            extra = {**extra, "profile_dir": self.profile_dir}
+        if options.profile_steps:
+            options = replace(options, profile_dir=self.profile_dir)
         outcome = run_budgeted(workload, config, timeout_s=timeout, cap_s=cap_s, label=key, steps=CHECK_STEPS,
-                               **extra)
+                               options=options)
         self.checks[key] = outcome
         self.report.burst(f"check/{key}", outcome)
         verdicts = []

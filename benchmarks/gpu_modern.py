@@ -270,7 +270,7 @@ class Call:
 
     def fail_fast(self, timeout: float) -> str:
         outcome = run_budgeted(aw.demo_workload("mlp", size="small"), aw.Config(), timeout_s=timeout, cap_s=timeout,
-                               label="fail fast", steps=5, warmup_steps=1)
+                               label="fail fast", steps=5, options=aw.BurstOptions(warmup_steps=1))
         self.report.burst("fail fast", outcome)
         if outcome.status != "ok" or outcome.result is None:
             self.report.check("fail fast", "FAIL", f"{outcome.message}; stopping: nothing later can run")
@@ -298,7 +298,7 @@ class Call:
     def float8_refused(self, name: str, config: aw.Config) -> str:
         """Without torchao the knob must refuse, naming the install line, before any process starts."""
         try:
-            aw.run_burst(self.workload("mlp-stack"), config, steps=1, device=self.device)
+            aw.run_burst(self.workload("mlp-stack"), config, steps=1, options=aw.BurstOptions(device=self.device))
         except aw.ConfigError as exc:
             ok = INSTALL in str(exc)
             self.report.check(name, "PASS" if ok else "FAIL", f"torchao absent, refused: {first_line(str(exc))}")

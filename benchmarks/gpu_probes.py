@@ -71,8 +71,8 @@ def probe_is_available_first() -> dict[str, Any]:
     import accel_widgets as aw
 
     try:
-        result = aw.run_burst(aw.demo_workload("mlp", size="small"), aw.Config(), steps=3, warmup_steps=1,
-                              timeout_s=25)
+        result = aw.run_burst(aw.demo_workload("mlp", size="small"), aw.Config(), steps=3,
+                              options=aw.BurstOptions(warmup_steps=1, timeout_s=25))
     except Exception as exc:
         return {"status": "FAIL", "message": f"{type(exc).__name__}: {_first_line(str(exc))}",
                 "cuda_available": available}
@@ -111,7 +111,7 @@ def probe_reduce_overhead_own_loss() -> dict[str, Any]:
     workload = aw.Workload(model=own_loss_model, dataset=items, batch_size=64, name="own-loss")
     try:
         result = aw.run_burst(workload, aw.Config(compile_mode="reduce-overhead", sync_every=4), steps=steps,
-                              timeout_s=40)
+                              options=aw.BurstOptions(timeout_s=40))
     except Exception as exc:
         return {"status": "FAIL", "message": f"{type(exc).__name__}: {_first_line(str(exc))}"}
     losses = [loss for loss in result.losses() if loss is not None]

@@ -261,7 +261,8 @@ def run_engine(workload: aw.Workload, steps: int, threads: int) -> dict[str, Any
             latencies.append(time.perf_counter() - called - event.t)
             meter.on_step(event)
 
-    result = aw.run_burst(workload, aw.Config(), steps=steps, warmup_steps=WARMUP_STEPS, on_event=on_event)
+    result = aw.run_burst(workload, aw.Config(), steps=steps, on_event=on_event,
+                          options=aw.BurstOptions(warmup_steps=WARMUP_STEPS))
     parent_cpu_s = _own_cpu_s() - cpu_start
     assert result.samples_per_s is not None and result.step_time is not None
     return {"samples_per_s": result.samples_per_s, "step_median_s": result.step_time.median,

@@ -112,7 +112,7 @@ def warm_recompile() -> list[float]:
     cache = tempfile.mkdtemp(prefix="aw-compile-")
     try:
         return [aw.run_burst(tiny_workload(), aw.Config(compile_mode="default"), steps=5,
-                             cache_dir=cache).first_step_s for _ in range(2)]
+                             options=aw.BurstOptions(cache_dir=cache)).first_step_s for _ in range(2)]
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 

@@ -244,7 +244,7 @@ def run_plan(plan: Plan, workload: aw.Workload, timeout_s: float = BURST_TIMEOUT
     started = time.perf_counter()
     try:
         result = aw.run_burst(workload, plan.config, steps=plan.steps, on_event=on_event, stop=stop,
-                              timeout_s=timeout_s)
+                              options=aw.BurstOptions(timeout_s=timeout_s))
         status, error = result.status, result.error.message if result.error is not None else ""
     except aw.BurstError as exc:
         status, error = type(exc).__name__, str(exc)

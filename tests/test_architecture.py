@@ -4,12 +4,15 @@ The layers, bottom to top, are the package's folders (docs/architecture.md says 
 import is read from the source, lazy ones inside functions and ``TYPE_CHECKING`` ones included: a lazy upward
 import hides a dependency, it does not remove it. The one cycle allowed is type-only: the registry's modules name
 ``Config`` in annotations while ``Config`` is built from the registry. And the knob owners' hooks that change the model
-are reached through the registry alone, never by an owner's name.
+are reached through the registry alone, never by an owner's name. The engine's seam stays narrow: ``run_burst`` takes
+what changes from burst to burst and one ``BurstOptions`` for the rest, and every driver names its engine by the one
+``Engine`` protocol.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,3 +221,35 @@ def test_only_the_registry_reaches_the_owners_model_hooks() -> None:
     reached = [place for path in outside for place in owner_hooks_reached(path)]
     assert not reached, "reach these through accel_widgets.knobs (prepare_model, global_flags, model_notes):\n" + \
         "\n".join(reached)
+
+
+#: ``run_burst``'s parameters at most: the workload, the config, and what changes from burst to burst (the length, the
+#: event stream, Stop, the label), with everything set once and rarely in one ``BurstOptions``.
+RUN_BURST_PARAMETERS = 8
+#: How an engine was spelled before the ``Engine`` protocol: a callable that says nothing of what it is called with.
+UNTYPED_ENGINE = "Callable[..., BurstResult]"
+
+
+def test_run_burst_keeps_its_parameters_few() -> None:
+    """A new option is a field of ``BurstOptions``, not one more keyword every engine, fake and driver must learn."""
+    from accel_widgets.engine.launcher import run_burst
+
+    parameters = list(inspect.signature(run_burst).parameters)
+    assert len(parameters) <= RUN_BURST_PARAMETERS, (
+        f"run_burst takes {len(parameters)} parameters ({', '.join(parameters)}), at most {RUN_BURST_PARAMETERS}: "
+        "put what a caller sets once in accel_widgets.engine.request.BurstOptions")
+
+
+def untyped_engines(path: Path) -> list[str]:
+    """Where ``path`` spells an engine as a bare callable (in an annotation, an alias or a default)."""
+    tree = ast.parse(path.read_text())
+    return [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Subscript) and ast.unparse(node).endswith(UNTYPED_ENGINE)]
+
+
+def test_engines_are_named_by_the_engine_protocol() -> None:
+    """The searches and the panel take ``engine: Engine`` (accel_widgets.engine.launcher): one place says what a
+    burst is called with, so a driver that passes a keyword no engine takes is caught by reading its annotation."""
+    spelled = [place for path in sorted(PACKAGE.rglob("*.py")) for place in untyped_engines(path)]
+    assert not spelled, f"name these engines accel_widgets.engine.launcher.Engine, not {UNTYPED_ENGINE}:\n" + \
+        "\n".join(spelled)

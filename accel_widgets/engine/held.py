@@ -20,15 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..inputs.device import DeviceInfo
 from ..inputs.workload import Workload
-from ..knobs.base import Part
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from .events import MeasureAgain
-from .launcher import _finish, oom_kill_count, pickle_workload, prepare_burst
+from .launcher import pickle_workload, prepare_burst
+from .outcome import finish, oom_kill_count
 from .ranks import EXIT_GRACE_S, Collected, Event, RankGroup, shielded
-from .request import DEFAULT_TIMEOUT_S, BurstRequest
+from .request import BurstOptions, BurstRequest, BurstRequestError
 
 
 class HeldBurst:
@@ -39,23 +38,23 @@ class HeldBurst:
     after everything is ended). :meth:`measure` then has every rank build its training state afresh, warm it up and
     measure ``steps`` more steps; the window's result is a :class:`BurstResult` like any burst's, on the same clock
     as the first. A window that fails, times out or is stopped ends the held ranks (:attr:`alive` turns False).
-    ``freed`` holds a headspace variant of the config (one part of its step made free), as ``run_burst`` does.
+    ``options`` are ``run_burst``'s (``freed`` holds a headspace variant of the config), but for the isolation: held
+    ranks are processes.
     """
 
     def __init__(self, workload: Workload, config: Config | None = None, *, steps: int | None = None,
-                 seconds: float | None = None, warmup_steps: int | None = None,
-                 on_event: Callable[[Event], None] | None = None, stop: threading.Event | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, cache_dir: str | None = None, label: str = "",
-                 device: DeviceInfo | None = None, freed: Part | None = None) -> None:
+                 seconds: float | None = None, on_event: Callable[[Event], None] | None = None,
+                 stop: threading.Event | None = None, label: str = "", options: BurstOptions | None = None) -> None:
         if not isinstance(config, Config | None):
             raise TypeError(f"config must be an accel_widgets.Config, got {type(config).__name__}")
-        request = BurstRequest(steps, seconds, warmup_steps, timeout_s, freed=freed)
+        request = BurstRequest(steps, seconds, options or BurstOptions())
+        if request.options.isolation != "process":
+            raise BurstRequestError("a held burst keeps its ranks as processes: isolation='inprocess' cannot be held")
         called_at = time.perf_counter()
-        spec, result = prepare_burst(workload, config, request, called_at=called_at, device=device,
-                                     cache_dir=cache_dir, label=label)
+        spec, result = prepare_burst(workload, config, request, called_at=called_at, label=label)
         self._template = dataclasses.replace(result, warnings=list(result.warnings))
         self._ranks = RankGroup(spec, held=True)
-        self._timeout_s = timeout_s
+        self._timeout_s = request.options.timeout_s
         self._windows = 0
         self.alive = False
         self.first = self._open(workload, result, on_event, stop, called_at)
@@ -120,7 +119,7 @@ class HeldBurst:
         else:
             self.alive = False
             shielded(lambda: setattr(result, "telemetry", self._ranks.tear_down(collected)), reraise_interrupt=True)
-        return _finish(result, collected, outcome, called_at, self._timeout_s)
+        return finish(result, collected, outcome, called_at, self._timeout_s)
 
     def close(self) -> None:
         """Tell the ranks to finish, give them a moment to leave cleanly, then end whatever is left. Idempotent."""

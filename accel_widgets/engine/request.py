@@ -1,15 +1,20 @@
-"""What a burst is asked for besides the config: how long to measure, warm up and wait, and what to record.
+"""What a burst is asked for besides the config: how long to measure, warm up and wait, what to record, and where
+it runs.
 
-:class:`BurstRequest` is one value for ``run_burst``'s keyword arguments, checked before any process starts:
-the searches pass it on whole instead of a dozen parameters each.
+Two values, both checked when they are made, so a bad argument is refused before any process starts.
+:class:`BurstOptions` is what a caller sets once and rarely: ``run_burst(..., options=BurstOptions(...))`` keeps the
+everyday keywords (the length, the event stream, Stop, the label) few, and a search hands its options on whole.
+:class:`BurstRequest` is one burst's length with its options, the value the ranks are given.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
+from ..inputs.device import DeviceInfo
 from ..knobs.base import Part
 from ..knobs.parts import PARTS
 
@@ -18,52 +23,83 @@ DEFAULT_STEPS = 40
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_PROFILE_DIR = "accel_widgets_profiles"
 
+#: Where a burst trains: in worker processes (crash, out-of-memory and hang isolated) or in the caller.
+Isolation = Literal["process", "inprocess"]
+ISOLATIONS: tuple[Isolation, ...] = ("process", "inprocess")
+
 
 @dataclass(frozen=True)
-class BurstRequest:
-    """How long a burst measures and waits, and what it records besides its numbers.
+class BurstOptions:
+    """How a burst runs besides its length: what it warms up, waits for and records, and where it trains.
 
-    ``steps`` measured steps, or ``seconds`` of measuring (neither: ``DEFAULT_STEPS``), after ``warmup_steps``
-    unmeasured ones (None: the config's own, :func:`accel_widgets.knobs.compiling.default_warmup_steps`);
-    ``timeout_s`` for the whole burst; ``profile_steps`` more steady-state steps under torch.profiler after the
-    window, their trace under ``profile_dir``; ``sync_debug`` runs the window under CUDA's sync-debug mode.
-    ``freed``: the part of the step the burst makes free, a headspace variant of the config
-    (:mod:`accel_widgets.knobs.parts`); None trains the config as it is.
+    ``warmup_steps`` unmeasured steps before the window (None: the config's own,
+    :func:`accel_widgets.knobs.compiling.default_warmup_steps`); ``timeout_s`` for the whole burst; ``profile_steps``
+    more steady-state steps under torch.profiler after the window, their trace under ``profile_dir``; ``sync_debug``
+    runs the window under CUDA's sync-debug mode. ``freed``: the part of the step the burst makes free, a headspace
+    variant of the config (:mod:`accel_widgets.knobs.parts`); None trains the config as it is. ``isolation``
+    "inprocess" trains in the caller, without crash isolation (for a workload that cannot be pickled); ``cache_dir``
+    holds the data caches and compiled kernels (None: the project's cache root); ``device`` is the machine to plan for
+    (None: probed).
     """
 
-    steps: int | None = None
-    seconds: float | None = None
     warmup_steps: int | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     profile_steps: int = 0
     profile_dir: str = DEFAULT_PROFILE_DIR
     sync_debug: bool = False
     freed: Part | None = None
+    isolation: Isolation = "process"
+    cache_dir: str | None = None
+    device: DeviceInfo | None = None
 
     def __post_init__(self) -> None:
-        check_burst_request(self.steps, self.seconds, self.warmup_steps, self.timeout_s, self.profile_steps)
-        if self.freed is not None and self.freed not in PARTS:
-            raise BurstRequestError(f"freed={self.freed!r} names no part of the step: use one of "
-                                    f"{', '.join(map(repr, PARTS))}, or None for the config as it is")
+        _raise_for([*_option_problems(self.warmup_steps, self.timeout_s, self.profile_steps),
+                    _freed_problem(self.freed), _isolation_problem(self.isolation)])
+
+    def over(self, base: BurstOptions) -> BurstOptions:
+        """These options laid over ``base``: each field set here (away from its default) wins, the rest are ``base``'s;
+        a field at its default, given or not, keeps ``base``'s.
+
+        How an engine with options of its own takes the ones a search or the panel adds for a burst (a headspace's
+        freed part, a profile, a timeout) without losing its own (``isolation="inprocess"``, a device)."""
+        # Every field has a plain default (no factory): ``f.default`` is what an unset field holds.
+        changed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if getattr(self, f.name) != f.default}
+        return dataclasses.replace(base, **changed)
+
+
+@dataclass(frozen=True)
+class BurstRequest:
+    """One burst's length and its options: what its ranks are given.
+
+    ``steps`` measured steps, or ``seconds`` of measuring (neither: ``DEFAULT_STEPS``). The ranks read the length
+    and what to warm up, measure and record; where the burst runs (isolation, cache dir, device) is the launcher's.
+    """
+
+    steps: int | None = None
+    seconds: float | None = None
+    options: BurstOptions = field(default_factory=BurstOptions)
+
+    def __post_init__(self) -> None:
+        _raise_for(_length_problems(self.steps, self.seconds))
 
     def resolved(self, warmup_steps: int) -> BurstRequest:
         """This request with its defaults taken: a length (``DEFAULT_STEPS``) and ``warmup_steps`` when unset."""
         steps = DEFAULT_STEPS if self.steps is None and self.seconds is None else self.steps
-        return dataclasses.replace(self, steps=steps, warmup_steps=self.warmup_steps or warmup_steps)
-
-    def length(self) -> dict[str, int | float | None]:
-        """``steps`` and ``seconds`` as keyword arguments."""
-        return {"steps": self.steps, "seconds": self.seconds}
+        options = dataclasses.replace(self.options, warmup_steps=self.options.warmup_steps or warmup_steps)
+        return dataclasses.replace(self, steps=steps, options=options)
 
 
 class BurstRequestError(ValueError):
-    """``run_burst``'s length, warm-up, timeout or profiling argument is not a usable number; raised before any
-    process starts, because a NaN length or timeout would otherwise run into the timeout and read as a hang."""
+    """A burst's length or one of its :class:`BurstOptions` is unusable (not a usable number, an unknown part or
+    isolation); raised when the value is made, before any process starts, because a NaN length or timeout would
+    otherwise run into the timeout and read as a hang."""
 
 
 def check_burst_request(steps: object, seconds: object, warmup_steps: object, timeout_s: object,
                         profile_steps: object) -> None:
-    """Raise :class:`BurstRequestError` unless every burst argument is a number the engine can act on.
+    """Raise :class:`BurstRequestError` unless every burst argument is a number the engine can act on, naming every
+    problem at once (the CLI and the sweep check their arguments before their first line of output).
 
     ``steps`` is an int >= 1 and ``seconds`` a finite number > 0, at most one of them given (neither:
     ``run_burst`` picks the default length; both would leave it to whichever ends first, a length nobody
@@ -71,21 +107,39 @@ def check_burst_request(steps: object, seconds: object, warmup_steps: object, ti
     pays one-off costs; ``timeout_s`` a finite number > 0; ``profile_steps`` an int >= 0. Bools are refused
     as counts, and so are floats: ``steps=2.5`` would otherwise run 3 steps.
     """
-    problems = [
-        problem
-        for problem in (
-            _count_problem("steps", steps, 1, optional=True),
-            _duration_problem("seconds", seconds, optional=True),
-            _count_problem("warmup_steps", warmup_steps, 1, optional=True,
+    _raise_for([*_length_problems(steps, seconds), *_option_problems(warmup_steps, timeout_s, profile_steps)])
+
+
+def _raise_for(problems: list[str]) -> None:
+    """Raise one :class:`BurstRequestError` naming every problem found ("" is none)."""
+    found = [problem for problem in problems if problem]
+    if found:
+        raise BurstRequestError("; ".join(found))
+
+
+def _length_problems(steps: object, seconds: object) -> list[str]:
+    return [_count_problem("steps", steps, 1, optional=True), _duration_problem("seconds", seconds, optional=True),
+            _both_lengths_problem(steps, seconds)]
+
+
+def _option_problems(warmup_steps: object, timeout_s: object, profile_steps: object) -> list[str]:
+    return [_count_problem("warmup_steps", warmup_steps, 1, optional=True,
                            why=": the first step always pays one-off costs"),
             _duration_problem("timeout_s", timeout_s, optional=False),
-            _count_problem("profile_steps", profile_steps, 0, optional=False),
-            _length_problem(steps, seconds),
-        )
-        if problem
-    ]
-    if problems:
-        raise BurstRequestError("; ".join(problems))
+            _count_problem("profile_steps", profile_steps, 0, optional=False)]
+
+
+def _freed_problem(freed: object) -> str:
+    if freed is None or freed in PARTS:
+        return ""
+    return (f"freed={freed!r} names no part of the step: use one of {', '.join(map(repr, PARTS))}, or None for the "
+            "config as it is")
+
+
+def _isolation_problem(isolation: object) -> str:
+    if isolation in ISOLATIONS:
+        return ""
+    return f"isolation={isolation!r} is invalid: use {' or '.join(map(repr, ISOLATIONS))}"
 
 
 def _count_problem(name: str, value: object, minimum: int, *, optional: bool, why: str = "") -> str:
@@ -97,7 +151,7 @@ def _count_problem(name: str, value: object, minimum: int, *, optional: bool, wh
     return ""
 
 
-def _length_problem(steps: object, seconds: object) -> str:
+def _both_lengths_problem(steps: object, seconds: object) -> str:
     """What is wrong with giving both lengths, or "" when at most one is given."""
     if steps is None or seconds is None:
         return ""

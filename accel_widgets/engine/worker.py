@@ -49,7 +49,7 @@ from .process import (
     use_private_temp_dir,
     use_rank_environment,
 )
-from .request import BurstRequest
+from .request import BurstOptions, BurstRequest
 from .stacks import dump_stacks_on_signal
 from .training import TrainingLoop, build_loop, rank_summary
 
@@ -266,11 +266,11 @@ def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.de
         loop, raw = built.loop, built.raw
         setup_s = time.perf_counter() - setup_start
         with _watching_compiles(loop) as watch:  # the steps the numbers come from: compiling happens in them
-            first_step_s, steady_s = loop.warm_up(request.warmup_steps or 1)
+            first_step_s, steady_s = loop.warm_up(request.options.warmup_steps or 1)
             steps, seconds = _window_bounds(request, steady_s)
-            window = loop.measure(steps, seconds, first_step_s, request.sync_debug)
+            window = loop.measure(steps, seconds, first_step_s, request.options.sync_debug)
         set_phase(Phase.FINISHING)
-        capture = _profile(loop, request, rank)
+        capture = _profile(loop, request.options, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
                                loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
                                stream_reading(loop.batches.loader.dataset), loop.cache,
@@ -358,15 +358,15 @@ def _window_bounds(request: BurstRequest, steady_step_s: float) -> tuple[int | N
     return int(decided[0]), None
 
 
-def _profile(loop: TrainingLoop, request: BurstRequest, rank: int) -> Any:
+def _profile(loop: TrainingLoop, options: BurstOptions, rank: int) -> Any:
     """Rank 0 records the profiled steps; DDP peers take the same steps so its collectives have partners."""
-    if not request.profile_steps:
+    if not options.profile_steps:
         return None
     if rank != 0:
-        loop.extra_steps(request.profile_steps)
+        loop.extra_steps(options.profile_steps)
         return None
-    trace = os.path.join(request.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
-    return loop.profile(request.profile_steps, trace)
+    trace = os.path.join(options.profile_dir, f"trace-{os.getpid()}-{int(time.time())}.json")
+    return loop.profile(options.profile_steps, trace)
 
 
 def _device_for(kind: str, rank: int) -> torch.device:

@@ -47,7 +47,7 @@ KNOBS = [
         what="Read the loss on the host every N steps (1 = every step, 0 = only at the end).",
         why="loss.item() blocks the host until the GPU finishes, so the GPU idles while Python catches up.",
         when="Launch-bound GPU steps; logging every step is the classic hidden sync. fp16 with a non-fused "
-        "optimizer still syncs every step inside GradScaler; run_burst(sync_debug=True) names any sync left.",
+        "optimizer still syncs every step inside GradScaler; BurstOptions(sync_debug=True) names any sync left.",
         # 0 reads the loss only at the end: fewer syncs than any N
         search=Search(values=(1, 0), rank=lambda value, ctx: math.inf if value == 0 else value),
     ),

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from ..analysis.estimate import Estimate, estimate
 from ..analysis.guard import NoiseBand, cached_noise
-from ..engine.launcher import BurstError, Event
+from ..engine.launcher import Engine, Event, added_options
+from ..engine.outcome import BurstError
+from ..engine.request import BurstOptions
 from ..inputs.device import DeviceInfo
 from ..inputs.workload import Workload
 from ..knobs import data
@@ -43,7 +45,6 @@ from ..views.headspace import headspace_lines
 from ..views.progress import BurstProgress
 from .state import PanelState, ProfileShown, Ticker
 
-Engine = Callable[..., BurstResult]
 Tuner = Callable[..., TuneResult]
 HistoryArg = RunHistory | str | os.PathLike[str] | Literal[False] | None
 
@@ -96,12 +97,20 @@ def ladder_plan(workload: Workload, device: DeviceInfo, leave_out: Collection[st
     return [PlanItem(rung.name, rung.config) for rung in rungs]
 
 
-def length_kwargs(unit: str, value: float) -> dict[str, int | float | None]:
+class Length(TypedDict):
+    """A burst's length as the engine's keywords (``**length``): measured steps, or seconds of measuring; one of
+    them is None."""
+
+    steps: int | None
+    seconds: float | None
+
+
+def length_kwargs(unit: str, value: float) -> Length:
     """Burst length as the engine's keywords: a number of measured steps, or seconds of measuring."""
     if unit == "steps":
-        return {"steps": max(1, round(value)), "seconds": None}
+        return Length(steps=max(1, round(value)), seconds=None)
     if unit == "seconds":
-        return {"steps": None, "seconds": max(0.1, float(value))}
+        return Length(steps=None, seconds=max(0.1, float(value)))
     raise ValueError(f"burst length unit must be 'steps' or 'seconds', got {unit!r}")
 
 
@@ -170,8 +179,8 @@ def open_history(history: HistoryArg) -> tuple[RunHistory | None, str]:
 class PanelController:
     """Starts the panel's actions on the action thread and turns what happens into state changes.
 
-    ``engine`` is called like :func:`~accel_widgets.engine.launcher.run_burst` (for example
-    ``functools.partial(run_burst, isolation="inprocess")`` for a workload that cannot be pickled);
+    ``engine`` is an :class:`~accel_widgets.engine.launcher.Engine`: ``run_burst``, or for example
+    ``BurstEngine(BurstOptions(isolation="inprocess"))`` for a workload that cannot be pickled;
     ``tuner`` like :func:`~accel_widgets.search.tuner.tune`. Every finished burst is recorded in ``history``.
     """
 
@@ -193,7 +202,7 @@ class PanelController:
         self._stop = threading.Event()
         self._stop_requested_at: float | None = None
         self._live_timer: threading.Timer | None = None
-        self._live_length: Callable[[], dict[str, Any]] = lambda: {"steps": 20, "seconds": None}
+        self._live_length: Callable[[], Length] = lambda: Length(steps=20, seconds=None)
         self._live_restart = threading.Lock()  # one restart at a time: stop, wait, start
         self._fit_timer: threading.Timer | None = None
         self._fit_asked = 0  # the newest estimate asked for: an older one that ends later is not shown
@@ -210,14 +219,14 @@ class PanelController:
     def running(self) -> bool:
         return self.state.action is not None
 
-    def run_burst(self, length: dict[str, Any], budget_s: float | None = DEFAULT_BUDGET_S) -> None:
+    def run_burst(self, length: Length, budget_s: float | None = DEFAULT_BUDGET_S) -> None:
         """A burst of the settings, then, when the table has a baseline for it, the comparison engine measures the
         two again, interleaved, for up to ``budget_s``: the row's speed-up tightens into an interval and a verdict
         (None: the burst alone)."""
         plan = [PlanItem("", self.state.runnable_config())]
         self._start("Burst", lambda: self._run_compared("Burst", plan, length, budget_s))
 
-    def run_ladder(self, length: dict[str, Any], leave_out: Collection[str] = (),
+    def run_ladder(self, length: Length, leave_out: Collection[str] = (),
                    budget_s: float | None = DEFAULT_BUDGET_S) -> None:
         """The classic ladder, one burst per rung, then every rung compared with the one before and the baseline,
         interleaved, for up to ``budget_s``."""
@@ -225,7 +234,7 @@ class PanelController:
                            self.state.headspace)
         self._start("Ladder", lambda: self._run_compared("Ladder", plan, length, budget_s))
 
-    def profile(self, length: dict[str, Any]) -> None:
+    def profile(self, length: Length) -> None:
         config = self.state.runnable_config()
         self._start("Profile", lambda: self._run_profile(config, length))
 
@@ -256,7 +265,7 @@ class PanelController:
             raise RuntimeError(f"no run history: {self._history_off_why}")
         self._start("Load", self._run_load)
 
-    def set_live(self, on: bool, length: Callable[[], dict[str, Any]]) -> None:
+    def set_live(self, on: bool, length: Callable[[], Length]) -> None:
         """Live mode: while on, every edit of the knobs stops the burst in flight and, once the knobs have
         been still for LIVE_DELAY_S, starts a burst of the new settings (``length()`` long) that replaces
         the previous live run. Turning it on starts one; turning it off lets the running burst finish."""
@@ -400,7 +409,7 @@ class PanelController:
             self.state.end_action()
             self._schedule_fit(edited=False)  # the settings as the action left them (the tuner's best)
 
-    def _run_plan(self, what: str, plan: list[PlanItem], length: dict[str, Any], *, live: bool = False) -> str:
+    def _run_plan(self, what: str, plan: list[PlanItem], length: Length, *, live: bool = False) -> str:
         """Run each planned burst in turn (Run burst, Run ladder, a live burst)."""
         for index, item in enumerate(plan):
             if self._stop.is_set():
@@ -410,7 +419,7 @@ class PanelController:
                         lambda fraction, index=index: (index + fraction) / len(plan), live=live)
         return self._final_status(what, len(plan))
 
-    def _run_compared(self, what: str, plan: list[PlanItem], length: dict[str, Any], budget_s: float | None) -> str:
+    def _run_compared(self, what: str, plan: list[PlanItem], length: Length, budget_s: float | None) -> str:
         """Each planned burst in turn, its ranks held (Run burst, Run ladder); then the comparison engine measures
         them again, interleaved, until each run's verdict against its baseline (and a ladder's rung against the rung
         before it) is settled or ``budget_s`` is spent. The table shows each first burst at once and its interval
@@ -487,10 +496,10 @@ class PanelController:
             if rows[baseline].result.config == comparison.reference:
                 self.state.set_comparison(run, comparison, comparing=comparing and not comparison.settled)
 
-    def _run_profile(self, config: Config, length: dict[str, Any]) -> str:
+    def _run_profile(self, config: Config, length: Length) -> str:
         self.state.show_profile(None)
-        result = self._burst("Profile", PlanItem("", config), length, lambda fraction: fraction,
-                             profile_steps=self.profile_steps, profile_dir=self.profile_dir)
+        profile = BurstOptions(profile_steps=self.profile_steps, profile_dir=self.profile_dir)
+        result = self._burst("Profile", PlanItem("", config), length, lambda fraction: fraction, options=profile)
         why = f"the burst ended {result.status}"
         if result.error is not None and result.error.message.strip():
             why += f" ({result.error.message.strip().splitlines()[0]})"
@@ -620,17 +629,18 @@ class PanelController:
         already = f" ({skipped} already shown)" if skipped else ""
         return f"Loaded {len(fresh)} earlier run{'s' if len(fresh) != 1 else ''} of this workload{already}."
 
-    def _burst(self, what: str, item: PlanItem, length: dict[str, Any], progress: Callable[[float], float], *,
-               live: bool = False, **extra: Any) -> BurstResult:
+    def _burst(self, what: str, item: PlanItem, length: Length, progress: Callable[[float], float], *,
+               live: bool = False, options: BurstOptions | None = None) -> BurstResult:
         """One burst through the engine, streamed into the state, then finished there and recorded (a live
-        burst that was stopped by the next edit is not: it measured nothing the user asked for)."""
+        burst that was stopped by the next edit is not: it measured nothing the user asked for). ``options``: what
+        this burst adds to the engine's (a profile)."""
         def call(on_event: Callable[[Event], None]) -> BurstResult:
             return self._engine(self.workload, item.config, **length, on_event=on_event, stop=self._stop,
-                                label=item.label, **extra)
+                                label=item.label, **added_options(options))
 
         return self._streamed(what, item, length, progress, call, live=live)[1]
 
-    def _held_burst(self, what: str, item: PlanItem, length: dict[str, Any],
+    def _held_burst(self, what: str, item: PlanItem, length: Length,
                     progress: Callable[[float], float]) -> tuple[int, Contender]:
         """A burst like :meth:`_burst` whose ranks stay (with the default engine) for the comparison that follows;
         returns its run and its contender, which the caller closes."""
@@ -644,7 +654,7 @@ class PanelController:
         run, result = self._streamed(what, item, length, progress, call)
         return run, opened[0] if opened else Failed(item.config, result)
 
-    def _streamed(self, what: str, item: PlanItem, length: dict[str, Any], progress: Callable[[float], float],
+    def _streamed(self, what: str, item: PlanItem, length: Length, progress: Callable[[float], float],
                   call: Callable[[Callable[[Event], None]], BurstResult], *,
                   live: bool = False) -> tuple[int, BurstResult]:
         """``call(on_event)`` run as one run of the table: its events streamed into the state, its result finished

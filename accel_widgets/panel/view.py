@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from ..analysis.compare import best_run
 from ..engine.forkserver import warm_up
-from ..engine.launcher import run_burst
+from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import data
@@ -32,7 +32,7 @@ from ..views.figures import COMPARISONS, comparison_figures
 from ..views.headspace import ceilings_html
 from ..views.style import findings_html, themed
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
-from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
+from .controller import HistoryArg, Length, PanelController, Tuner, length_kwargs
 from .controls import KNOBS_PX, KnobControls
 from .plots import MIN_WIDTH, WIDTH, Timeline, fit_timeline, sync_state
 from .recipe import RecipeView
@@ -76,7 +76,7 @@ class TuningPanel:
     """Explore every knob of the registry against ``workload`` and compare what each one did.
 
     ``engine`` is called like :func:`~accel_widgets.run_burst` (for example
-    ``functools.partial(aw.run_burst, isolation="inprocess")`` for a workload that cannot be pickled);
+    ``aw.BurstEngine(aw.BurstOptions(isolation="inprocess"))`` for a workload that cannot be pickled);
     ``device`` defaults to this machine; ``steps`` is the initial burst length. ``runs`` lists every
     finished BurstResult, ``config`` is what the controls say now, and ``wait()`` blocks until the running
     action ends and returns the last run it finished. ``state`` is everything the panel shows, as plain data.
@@ -432,7 +432,7 @@ class TuningPanel:
         if bool(change["new"]) != self.state.live:
             self.live = bool(change["new"])
 
-    def _length(self) -> dict[str, Any]:
+    def _length(self) -> Length:
         return length_kwargs(self.length_unit.value, self.length_value.value)
 
     # -- layout -----------------------------------------------------------------------------------

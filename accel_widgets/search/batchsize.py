@@ -40,7 +40,7 @@ import psutil
 from torch.utils.data import IterableDataset
 
 from ..analysis.estimate import estimate
-from ..engine.launcher import run_burst
+from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import KNOBS, KnobValueError, batch, memory, parallel, system
@@ -359,7 +359,7 @@ def find_batch_size(
     steps: int = DEFAULT_STEPS,
     refine_tries: int = DEFAULT_REFINE_TRIES,
     device: DeviceInfo | None = None,
-    engine: Callable[..., BurstResult] = run_burst,
+    engine: Engine = run_burst,
     on_try: Callable[[BatchTry], None] | None = None,
     stop: threading.Event | None = None,
 ) -> BatchSizeSearch:

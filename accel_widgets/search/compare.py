@@ -32,13 +32,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..engine.launcher import BurstError, run_burst
+from ..engine.launcher import Engine, run_burst
+from ..engine.outcome import BurstError
+from ..engine.request import BurstOptions
 from ..inputs.workload import Workload
 from ..knobs.base import Part
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Block, Comparison, too_loaded
-from .bursts import Bursts, Contender, Engine
+from .bursts import Bursts, Contender
 
 #: A window measures at least this long, so a hiccup of the machine (a GC, another tenant's burst) is averaged.
 WINDOW_S = 1.0
@@ -326,8 +328,9 @@ def measure_pairs(
     entries = [_Entry(config, names[i], parts[i]) for i, config in enumerate(configs)]
     for index, contender in (opened or {}).items():
         entries[index].contender, entries[index].owned = contender, False
+    timeout = None if timeout_s is None else BurstOptions(timeout_s=timeout_s)  # None: the engine's own timeout
     measurement = _Measurement(workload, entries, pairs, budget_s=budget_s, min_effect=min_effect,
-                               bursts=Bursts(engine, steps=steps, stop=stop, timeout_s=timeout_s), clock=clock,
+                               bursts=Bursts(engine, steps=steps, stop=stop, options=timeout), clock=clock,
                                on_progress=on_progress, window_s=window_s, budget_covers_firsts=budget_covers_firsts)
     return measurement.run(on_event)
 

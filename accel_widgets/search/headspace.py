@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..engine.launcher import run_burst
+from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs.base import Part
@@ -25,7 +25,6 @@ from ..knobs.parts import FREE_PARTS, PARTS, check_part, why_not_free
 from ..knobs.plan import resolve
 from ..results.comparison import Comparison
 from ..results.headspace import Ceiling, Headspace
-from .bursts import Engine
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, WINDOW_S, Progress, measure_pairs
 
 #: The config as it is, as a ceiling's comparison names it.
@@ -59,9 +58,8 @@ def headspace(
     of here (communication without DDP/FSDP, host work on a CPU, where the host is the device) gets a ceiling that
     says why instead. ``min_effect``: the smallest speed-up worth the name ("same" when the interval stays within
     1 ± it). ``steps``: the first bursts' measured steps, later windows sized to last ``window_s``; ``engine`` is
-    called like
-    :func:`~accel_widgets.run_burst` (and given ``freed``); ``stop`` ends it after the running window. Bad arguments
-    and a config that cannot run here raise before any process starts.
+    called like :func:`~accel_widgets.run_burst` (and given options with ``freed``); ``stop`` ends it after the
+    running window. Bad arguments and a config that cannot run here raise before any process starts.
     """
     config = config or Config()
     if not isinstance(config, Config):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.launcher import run_burst
+from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import CLIMBS, RUNGS, Climb, Symptom
@@ -23,7 +23,6 @@ from ..results.burst import BurstResult
 from ..results.comparison import Comparison
 from ..results.headspace import Ceiling, Headspace
 from .batchsize import BatchSizeSearch
-from .bursts import Engine
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, Progress, measure_pairs
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..engine.launcher import run_burst
+from ..engine.launcher import Engine, run_burst
 from ..inputs.workload import Workload
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
-from .bursts import Engine
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, Progress, measure_pairs
 
 MIN_STEPS = 20  # a re-measure's first bursts get at least this many measured steps, whatever the run had

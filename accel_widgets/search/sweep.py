@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..engine.launcher import run_burst
+from ..engine.launcher import Engine, run_burst
 from ..engine.request import DEFAULT_TIMEOUT_S, check_burst_request
 from ..inputs.device import probe_device
 from ..inputs.workload import Workload
@@ -31,7 +31,7 @@ from ..results.burst import BurstResult
 from ..results.comparison import Comparison
 from ..views.comparison import interval_text, outcome_text, verdict_text
 from ..views.progress import ProgressSeries, result_line
-from .bursts import Bursts, Contender, Engine
+from .bursts import Bursts, Contender
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, _check, measure_pairs
 
 if TYPE_CHECKING:

@@ -60,7 +60,8 @@ from ..analysis.guard import (
     keep_noise,
     noise_band,
 )
-from ..engine.launcher import BurstError, run_burst
+from ..engine.launcher import Engine, run_burst
+from ..engine.outcome import BurstError
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import GROUPS, KNOBS, CodePaths, SearchContext, compiling
@@ -73,7 +74,7 @@ from ..results.comparison import Comparison
 from ..results.headspace import Headspace
 from ..results.history import RunHistory, workload_fingerprint
 from ..views.comparison import outcome_text
-from .bursts import Bursts, Contender, Engine
+from .bursts import Bursts, Contender
 from .compare import WINDOW_S, measure_pairs, window_steps
 
 #: Opens a config's contender, its first burst measured: ``opener(workload, config, label)``.
@@ -225,7 +226,7 @@ def tune(
 
 
 def measure_noise(
-    workload: Workload, baseline: BurstResult, *, engine: Callable[..., BurstResult] = run_burst,
+    workload: Workload, baseline: BurstResult, *, engine: Engine = run_burst,
     history: RunHistory | None = None, fingerprint: str | None = None, stop: threading.Event | None = None,
 ) -> NoiseBand | None:
     """What reseeding ``baseline``'s data moves its loss by (a :class:`~accel_widgets.analysis.guard.NoiseBand`, for

@@ -9,7 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from accel_widgets import BurstResult, Config, RankSummary, StepRecord, StreamReading, demo_workload, run_burst
+from accel_widgets import (
+    BurstOptions,
+    BurstResult,
+    Config,
+    RankSummary,
+    StepRecord,
+    StreamReading,
+    demo_workload,
+    run_burst,
+)
 from accel_widgets.analysis.guard import check_training, comparable, find_baseline, tolerance
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.measured import as_measured
@@ -17,7 +26,7 @@ from tests.workloads import CLASSES, FEATURES, tiny_workload
 
 
 def burst(workload, config, steps):
-    return run_burst(workload, config, steps=steps, isolation="inprocess")
+    return run_burst(workload, config, steps=steps, options=BurstOptions(isolation="inprocess"))
 
 
 # -- real bursts ----------------------------------------------------------------------------------

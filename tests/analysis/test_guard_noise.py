@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from accel_widgets import BurstResult, Config, Workload, run_burst
+from accel_widgets import BurstEngine, BurstOptions, BurstResult, Config, Workload
 from accel_widgets.analysis import guard
 from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.guard import (
@@ -38,7 +38,7 @@ from tests.analysis.test_guard import HugeActivations, falling, result
 from tests.devices import cpu_device
 from tests.workloads import CLASSES, FEATURES, TinyNet, tensors
 
-INPROCESS = functools.partial(run_burst, isolation="inprocess")
+INPROCESS = BurstEngine(BurstOptions(isolation="inprocess"))
 STEPS = 30  # measured; with 2 warm-up steps every trajectory has 32
 
 

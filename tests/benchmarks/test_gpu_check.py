@@ -333,17 +333,19 @@ def test_the_gpu_tests_fit_the_plan_and_the_audit_names_what_would_not(tmp_path)
     assert gc.audit_gpu_tests(gc.gpu_test_files()) == []
     bad = tmp_path / "test_bad.py"
     bad.write_text(
-        "import functools\nimport pytest\nfrom accel_widgets import Config, find_batch_size, run_burst\n"
+        "import pytest\nfrom accel_widgets import BurstEngine, BurstOptions, Config, find_batch_size, run_burst\n"
         "LIMIT = 90\n\n"
-        "@pytest.mark.gpu\ndef test_ddp():\n    run_burst(None, Config(parallel=\"ddp\"), timeout_s=30)\n\n"
-        "@pytest.mark.gpu\n@pytest.mark.timeout(60)\ndef test_slow():\n    run_burst(None, timeout_s=LIMIT)\n"
-        "    find_batch_size(None, engine=functools.partial(run_burst))\n\n"
+        "@pytest.mark.gpu\ndef test_ddp():\n"
+        "    run_burst(None, Config(parallel=\"ddp\"), options=BurstOptions(timeout_s=30))\n\n"
+        "@pytest.mark.gpu\n@pytest.mark.timeout(60)\n"
+        "def test_slow():\n    run_burst(None, options=BurstOptions(timeout_s=LIMIT))\n"
+        "    find_batch_size(None, engine=BurstEngine(BurstOptions()))\n\n"
         "def test_on_cpu():\n    run_burst(None)\n")
     assert gc.audit_gpu_tests([bad]) == [
         f"{bad}::test_ddp: no pytest.mark.timeout of at most 45 s",
         f"{bad}::test_slow: no pytest.mark.timeout of at most 45 s",
-        f"{bad}::test_slow: run_burst(...) without a timeout_s of at most 60 s (line 13)",
-        f"{bad}::test_slow: find_batch_size(...) without a timeout_s of at most 60 s (line 14)",
+        f"{bad}::test_slow: run_burst(...) without a timeout_s of at most 60 s (line 12)",
+        f"{bad}::test_slow: find_batch_size(...) without a timeout_s of at most 60 s (line 13)",
         f"DDP tests must run last: {bad}::test_ddp",
     ]
 

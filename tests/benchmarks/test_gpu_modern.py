@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from accel_widgets import BurstResult, Config, RankSummary, StepRecord, run_burst
+from accel_widgets import BurstOptions, BurstResult, Config, RankSummary, StepRecord, run_burst
 from tests.benchmark_scripts import load_benchmark
 from tests.devices import cpu_device
 from tests.measured import as_measured
@@ -137,8 +137,8 @@ def test_the_mlp_stacks_steps_are_taken_whole_without_a_copy_and_train():
     inputs, rows = next(iter(torch.utils.data.DataLoader(dataset, batch_size=1, collate_fn=gm.only_item)))
     assert inputs.data_ptr() in {dataset.inputs[i].data_ptr() for i in range(2)} and rows is dataset.rows
     # In this process: the script's classes travel by reference here (as __main__ on the device, by value).
-    result = run_burst(gm.mlp_workload(tokens=64, width=32, hidden=64), Config(), steps=3, device=cpu_device(),
-                       isolation="inprocess")
+    result = run_burst(gm.mlp_workload(tokens=64, width=32, hidden=64), Config(), steps=3,
+                       options=BurstOptions(device=cpu_device(), isolation="inprocess"))
     assert result.ok and {step.samples for step in result.steps} == {64}
 
 

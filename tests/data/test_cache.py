@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
-from accel_widgets import Config, run_burst
+from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.data.cache import CacheInfo, cache_dataset, dataset_fingerprint
 from accel_widgets.data.layout import DataCacheError
 
@@ -277,7 +277,8 @@ def test_a_memmap_cache_is_reused_by_the_next_burst(tmp_path):
     from tests.workloads import tiny_workload
 
     for _ in range(2):
-        assert run_burst(tiny_workload(), Config(data_cache="memmap"), steps=2, cache_dir=str(tmp_path)).ok
+        assert run_burst(tiny_workload(), Config(data_cache="memmap"), steps=2,
+                         options=BurstOptions(cache_dir=str(tmp_path))).ok
     assert len([p for p in (tmp_path / "data").iterdir() if not p.name.startswith(".")]) == 1
 
 
@@ -399,7 +400,7 @@ def test_without_webdataset_shards_are_refused_before_launch_and_marked_in_the_p
     monkeypatch.delitem(sys.modules, "accel_widgets.data.shards", raising=False)
     monkeypatch.delattr(data_layer, "shards", raising=False)
     with pytest.raises(ConfigError, match=r"needs the webdataset package.*accel-widgets\[shards\]"):
-        run_burst(tiny_workload(), Config(data_cache="shards"), steps=2, cache_dir=str(tmp_path))
+        run_burst(tiny_workload(), Config(data_cache="shards"), steps=2, options=BurstOptions(cache_dir=str(tmp_path)))
     note = choice_notes(KNOBS["data_cache"], cpu_device())["shards"]
     assert note.severity == "error" and "webdataset" in note.message
     with pytest.raises(DataCacheError, match="needs the webdataset package"):
@@ -417,8 +418,8 @@ def test_a_shards_cache_trains_with_workers_and_ddp_and_is_written_once(tmp_path
     workload = tiny_workload(optimizer=partial(torch.optim.AdamW, lr=1e-2))
     root, written = tmp_path / "data", None
     for changes in ({}, {"num_workers": 2}, {"parallel": "ddp", "world_size": 2, "num_workers": 2}):
-        result = run_burst(workload, Config(data_cache="shards", **changes), steps=10, cache_dir=str(tmp_path),
-                           device=cpu_device())
+        result = run_burst(workload, Config(data_cache="shards", **changes), steps=10,
+                           options=BurstOptions(cache_dir=str(tmp_path), device=cpu_device()))
         losses = result.losses()
         assert result.ok, result.error
         assert sum(losses[-3:]) < sum(losses[:3]), (changes, losses)

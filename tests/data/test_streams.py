@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from accel_widgets import BurstResult, Config, StreamReading, Workload, run_burst
+from accel_widgets import BurstOptions, BurstResult, Config, StreamReading, Workload, run_burst
 from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.guard import check_training
 from accel_widgets.data.keyed import DataRandomness
@@ -85,14 +85,15 @@ def assert_trains(result: Any) -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_stream_trains_with_each_loader_worker_reading_its_own_items(workers: int, tmp_path: Path) -> None:
-    result = run_burst(stream_workload(tmp_path), Config(num_workers=workers), steps=10, isolation="inprocess",
-                       device=cpu_device())
+    result = run_burst(stream_workload(tmp_path), Config(num_workers=workers), steps=10,
+                       options=BurstOptions(isolation="inprocess", device=cpu_device()))
     assert_trains(result)
     assert_dealt_out(read_by_reader(tmp_path), readers=max(1, workers))
 
 
 def test_ddp_ranks_and_their_workers_read_disjoint_shares_of_a_stream(tmp_path: Path) -> None:
-    result = run_burst(stream_workload(tmp_path), DDP.replace(num_workers=2), steps=6, device=cpu_device())
+    result = run_burst(stream_workload(tmp_path), DDP.replace(num_workers=2), steps=6,
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok and len(result.ranks) == 2, result.error
     assert_dealt_out(read_by_reader(tmp_path), readers=4)
     assert not any("webdataset" in w for w in result.warnings)
@@ -101,8 +102,8 @@ def test_ddp_ranks_and_their_workers_read_disjoint_shares_of_a_stream(tmp_path: 
 @pytest.mark.parametrize("bound", [{"steps": 12}, {"seconds": 0.5}], ids=["steps", "seconds"])
 def test_a_short_stream_restarts_each_epoch(bound: dict[str, Any], tmp_path: Path) -> None:
     """64 items make 4 batches of 16: every burst here runs several epochs of a stream that has no length."""
-    result = run_burst(stream_workload(tmp_path, Numbered(64)), Config(), isolation="inprocess",
-                       device=cpu_device(), **bound)
+    result = run_burst(stream_workload(tmp_path, Numbered(64)), Config(), **bound,
+                       options=BurstOptions(isolation="inprocess", device=cpu_device()))
     assert result.ok, result.error
     assert sum(1 for s in result.steps if not s.warmup) * 16 > 64
     assert read_by_reader(tmp_path) == [set(range(64))]
@@ -180,7 +181,7 @@ def test_a_users_webdataset_trains_under_ddp_with_workers_each_reading_its_own_s
     record = tmp_path / "read"
     record.mkdir()
     workload = stream_workload(record, pipeline(urls, nodesplitter=wds.split_by_node))
-    result = run_burst(workload, DDP.replace(num_workers=2), steps=6, device=cpu_device())
+    result = run_burst(workload, DDP.replace(num_workers=2), steps=6, options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     shares = read_by_reader(record)
     assert len(shares) == 4  # 2 ranks x 2 workers
@@ -236,7 +237,8 @@ ONE_EPOCH = {  # measured steps that make exactly one epoch of 256 items in batc
 @pytest.mark.parametrize("setup", list(ONE_EPOCH), ids=list(ONE_EPOCH))
 def test_a_stream_that_splits_itself_by_worker_trains_every_item_once_per_epoch(setup: str, tmp_path: Path) -> None:
     config, steps = ONE_EPOCH[setup]
-    result = run_burst(stream_workload(tmp_path, DocsStream()), config, steps=steps, device=cpu_device())
+    result = run_burst(stream_workload(tmp_path, DocsStream()), config, steps=steps,
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     assert read_counts(tmp_path) == Counter(range(256))  # each of the 256 items once (was: 128 of them, twice)
     assert result.stream.workers == "stream" and result.stream.known_from == "probe"
@@ -248,7 +250,8 @@ def test_a_stream_that_splits_itself_by_worker_trains_every_item_once_per_epoch(
 
 def test_a_stream_that_declares_its_split_is_not_probed_and_trains_every_item_once(tmp_path: Path) -> None:
     config, steps = ONE_EPOCH["ddp+workers"]
-    result = run_burst(stream_workload(tmp_path, DeclaredDocsStream()), config, steps=steps, device=cpu_device())
+    result = run_burst(stream_workload(tmp_path, DeclaredDocsStream()), config, steps=steps,
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     assert read_counts(tmp_path) == Counter(range(256))
     assert result.stream == StreamReading("tool", "stream", "declared", result.stream.items_read,
@@ -261,7 +264,7 @@ def test_a_stream_that_splits_itself_by_rank_and_worker_from_the_environment_tra
         setup: str, tmp_path: Path) -> None:
     config, steps = ONE_EPOCH[setup]
     workload = stream_workload(tmp_path, partial(RankAwareStream, 256))  # a factory: built in each rank
-    result = run_burst(workload, config, steps=steps, device=cpu_device())
+    result = run_burst(workload, config, steps=steps, options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     assert read_counts(tmp_path) == Counter(range(256))
     assert result.stream.workers == "stream"
@@ -272,7 +275,7 @@ def test_a_stream_that_splits_itself_by_rank_and_worker_from_the_environment_tra
 def test_a_plain_stream_under_ddp_with_workers_is_read_by_every_reader_and_the_diagnosis_says_so(
         tmp_path: Path) -> None:
     result = run_burst(stream_workload(tmp_path, Numbered(512)), DDP.replace(num_workers=2), steps=4,
-                       device=cpu_device())
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     assert result.stream == StreamReading("tool", "tool", "probe", result.stream.items_read, result.stream.items_kept,
                                           readers=2)
@@ -334,8 +337,8 @@ def test_an_augmented_stream_the_tool_deals_out_trains_the_same_with_any_workers
     train on the same batches over several epochs, and the guard passes them without a band. A stream that splits
     itself between its workers batches other items with each worker count: the guard does not compare those."""
     def burst(stream: IterableDataset, config: Config) -> BurstResult:
-        result = run_burst(stream_workload(tmp_path, stream), config, steps=10, isolation="inprocess",
-                           device=cpu_device())
+        result = run_burst(stream_workload(tmp_path, stream), config, steps=10,
+                           options=BurstOptions(isolation="inprocess", device=cpu_device()))
         assert result.ok, result.error
         return result
 
@@ -384,7 +387,7 @@ def test_mosaicml_streaming_dataset_trains_every_sample_once_per_epoch(setup: st
     factory = partial(streaming.StreamingDataset, local=str(tmp_path / "mds"), batch_size=16, shuffle=False)
     workload = Workload(model=TinyNet, dataset=factory, loss_fn=F.cross_entropy, batch_size=16,
                         collate_fn=RecordingSamples(record), name="mds")
-    result = run_burst(workload, config, steps=steps, device=cpu_device())
+    result = run_burst(workload, config, steps=steps, options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     assert read_counts(record) == Counter(range(256))
     assert result.stream.known_from == "library" and result.stream.workers == "stream"

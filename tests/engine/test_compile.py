@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from accel_widgets import Config, WorkerError, run_burst
+from accel_widgets import BurstOptions, Config, WorkerError, run_burst
 from accel_widgets.analysis.diagnosis import diagnose
 from tests.devices import cpu_device
 from tests.workloads import (
@@ -50,14 +50,15 @@ def test_a_compiler_failure_is_a_clear_error_naming_the_knob():
 
 def test_compile_composes_with_ddp():
     result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2, compile_mode="default"), steps=4,
-                       device=cpu_device())
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok
     assert result.environment["model_wrappers"][:2] == ["OptimizedModule", "DistributedDataParallel"]
 
 
 def test_alike_blocks_compile_in_place_inside_ddp_as_one_graph():
     result = run_burst(matmul_workload(MatmulStack), Config(parallel="ddp", world_size=2, compile_mode="default",
-                                                            compile_scope="blocks"), steps=3, device=cpu_device())
+                                                            compile_scope="blocks"), steps=3,
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok, result.error
     assert result.environment["model_wrappers"] == ["DistributedDataParallel", "MatmulStack"]  # compiled in place
     report = result.compile_report

@@ -17,8 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from accel_widgets import Config, StepRecord, WorkerCrashed, WorkerError, Workload
-from accel_widgets import run_burst as _run_burst
+from accel_widgets import BurstEngine, BurstOptions, Config, StepRecord, WorkerCrashed, WorkerError, Workload
 from accel_widgets.engine.launcher import SYNC_DEBUG_DDP_NOTE
 from accel_widgets.engine.ranks import PUMP_TICK_S
 from accel_widgets.engine.worker import STEP_BATCH_S
@@ -26,7 +25,7 @@ from tests.devices import cpu_device
 from tests.workloads import FailAt, tiny_workload
 
 DDP = Config(parallel="ddp", world_size=2)
-run_burst = functools.partial(_run_burst, device=cpu_device())  # gloo on the CPU, even where there are GPUs
+run_burst = BurstEngine(BurstOptions(device=cpu_device()))  # gloo on the CPU, even where there are GPUs
 
 
 def _burst_processes() -> list[psutil.Process]:
@@ -79,13 +78,14 @@ def test_bursts_bounded_by_seconds_agree_on_their_steps():
     """Ranks that each decided on their own clock disagreed by a step and hung in the extra all-reduce."""
     rng = random.Random(0)
     for _ in range(20):
-        result = run_burst(tiny_workload(), DDP, seconds=rng.uniform(0.3, 0.5), timeout_s=20)
+        result = run_burst(tiny_workload(), DDP, seconds=rng.uniform(0.3, 0.5), options=BurstOptions(timeout_s=20))
         assert result.ok
         assert len(result.measured_steps(rank=0)) == len(result.measured_steps(rank=1)) > 0
 
 
 def test_a_profiled_ddp_burst_finishes_with_rank_zeros_trace(tmp_path):
-    result = run_burst(tiny_workload(), DDP, steps=4, profile_steps=2, profile_dir=str(tmp_path), timeout_s=60)
+    result = run_burst(tiny_workload(), DDP, steps=4,
+                       options=BurstOptions(profile_steps=2, profile_dir=str(tmp_path), timeout_s=60))
     assert result.ok and os.path.exists(result.profile.trace_path)
     assert any("addmm" in op.name or "linear" in op.name for op in result.profile.top_operators)
 
@@ -130,7 +130,7 @@ def test_a_killed_rank_takes_the_group_down():
 def test_a_rank_stuck_in_a_collective_fails_on_the_groups_timeout_naming_the_stuck_rank():
     started = time.perf_counter()
     with pytest.raises(WorkerError, match="collective waited past") as info:
-        run_burst(tiny_workload(FailAt("hang", at_call=4, rank=1)), DDP, steps=20, timeout_s=4.0)
+        run_burst(tiny_workload(FailAt("hang", at_call=4, rank=1)), DDP, steps=20, options=BurstOptions(timeout_s=4.0))
     assert re.search(r"\(rank 1 was in workloads.py:\d+ in forward: time.sleep\(3600\)\)", str(info.value))
     assert time.perf_counter() - started < 4.0  # the group's own timeout (half the burst's) fired first
 
@@ -199,7 +199,8 @@ def test_knobs_act_in_every_ddp_rank(changes, expect, tmp_path):
                         dataset=ReadersRecorded(str(readers)), name="knobs-acted",
                         loss_fn=scripted_only if changes.get("script_loss") else F.cross_entropy)
     live_losses = []
-    result = run_burst(workload, DDP.replace(**changes), steps=4, cache_dir=str(tmp_path / "cache"),
+    cache = BurstOptions(cache_dir=str(tmp_path / "cache"))
+    result = run_burst(workload, DDP.replace(**changes), steps=4, options=cache,
                        on_event=lambda e: live_losses.append(e.loss) if isinstance(e, StepRecord) and not e.warmup
                        else None)
     assert result.ok, result.error
@@ -215,20 +216,21 @@ def test_knobs_act_in_every_ddp_rank(changes, expect, tmp_path):
 
 def test_a_rank_dying_after_it_finished_keeps_the_measurement():
     """gloo can abort a rank in teardown after it sent its summary: the measurement is complete, keep it."""
-    from accel_widgets.engine.launcher import _finish
+    from accel_widgets.engine.outcome import finish
     from accel_widgets.engine.ranks import Collected
     from accel_widgets.results.burst import BurstResult
     from tests.results.test_burst import _rank
 
     collected = Collected(ranks={0: _rank(0, 96, 0.3), 1: _rank(1, 96, 0.5)}, exit_codes=[0, -6])
-    result = _finish(BurstResult("w", DDP, "ok", world_size=2), collected, "failed", time.perf_counter(), 60.0)
+    result = finish(BurstResult("w", DDP, "ok", world_size=2), collected, "failed", time.perf_counter(), 60.0)
     assert result.ok and result.samples_per_s > 0
     assert any("rank 1 was killed by SIGABRT" in w and "after finishing" in w for w in result.warnings)
 
 
 def test_sync_debug_under_ddp_says_it_does_not_cover_torch_distributed():
     """torch's sync-debug mode watches its CUDA calls only: a passing DDP burst vouches for nothing NCCL does."""
-    ddp = run_burst(tiny_workload(), DDP, steps=2, sync_debug=True)
+    ddp = run_burst(tiny_workload(), DDP, steps=2, options=BurstOptions(sync_debug=True))
     assert ddp.ok and SYNC_DEBUG_DDP_NOTE in ddp.warnings and "torch.distributed's" in SYNC_DEBUG_DDP_NOTE
-    assert SYNC_DEBUG_DDP_NOTE not in run_burst(tiny_workload(), Config(), steps=2, sync_debug=True).warnings
+    assert SYNC_DEBUG_DDP_NOTE not in run_burst(tiny_workload(), Config(), steps=2,
+                                                options=BurstOptions(sync_debug=True)).warnings
     assert SYNC_DEBUG_DDP_NOTE not in run_burst(tiny_workload(), DDP, steps=2).warnings

@@ -95,7 +95,7 @@ def probe():
 
 
 result = aw.run_burst(aw.Workload(model=probe, dataset=workload.dataset, loss_fn=workload.loss_fn, batch_size=8),
-                      steps=1, timeout_s=30)
+                      steps=1, options=aw.BurstOptions(timeout_s=30))
 print(result.status)
 """
 

@@ -1,15 +1,12 @@
 """FSDP2 bursts on the CPU (gloo, 2 ranks) against DDP's: the same losses, half the training state per rank."""
 
-import functools
-
 import pytest
 
-from accel_widgets import Config
-from accel_widgets import run_burst as _run_burst
+from accel_widgets import BurstEngine, BurstOptions, Config
 from tests.devices import cpu_device
 from tests.workloads import wide_workload
 
-run_burst = functools.partial(_run_burst, device=cpu_device())  # gloo on the CPU, even where there are GPUs
+run_burst = BurstEngine(BurstOptions(device=cpu_device()))  # gloo on the CPU, even where there are GPUs
 
 
 @pytest.mark.slow
@@ -25,8 +22,10 @@ def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank():
     glibc's heap keeps the gathered blocks' buffers (measured 660-700 MiB against DDP's 530).
     """
     workload, accumulate = wide_workload(), Config(grad_accum_steps=2)
-    ddp = run_burst(workload, accumulate.replace(parallel="ddp", world_size=2), steps=2, warmup_steps=1)
-    fsdp = run_burst(workload, accumulate.replace(parallel="fsdp", world_size=2), steps=2, warmup_steps=1)
+    ddp = run_burst(workload, accumulate.replace(parallel="ddp", world_size=2), steps=2,
+                    options=BurstOptions(warmup_steps=1))
+    fsdp = run_burst(workload, accumulate.replace(parallel="fsdp", world_size=2), steps=2,
+                     options=BurstOptions(warmup_steps=1))
     assert ddp.ok and fsdp.ok
     assert fsdp.environment["model_wrappers"][0] == "FSDPWideBlocks" and fsdp.facts.sharded
     for rank in (0, 1):

@@ -9,7 +9,7 @@ therefore are not repeated here. Each test has 45 s and each burst 60 s at most 
 import pytest
 import torch
 
-from accel_widgets import Config, WorkerError, WorkerOutOfMemory, run_burst
+from accel_widgets import BurstOptions, Config, WorkerError, WorkerOutOfMemory, run_burst
 from tests.workloads import TinyNet, fast_learning_workload, loss_fell, tiny_workload
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(45)]
@@ -36,14 +36,15 @@ class Hog(TinyNet):
 @pytest.mark.parametrize("config", [Config(precision="bf16", tf32=True), Config(empty_cache=True)],
                          ids=lambda c: c.label())
 def test_cuda_knobs_train(config):
-    result = run_burst(fast_learning_workload(), config, steps=10, timeout_s=BURST_TIMEOUT_S)
+    result = run_burst(fast_learning_workload(), config, steps=10, options=BurstOptions(timeout_s=BURST_TIMEOUT_S))
     assert result.ok
     assert loss_fell(result.losses()), result.losses()
 
 
 def test_memory_fraction_caps_the_worker():
     with pytest.raises(WorkerOutOfMemory):
-        run_burst(tiny_workload(Hog()), Config(memory_fraction=0.1), steps=3, timeout_s=BURST_TIMEOUT_S)
+        run_burst(tiny_workload(Hog()), Config(memory_fraction=0.1), steps=3,
+                  options=BurstOptions(timeout_s=BURST_TIMEOUT_S))
 
 
 def test_sync_debug_catches_a_sync_hidden_in_the_step():
@@ -51,10 +52,12 @@ def test_sync_debug_catches_a_sync_hidden_in_the_step():
     names the synchronising call."""
     config = Config(optimizer_impl="fused", pin_memory=True, non_blocking=True, sync_every=0)
     with pytest.raises(WorkerError, match="synchroniz"):
-        run_burst(tiny_workload(HiddenSync), config, steps=5, sync_debug=True, timeout_s=BURST_TIMEOUT_S)
+        run_burst(tiny_workload(HiddenSync), config, steps=5,
+                  options=BurstOptions(sync_debug=True, timeout_s=BURST_TIMEOUT_S))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DataParallel needs two GPUs")
 def test_dataparallel_runs_on_two_gpus():
-    result = run_burst(tiny_workload(), Config(parallel="dataparallel"), steps=5, timeout_s=BURST_TIMEOUT_S)
+    result = run_burst(tiny_workload(), Config(parallel="dataparallel"), steps=5,
+                       options=BurstOptions(timeout_s=BURST_TIMEOUT_S))
     assert result.ok and result.environment["model_wrappers"][0] == "DataParallel"

@@ -23,7 +23,8 @@ def _ranks_and_workers(held: HeldBurst) -> list[psutil.Process]:
 
 
 def test_a_held_burst_measures_window_after_window_on_rebuilt_state() -> None:
-    with HeldBurst(tiny_workload(), aw.Config(num_workers=1), steps=5, device=cpu_device()) as held:
+    with HeldBurst(tiny_workload(), aw.Config(num_workers=1), steps=5,
+                   options=aw.BurstOptions(device=cpu_device())) as held:
         assert held.first.ok and len(held.first.step_times()) == 5
         workers_before = {p.pid for p in _ranks_and_workers(held)}
         windows = [held.measure(8, label="again") for _ in range(2)]
@@ -43,7 +44,8 @@ def test_a_held_burst_measures_window_after_window_on_rebuilt_state() -> None:
 
 
 def test_a_held_ddp_burst_measures_its_windows_on_every_rank() -> None:
-    with HeldBurst(tiny_workload(), aw.Config(parallel="ddp", world_size=2), steps=4, device=cpu_device()) as held:
+    with HeldBurst(tiny_workload(), aw.Config(parallel="ddp", world_size=2), steps=4,
+                   options=aw.BurstOptions(device=cpu_device())) as held:
         window = held.measure(6)
     assert window.ok and window.world_size == 2 and {r.rank for r in window.ranks} == {0, 1}
     assert len(window.step_times()) == 6
@@ -51,7 +53,8 @@ def test_a_held_ddp_burst_measures_its_windows_on_every_rank() -> None:
 
 def test_a_failing_window_raises_and_ends_the_held_ranks(tmp_path) -> None:
     flag = tmp_path / "fail"
-    held = HeldBurst(tiny_workload(FailsOnceFlagged(str(flag))), aw.Config(), steps=3, device=cpu_device())
+    held = HeldBurst(tiny_workload(FailsOnceFlagged(str(flag))), aw.Config(), steps=3,
+                     options=aw.BurstOptions(device=cpu_device()))
     family = _ranks_and_workers(held)
     flag.touch()
     with pytest.raises(aw.WorkerError, match="flagged to fail") as caught:
@@ -65,7 +68,7 @@ def test_a_failing_window_raises_and_ends_the_held_ranks(tmp_path) -> None:
 
 def test_stop_during_a_window_ends_it_and_the_ranks() -> None:
     stop = threading.Event()
-    held = HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device())
+    held = HeldBurst(tiny_workload(), aw.Config(), steps=3, options=aw.BurstOptions(device=cpu_device()))
 
     def stopping(event: object) -> None:
         if isinstance(event, aw.StepRecord) and not event.warmup:
@@ -80,14 +83,22 @@ def test_a_first_window_that_fails_raises_like_run_burst_and_leaves_nothing(tmp_
     flag = tmp_path / "fail"
     flag.touch()
     with pytest.raises(aw.WorkerError, match="flagged to fail"):
-        HeldBurst(tiny_workload(FailsOnceFlagged(str(flag))), aw.Config(), steps=3, device=cpu_device())
-    with HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device()) as held, \
+        HeldBurst(tiny_workload(FailsOnceFlagged(str(flag))), aw.Config(), steps=3,
+                  options=aw.BurstOptions(device=cpu_device()))
+    with HeldBurst(tiny_workload(), aw.Config(), steps=3, options=aw.BurstOptions(device=cpu_device())) as held, \
             pytest.raises(ValueError, match="steps"):
         held.measure(0)
 
 
 def test_a_window_ends_at_its_time_cap_on_a_machine_slower_than_planned() -> None:
-    with HeldBurst(tiny_workload(), aw.Config(), steps=3, device=cpu_device()) as held:
+    with HeldBurst(tiny_workload(), aw.Config(), steps=3, options=aw.BurstOptions(device=cpu_device())) as held:
         window = held.measure(10_000_000, cap_s=0.5)
     assert window.ok and 0 < len(window.step_times()) < 10_000_000
     assert 0.45 < window.ranks[0].measured_s < 1.5 and window.samples_per_s
+
+
+def test_a_held_burst_refuses_to_train_in_the_caller() -> None:
+    """Held ranks wait between windows as processes: there is no in-process form of that, so it is refused before
+    anything starts."""
+    with pytest.raises(aw.BurstRequestError, match="isolation='inprocess' cannot be held"):
+        HeldBurst(tiny_workload(), aw.Config(), steps=3, options=aw.BurstOptions(isolation="inprocess"))

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from accel_widgets import (
+    BurstEngine,
+    BurstOptions,
     BurstResult,
     BurstTimeout,
     Config,
@@ -22,6 +24,7 @@ from accel_widgets import (
     run_burst,
 )
 from accel_widgets.analysis.diagnosis import diagnose
+from accel_widgets.engine import launcher
 from accel_widgets.engine.ranks import EXIT_GRACE_S
 from accel_widgets.results.burst import BurstPhase, ProfileCapture
 from tests.devices import cpu_device
@@ -79,7 +82,7 @@ def test_the_users_model_is_never_touched():
     workload = tiny_workload(model)
     run_burst(workload, Config(), steps=5)
     with pytest.warns(IsolationWarning):
-        run_burst(workload, Config(), steps=5, isolation="inprocess")
+        run_burst(workload, Config(), steps=5, options=BurstOptions(isolation="inprocess"))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
 
@@ -87,7 +90,7 @@ def test_the_users_model_is_never_touched():
 def test_worker_and_in_process_bursts_train_identically():
     workload = tiny_workload()
     in_worker = run_burst(workload, Config(), steps=6)
-    in_process = run_burst(workload, Config(), steps=6, isolation="inprocess")
+    in_process = run_burst(workload, Config(), steps=6, options=BurstOptions(isolation="inprocess"))
     assert in_worker.losses() == pytest.approx(in_process.losses(), abs=1e-6)
 
 
@@ -127,7 +130,7 @@ def test_data_loading_knobs_work_in_workers(config):
 def test_a_rank_slow_to_exit_after_delivering_keeps_its_result():
     """The rank sent its summary, then hung in exit: the burst used to end in a BurstTimeout at the deadline."""
     started = time.perf_counter()
-    result = run_burst(tiny_workload(SlowToExit), Config(), steps=4, timeout_s=30)
+    result = run_burst(tiny_workload(SlowToExit), Config(), steps=4, options=BurstOptions(timeout_s=30))
     elapsed = time.perf_counter() - started
     assert result.ok and result.ranks[0].measured_samples == 4 * 32
     assert any(w.startswith(f"rank 0 delivered the result but had not exited {EXIT_GRACE_S:g} s later")
@@ -159,7 +162,7 @@ def test_a_hanging_worker_is_stopped_by_the_timeout_naming_the_line_it_hung_in()
     started = time.perf_counter()
     hung = r"\(rank 0 was in workloads.py:\d+ in forward: time.sleep\(3600\)\)$"
     with pytest.raises(BurstTimeout, match=hung) as info:
-        run_burst(tiny_workload(FailAt("hang")), Config(), steps=10, timeout_s=2.0)
+        run_burst(tiny_workload(FailAt("hang")), Config(), steps=10, options=BurstOptions(timeout_s=2.0))
     assert time.perf_counter() - started < 6.0
     assert info.value.result.status == "timeout"
 
@@ -180,14 +183,34 @@ def test_stop_ends_the_burst_within_a_second():
 
 def test_config_errors_come_before_any_process_starts():
     with pytest.raises(ConfigError, match="needs at least 2 GPUs"):
-        run_burst(tiny_workload(), Config(parallel="dataparallel"), device=cpu_device())
+        run_burst(tiny_workload(), Config(parallel="dataparallel"), options=BurstOptions(device=cpu_device()))
+
+
+def test_options_set_over_others_win_field_by_field():
+    base = BurstOptions(isolation="inprocess", timeout_s=20, device=cpu_device())
+    assert BurstOptions().over(base) == base
+    assert BurstOptions(freed="data", timeout_s=5).over(base) == BurstOptions(
+        isolation="inprocess", timeout_s=5, device=cpu_device(), freed="data")
+
+
+def test_an_engine_keeps_its_options_under_those_a_search_adds(monkeypatch):
+    """A ``partial(run_burst, options=...)`` would lose its options to the headspace's ``freed``: the engine lays
+    what is added over its own."""
+    given = []
+    monkeypatch.setattr(launcher, "run_burst", lambda workload, config, **kwargs: given.append(kwargs["options"]))
+    engine = BurstEngine(BurstOptions(isolation="inprocess", timeout_s=20))
+    engine(tiny_workload(), Config(), steps=2, seconds=None, on_event=None, stop=None, label="")
+    engine(tiny_workload(), Config(), steps=2, seconds=None, on_event=None, stop=None, label="",
+           options=BurstOptions(freed="data"))
+    assert given == [BurstOptions(isolation="inprocess", timeout_s=20),
+                     BurstOptions(isolation="inprocess", timeout_s=20, freed="data")]
 
 
 def test_bad_burst_lengths_are_rejected():
     with pytest.raises(ValueError, match="steps >= 1"):
         run_burst(tiny_workload(), steps=0)
-    with pytest.raises(ValueError, match="isolation="):
-        run_burst(tiny_workload(), isolation="thread")
+    with pytest.raises(ValueError, match="isolation='thread' is invalid: use 'process' or 'inprocess'"):
+        BurstOptions(isolation="thread")  # type: ignore[arg-type]  # refused when made, before any burst
 
 
 def test_a_loss_that_goes_nan_ends_diverged_with_its_numbers():
@@ -206,7 +229,7 @@ def test_unpicklable_workload_says_what_to_do_and_in_process_fallback_works():
     with pytest.raises(WorkloadNotPicklable, match="isolation='inprocess'"):
         run_burst(workload, steps=3)
     with pytest.warns(IsolationWarning, match="a crash or out-of-memory takes this kernel down"):
-        assert run_burst(workload, steps=3, isolation="inprocess").ok
+        assert run_burst(workload, steps=3, options=BurstOptions(isolation="inprocess")).ok
 
 
 def test_the_engine_recovers_after_failures():
@@ -220,7 +243,8 @@ def test_channels_last_in_a_worker():
 
 
 def test_two_ddp_ranks_are_the_same_worker_code():
-    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2), steps=5, device=cpu_device())
+    result = run_burst(tiny_workload(), Config(parallel="ddp", world_size=2), steps=5,
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok and [r.rank for r in result.ranks] == [0, 1]
     assert {s.rank for s in result.steps} == {0, 1}
     assert result.samples_per_s == pytest.approx(sum(r.measured_samples / r.measured_s for r in result.ranks))
@@ -228,7 +252,7 @@ def test_two_ddp_ranks_are_the_same_worker_code():
 
 
 def test_telemetry_samples_the_worker_on_the_burst_clock():
-    result = run_burst(tiny_workload(), Config(), seconds=1.0, device=cpu_device())
+    result = run_burst(tiny_workload(), Config(), seconds=1.0, options=BurstOptions(device=cpu_device()))
     assert len(result.telemetry) >= 5
     assert all(sample.source == "psutil" for sample in result.telemetry)
     last_step = result.steps[-1].t
@@ -242,7 +266,7 @@ def test_foreign_cpu_load_during_a_burst_makes_it_unreliable_and_is_named():
 
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        result = run_burst(tiny_workload(), Config(), seconds=2.5, device=cpu_device())
+        result = run_burst(tiny_workload(), Config(), seconds=2.5, options=BurstOptions(device=cpu_device()))
     finally:
         hog.kill()
         hog.wait()
@@ -255,7 +279,8 @@ def test_foreign_cpu_load_during_a_burst_makes_it_unreliable_and_is_named():
 def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):
     import json
 
-    result = run_burst(tiny_workload(), Config(), steps=5, profile_steps=3, profile_dir=str(tmp_path))
+    result = run_burst(tiny_workload(), Config(), steps=5,
+                       options=BurstOptions(profile_steps=3, profile_dir=str(tmp_path)))
     capture = result.profile
     assert capture is not None and capture.steps == 3
     names = {op.name for op in capture.top_operators}
@@ -271,7 +296,8 @@ def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):
     (BreaksTheProfiler, "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED: cupti initialization failed"),
 ])
 def test_a_profile_that_fails_keeps_the_measured_burst_and_says_why(tmp_path, model, error):
-    result = run_burst(tiny_workload(model), Config(), steps=5, profile_steps=3, profile_dir=str(tmp_path))
+    result = run_burst(tiny_workload(model), Config(), steps=5,
+                       options=BurstOptions(profile_steps=3, profile_dir=str(tmp_path)))
     assert result.ok and len(result.measured_steps()) == 5 and result.samples_per_s > 0
     assert result.profile == ProfileCapture(3, "", [], error=error)
     assert any(w == f"UserWarning: profiling failed ({error}): the burst's measurement is kept, without a trace"
@@ -282,8 +308,8 @@ def test_a_profile_that_fails_keeps_the_measured_burst_and_says_why(tmp_path, mo
 
 def test_a_profiler_that_cannot_start_under_ddp_still_pairs_the_peers_steps(tmp_path):
     """Rank 0 takes the profiled steps without the profiler: rank 1's collectives have their partner."""
-    result = run_burst(tiny_workload(BreaksTheProfiler), Config(parallel="ddp", world_size=2), steps=3,
-                       profile_steps=2, profile_dir=str(tmp_path), device=cpu_device(), timeout_s=60)
+    options = BurstOptions(profile_steps=2, profile_dir=str(tmp_path), device=cpu_device(), timeout_s=60)
+    result = run_burst(tiny_workload(BreaksTheProfiler), Config(parallel="ddp", world_size=2), steps=3, options=options)
     assert result.ok and result.profile is not None and result.profile.error.startswith("RuntimeError: CUPTI")
 
 

@@ -21,10 +21,20 @@ from pathlib import Path
 import psutil
 import pytest
 
-from accel_widgets import BurstTimeout, Config, StepRecord, WorkerCrashed, WorkerError, Workload, run_burst
-from accel_widgets.engine import launcher
+from accel_widgets import (
+    BurstOptions,
+    BurstTimeout,
+    Config,
+    StepRecord,
+    WorkerCrashed,
+    WorkerError,
+    Workload,
+    run_burst,
+)
+from accel_widgets.engine import outcome
 from accel_widgets.engine.events import Phase
-from accel_widgets.engine.launcher import _crash_message, inductor_cache_dir
+from accel_widgets.engine.launcher import inductor_cache_dir
+from accel_widgets.engine.outcome import _crash_message
 from accel_widgets.engine.process import running
 from accel_widgets.engine.ranks import Collected, remove_orphaned_burst_dirs
 from tests.workloads import FailAt, ForksInForward, StuckItemDataset, tiny_workload
@@ -43,7 +53,7 @@ def on_event(event):
         print("STEP", flush=True)
 
 aw.run_burst(tiny_workload(), aw.Config(**json.loads(sys.argv[1])), seconds=120, on_event=on_event,
-             device=cpu_device())  # 2 DDP ranks: gloo on the CPU, even where there are GPUs
+             options=aw.BurstOptions(device=cpu_device()))  # 2 DDP ranks: gloo on the CPU, even where there are GPUs
 """
 
 
@@ -107,7 +117,7 @@ def on_event(event):
         print("STEP", flush=True)
 
 aw.run_burst(tiny_workload(ForksInForward(sys.argv[1])), aw.Config(), seconds=120, on_event=on_event,
-             device=cpu_device())
+             options=aw.BurstOptions(device=cpu_device()))
 """
 
 
@@ -233,7 +243,7 @@ def test_a_stuck_loader_worker_is_named_when_the_burst_times_out():
                         loss_fn=tiny_workload().loss_fn, batch_size=32, name="stuck-loader")
     with pytest.raises(BurstTimeout, match=r"rank 0 was waiting for its DataLoader .*: its DataLoader worker \(pid "
                                            r"\d+\) was in workloads.py:\d+ in __getitem__: time.sleep\(3600\)"):
-        run_burst(workload, Config(num_workers=1), steps=20, timeout_s=3.0)
+        run_burst(workload, Config(num_workers=1), steps=20, options=BurstOptions(timeout_s=3.0))
 
 
 def test_stop_with_loader_workers_returns_at_once():
@@ -255,11 +265,11 @@ def test_stop_with_loader_workers_returns_at_once():
 
 def test_sigkill_is_blamed_on_the_oom_killer_only_with_evidence(monkeypatch):
     collected = Collected(exit_codes=[-9], phases=[Phase.STEP], oom_kills_before=2)
-    monkeypatch.setattr(launcher, "oom_kill_count", lambda: 2)
+    monkeypatch.setattr(outcome, "oom_kill_count", lambda: 2)
     assert "from outside the burst (no out-of-memory kill was recorded)" in _crash_message(0, -9, collected)
-    monkeypatch.setattr(launcher, "oom_kill_count", lambda: 3)
+    monkeypatch.setattr(outcome, "oom_kill_count", lambda: 3)
     assert "out-of-memory killer" in _crash_message(0, -9, collected)
-    monkeypatch.setattr(launcher, "oom_kill_count", lambda: None)
+    monkeypatch.setattr(outcome, "oom_kill_count", lambda: None)
     assert "cannot be checked here" in _crash_message(0, -9, collected)
     assert "a crash in native code" in _crash_message(0, -11, collected)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel_widgets import Config, Workload, run_burst
+from accel_widgets import BurstEngine, BurstOptions, Config, Workload
 from accel_widgets.engine.process import torch_threads
 from accel_widgets.engine.timing import RESOLVE_EVERY_S, CudaTimeline, HostTimeline, StepClock
 from accel_widgets.engine.training import (
@@ -33,11 +33,13 @@ from accel_widgets.knobs.plan import Plan, resolve
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, fast_learning_workload, loss_fell, tiny_workload
 
+#: These are CPU tests, and in-process CUDA would stay in pytest.
+INPROCESS = BurstEngine(BurstOptions(isolation="inprocess", device=cpu_device()))
+
 
 def burst(workload, config=None, **kwargs):
     kwargs.setdefault("steps", 6)
-    kwargs.setdefault("device", cpu_device())  # these are CPU tests, and in-process CUDA would stay in pytest
-    return run_burst(workload, config or Config(), isolation="inprocess", **kwargs)
+    return INPROCESS(workload, config or Config(), **kwargs)
 
 
 class FakeClock:
@@ -394,7 +396,7 @@ def test_flags_and_threads_are_restored():
 
 
 def test_steps_warmup_and_losses_are_all_reported():
-    result = burst(tiny_workload(), steps=5, warmup_steps=2)
+    result = burst(tiny_workload(), steps=5, options=BurstOptions(warmup_steps=2))
     assert [s.step for s in result.steps] == list(range(7))
     assert [s.warmup for s in result.steps] == [True, True] + [False] * 5
     assert all(s.samples == 32 for s in result.steps)

@@ -3,7 +3,6 @@ worker, a custom step that returns more than the loss. Real bursts, CPU only."""
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
@@ -13,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from accel_widgets import Config, WorkerError, Workload, run_burst
+from accel_widgets import BurstEngine, BurstOptions, Config, WorkerError, Workload, run_burst
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, tensors, tiny_workload
 
-INPROCESS = functools.partial(run_burst, isolation="inprocess", device=cpu_device())
+INPROCESS = BurstEngine(BurstOptions(isolation="inprocess", device=cpu_device()))
 
 
 def forgot_to_return(params: Any) -> None:
@@ -26,7 +25,8 @@ def forgot_to_return(params: Any) -> None:
 
 def test_an_optimizer_factory_returning_none_is_named_at_the_first_step() -> None:
     with pytest.raises(WorkerError) as info:
-        run_burst(tiny_workload(optimizer=forgot_to_return), Config(), steps=2, device=cpu_device())
+        run_burst(tiny_workload(optimizer=forgot_to_return), Config(), steps=2,
+                  options=BurstOptions(device=cpu_device()))
     assert info.value.result.error.message == (
         "TypeError: Workload.optimizer=tests.engine.test_user_errors.forgot_to_return returned NoneType, not a "
         "torch.optim.Optimizer: the factory must return the optimizer it builds, e.g. "
@@ -52,7 +52,7 @@ class CorruptItem(Dataset):
 def test_an_error_in_a_loader_worker_is_headed_by_the_users_exception() -> None:
     workload = Workload(model=TinyNet, dataset=CorruptItem(), loss_fn=F.cross_entropy, batch_size=32, name="corrupt")
     with pytest.raises(WorkerError) as info:
-        run_burst(workload, Config(num_workers=2), steps=40, device=cpu_device())
+        run_burst(workload, Config(num_workers=2), steps=40, options=BurstOptions(device=cpu_device()))
     error = info.value.result.error
     assert re.fullmatch(r"ValueError: item 37: truncated record \(raised in DataLoader worker process [01]\)",
                         error.message), error.message

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from accel_widgets import BurstResult, CodePaths, Config, WorkerError, Workload, run_burst
+from accel_widgets import BurstOptions, BurstResult, CodePaths, Config, WorkerError, Workload, run_burst
 from accel_widgets.knobs.data import RankShard, loader_notes
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, tensors, tiny_workload
@@ -53,7 +53,7 @@ def bert_workload(model=tiny_bert, **changes) -> Workload:
 
 @pytest.mark.slow
 def test_a_hugging_face_model_trains_on_dict_batches_with_its_own_loss_and_real_tokens():
-    result = run_burst(bert_workload(), Config(), steps=6, device=cpu_device())
+    result = run_burst(bert_workload(), Config(), steps=6, options=BurstOptions(device=cpu_device()))
     assert result.ok, result.summary()
     losses = result.losses()
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -62,14 +62,16 @@ def test_a_hugging_face_model_trains_on_dict_batches_with_its_own_loss_and_real_
 
 
 def test_dict_batches_train_under_ddp_too():
-    result = run_burst(bert_workload(), Config(parallel="ddp", world_size=2), steps=3, device=cpu_device())
+    result = run_burst(bert_workload(), Config(parallel="ddp", world_size=2), steps=3,
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok and len(result.measured_steps(rank=1)) == 3
 
 
 def test_a_loss_fn_sees_the_output_and_the_whole_batch():
     workload = bert_workload(loss_fn=lambda output, batch: F.cross_entropy(output.logits, batch["labels"]))
-    reference = run_burst(bert_workload(), Config(), steps=3, isolation="inprocess", device=cpu_device())
-    result = run_burst(workload, Config(), steps=3, isolation="inprocess", device=cpu_device())
+    reference = run_burst(bert_workload(), Config(), steps=3,
+                          options=BurstOptions(isolation="inprocess", device=cpu_device()))
+    result = run_burst(workload, Config(), steps=3, options=BurstOptions(isolation="inprocess", device=cpu_device()))
     assert result.losses() == pytest.approx(reference.losses())  # the same loss BERT computes itself
 
 
@@ -100,7 +102,7 @@ def test_a_model_without_a_loss_is_named_in_the_worker():
             return self.embed(input_ids).mean()
 
     with pytest.raises(WorkerError, match="returned a Tensor without a loss"):
-        run_burst(bert_workload(model=NoLoss), Config(), steps=2, device=cpu_device())
+        run_burst(bert_workload(model=NoLoss), Config(), steps=2, options=BurstOptions(device=cpu_device()))
 
 
 class CountingItems(Dataset):
@@ -126,7 +128,7 @@ def test_an_existing_dataloader_keeps_its_sampler_and_says_what_the_knobs_replac
     workload = Workload(model=TinyNet, dataset=loader, loss_fn=F.cross_entropy)
     assert workload.loader is loader and workload.dataset is items and workload.batch_size == 16
     items.reads.clear()  # the workload read item 0 to check its shape
-    result = run_burst(workload, Config(), steps=8, isolation="inprocess", device=cpu_device())
+    result = run_burst(workload, Config(), steps=8, options=BurstOptions(isolation="inprocess", device=cpu_device()))
     assert result.ok
     items.reads.subtract({0: 3, 128: 3})  # items 0 and n/2 read thrice (twice under one key): random? keyed?
     assert sum(items.reads.values()) == 10 * 16 and max(+items.reads) < 64  # the user's sampler chose them
@@ -146,7 +148,7 @@ def test_a_users_sampler_is_split_across_ddp_ranks_and_a_batch_sampler_is_refuse
     with pytest.raises(ValueError, match="cannot be split across DDP ranks"):
         loader_notes(workload, Config(parallel="ddp", world_size=2))
     with pytest.raises(ValueError, match="cannot be split across DDP ranks"):
-        run_burst(workload, Config(parallel="ddp", world_size=2), steps=2, device=cpu_device())
+        run_burst(workload, Config(parallel="ddp", world_size=2), steps=2, options=BurstOptions(device=cpu_device()))
 
 
 class NormRecorder(torch.optim.SGD):
@@ -175,7 +177,8 @@ def test_clipping_sees_unscaled_gradients(precision):
 
     workload = Workload(model=TinyNet, dataset=tensors(), batch_size=32, optimizer=optimizer, max_grad_norm=0.01,
                         step=lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]))
-    result = run_burst(workload, Config(precision=precision), steps=4, isolation="inprocess", device=cpu_device())
+    result = run_burst(workload, Config(precision=precision), steps=4,
+                       options=BurstOptions(isolation="inprocess", device=cpu_device()))
     assert result.ok
     norms = recorded[-1].norms  # the raw gradient norm is ~0.5: every step is clipped
     assert len(norms) >= 4 and all(0.0099 < n <= 0.01 + 1e-6 for n in norms), norms  # never 0.01 / scale
@@ -184,7 +187,7 @@ def test_clipping_sees_unscaled_gradients(precision):
 def test_clipping_works_with_a_fused_optimizer_under_ddp():
     workload = Workload(model=TinyNet, dataset=tensors(), loss_fn=F.cross_entropy, batch_size=32, max_grad_norm=1.0)
     result = run_burst(workload, Config(parallel="ddp", world_size=2, optimizer_impl="fused"), steps=3,
-                       device=cpu_device())
+                       options=BurstOptions(device=cpu_device()))
     assert result.ok and result.losses()[-1] < result.losses()[0]
 
 
@@ -198,7 +201,7 @@ def test_clipping_works_with_a_fused_optimizer_under_ddp():
      CodePaths(sdpa=False, convolution=False, cuda=False)),
 ], ids=lambda value: value if isinstance(value, str) else "")
 def test_a_burst_records_the_code_paths_its_step_ran(name, workload, paths):
-    result = run_burst(workload(), Config(), steps=2, device=cpu_device())
+    result = run_burst(workload(), Config(), steps=2, options=BurstOptions(device=cpu_device()))
     assert result.ok, result.summary()
     assert result.code_paths == paths
     assert BurstResult.from_json(result.to_json()).code_paths == paths

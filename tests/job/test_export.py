@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import accel_widgets as aw
-from accel_widgets import Config, run_burst
+from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.inputs.workload import WorkloadReferenceError
 from accel_widgets.job.export import export_script
 from accel_widgets.knobs.rules import ConfigError
@@ -44,7 +44,8 @@ def run_script(script: Path, nproc: int, tmp_path: Path) -> list[float]:
 @pytest.mark.parametrize("config", REPRESENTATIVE, ids=lambda c: c.label())
 def test_the_exported_script_trains_exactly_as_the_burst_did(config, short_tmp):
     script = export_script(REFERENCE, config, short_tmp / "train.py")
-    burst = run_burst(exported_workload(), config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    burst = run_burst(exported_workload(), config, steps=STEPS - 2,
+                      options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert burst.ok
     assert run_script(script, config.ranks, short_tmp) == burst.losses(rank=0)  # equal, not close
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import accel_widgets as aw
-from accel_widgets import Config, Workload, run_burst
+from accel_widgets import BurstOptions, Config, Workload, run_burst
 from accel_widgets.job.recipe import recipe_of
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
 from tests.devices import cpu_device
@@ -42,7 +42,7 @@ def snippet_losses(config: Config, workload: Workload) -> list[float]:
 
 
 def burst_losses(config: Config, workload: Workload) -> list[float]:
-    burst = run_burst(workload, config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    burst = run_burst(workload, config, steps=STEPS - 2, options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert burst.ok, burst.error
     return burst.losses(rank=0)
 
@@ -244,7 +244,7 @@ def test_the_fsdp_snippet_on_two_ranks_trains_as_the_burst(tmp_path: Path) -> No
     code = aw.recipe(config, workload).code
     assert "RESHARD_AFTER_FORWARD = False" in code and "set_requires_gradient_sync(micro == ACCUMULATE - 1)" in code
     torch.multiprocessing.spawn(_fsdp_rank, args=(code, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
-    burst = run_burst(workload, config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    burst = run_burst(workload, config, steps=STEPS - 2, options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert burst.ok, burst.error
     for rank in (0, 1):
         assert json.loads((tmp_path / f"{rank}.json").read_text()) == burst.losses(rank=rank)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel_widgets import Config, run_burst
+from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.engine.training import build_loop
 from accel_widgets.job import run
 from accel_widgets.job.checkpoint import Checkpoints
@@ -60,7 +60,8 @@ def final_line(done: subprocess.CompletedProcess[str]) -> tuple[list[float], int
 
 def burst_losses(config: Config) -> list[float]:
     """The uninterrupted reference: a burst of the same config, 20 steps (the job trains through the same loop)."""
-    burst = run_burst(job_workload(), config, steps=STEPS - 2, warmup_steps=2, device=cpu_device())
+    burst = run_burst(job_workload(), config, steps=STEPS - 2,
+                      options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert burst.ok, burst.error
     return burst.losses(rank=0)
 
@@ -82,7 +83,8 @@ AUGMENTED = "tests.workloads:augmented_job_workload"
 def augmented_reference(config: Config, steps: int) -> list[float]:
     """The uninterrupted run: a burst of ``config`` with no loader workers (keyed items make the workers' count
     irrelevant, so the job's 2 workers per rank must reproduce it too)."""
-    burst = run_burst(augmented_job_workload(), config, steps=steps - 2, warmup_steps=2, device=cpu_device())
+    burst = run_burst(augmented_job_workload(), config, steps=steps - 2,
+                      options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert burst.ok, burst.error
     assert burst.random_data and burst.keyed_data
     return burst.losses(rank=0)

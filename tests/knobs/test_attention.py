@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel_widgets import Config, ConfigError, Workload, check_config, run_burst
+from accel_widgets import BurstOptions, Config, ConfigError, Workload, check_config, run_burst
 from accel_widgets.knobs import attention
 from tests.devices import cpu_device
 from tests.knobs.test_rules import CPU, ONE_GPU
@@ -49,8 +49,9 @@ def test_a_burst_trains_with_the_pinned_kernel_and_the_same_numbers_as_the_pick(
     generator = torch.Generator().manual_seed(0)
     data = (torch.randn(128, 6, 8, generator=generator), torch.randint(0, 4, (128,), generator=generator))
     workload = Workload(model=TinyAttention, dataset=data, loss_fn=F.cross_entropy, batch_size=16, name="attn")
-    pinned = run_burst(workload, Config(sdpa_backend="math"), steps=4, isolation="inprocess", device=cpu_device())
-    picked = run_burst(workload, Config(), steps=4, isolation="inprocess", device=cpu_device())
+    pinned = run_burst(workload, Config(sdpa_backend="math"), steps=4,
+                       options=BurstOptions(isolation="inprocess", device=cpu_device()))
+    picked = run_burst(workload, Config(), steps=4, options=BurstOptions(isolation="inprocess", device=cpu_device()))
     assert pinned.ok and picked.ok
     assert pinned.losses() == pytest.approx(picked.losses(), rel=1e-4)  # another kernel, the same attention
 

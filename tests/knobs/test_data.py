@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from accel_widgets import Config, WorkerError, Workload, run_burst
+from accel_widgets import BurstOptions, Config, WorkerError, Workload, run_burst
 from accel_widgets.knobs import data
 from accel_widgets.knobs.data import SharedMemoryTooSmall, check_shared_memory, tensor_bytes
 from tests.devices import cpu_device
@@ -93,7 +93,7 @@ def test_a_burst_whose_batches_do_not_fit_fails_with_the_numbers_and_nothing_lef
     """In-process, so the fake /dev/shm is the one the rank reads; the check runs before any worker forks."""
     shm(monkeypatch, 64 * MiB)
     with pytest.raises(WorkerError, match=r"SharedMemoryTooSmall: the DataLoader's workers hold ~384 MiB"):  # 403 MB
-        run_burst(workload(), LADDER_LOADER, steps=2, isolation="inprocess", device=cpu_device())
+        run_burst(workload(), LADDER_LOADER, steps=2, options=BurstOptions(isolation="inprocess", device=cpu_device()))
 
 
 

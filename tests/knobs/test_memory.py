@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from accel_widgets import Config, run_burst
+from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.demos.lm import TinyGPT, lm_loss
 from accel_widgets.engine import worker
 from accel_widgets.engine.request import BurstRequest
@@ -70,7 +70,8 @@ def test_checkpointing_lowers_a_bursts_peak_and_trains_the_same():
     for step. (Selective checkpointing's losses and gradients are checked in a step above; its saving, smaller, is
     the benchmark's: benchmarks/memory_knobs.py.)"""
     workload, device = gpt_workload(batch_size=256), cpu_device()
-    off, blocks = (run_burst(workload, Config(activation_checkpointing=mode), steps=1, warmup_steps=1, device=device)
+    off, blocks = (run_burst(workload, Config(activation_checkpointing=mode), steps=1,
+                             options=BurstOptions(warmup_steps=1, device=device))
                    for mode in ("off", "blocks"))
     assert off.ok and blocks.ok
     assert blocks.losses() == off.losses() and len(off.losses()) == 2
@@ -164,9 +165,9 @@ def test_mfu_counts_a_checkpointed_blocks_forward_once(mode):
     """MFU is model FLOPs: the forward a checkpointed block runs again in backward is recompute, not training done.
     Counted with it, 'blocks' read a third more FLOPs per sample than the same model without checkpointing."""
     workload = gpt_workload(n_layer=2, d_model=16, seq_len=16, batch_size=8)
-    off = run_burst(workload, Config(), steps=2, warmup_steps=1, device=cpu_device())
-    checkpointed = run_burst(workload, Config(activation_checkpointing=mode), steps=2, warmup_steps=1,
-                             device=cpu_device())
+    off = run_burst(workload, Config(), steps=2, options=BurstOptions(warmup_steps=1, device=cpu_device()))
+    checkpointed = run_burst(workload, Config(activation_checkpointing=mode), steps=2,
+                             options=BurstOptions(warmup_steps=1, device=cpu_device()))
     assert off.ok and checkpointed.ok
     assert checkpointed.ranks[0].flops_by_math == pytest.approx(off.ranks[0].flops_by_math)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from accel_widgets import Config, ConfigError
-from accel_widgets.engine.request import BurstRequest, BurstRequestError
+from accel_widgets.engine.request import BurstOptions, BurstRequestError
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
 from accel_widgets.knobs import KNOBS
 from accel_widgets.knobs.parts import FREE_PARTS, PARTS, bounded_knobs, check_part, why_not_free
@@ -37,4 +37,4 @@ def test_a_part_the_config_has_nothing_of_here_is_refused_before_any_process_wit
     with pytest.raises(ValueError, match="freed='disk' names no part of the step"):
         check_part("disk")
     with pytest.raises(BurstRequestError, match="freed='disk' names no part of the step"):
-        BurstRequest(freed="disk")  # type: ignore[arg-type]
+        BurstOptions(freed="disk")  # type: ignore[arg-type]

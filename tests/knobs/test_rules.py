@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from accel_widgets import Config, ConfigError, check_config, run_burst
+from accel_widgets import BurstOptions, Config, ConfigError, check_config, run_burst
 from accel_widgets.cli import main
 from accel_widgets.engine import ranks
 from accel_widgets.engine.request import BurstRequestError, check_burst_request
@@ -165,13 +165,19 @@ def no_process_may_start(monkeypatch):
     ],
 )
 def test_run_burst_rejects_bad_numbers_before_starting(no_process_may_start, kwargs, message):
+    """The length is checked by ``run_burst``, the rest when its :class:`BurstOptions` is made: before either starts
+    anything."""
+    length = {name: value for name, value in kwargs.items() if name in ("steps", "seconds")}
+    options = {name: value for name, value in kwargs.items() if name not in length}
     with pytest.raises(BurstRequestError, match=re.escape(message)):
-        run_burst(tiny_workload(), Config(), **kwargs)
+        run_burst(tiny_workload(), Config(), **length, options=BurstOptions(**options))
 
 
-def test_run_burst_names_config_when_given_a_dict(no_process_may_start):
+def test_run_burst_names_config_or_options_when_given_a_dict(no_process_may_start):
     with pytest.raises(TypeError, match=r"config must be an accel_widgets\.Config, got dict: pass Config\("):
         run_burst(tiny_workload(), {"precision": "bf16"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"options must be an accel_widgets\.BurstOptions, got dict: pass "):
+        run_burst(tiny_workload(), Config(), options={"timeout_s": 60})  # type: ignore[arg-type]
 
 
 def test_cli_rejects_nan_seconds_and_negative_profile_steps(no_process_may_start, capsys):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel_widgets import Config, RankSummary, run_burst
+from accel_widgets import BurstOptions, Config, RankSummary, run_burst
 from accel_widgets.demos import resnet18
 from accel_widgets.knobs.precision import op_math
 from accel_widgets.metrics.flops import count_training_flops, peak_flops
@@ -115,7 +115,7 @@ def test_mfu_from_measured_rate_and_peak():
 
 
 def test_bursts_report_flops_per_sample():
-    result = run_burst(tiny_workload(), Config(), steps=3, device=cpu_device())
+    result = run_burst(tiny_workload(), Config(), steps=3, options=BurstOptions(device=cpu_device()))
     # TinyNet 16->32->4: the first layer needs no input gradient (4 FLOPs per weight), the second does (6)
     assert result.ranks[0].flops_per_sample == pytest.approx(4 * 16 * 32 + 6 * 32 * 4)
     assert result.ranks[0].flops_by_math == {"matmul:fp32": pytest.approx(4 * 16 * 32 + 6 * 32 * 4)}

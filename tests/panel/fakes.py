@@ -12,7 +12,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_widgets import BurstResult, Config, DeviceInfo, ErrorInfo, StepRecord, TelemetrySample, WorkerError
+from accel_widgets import (
+    BurstOptions,
+    BurstResult,
+    Config,
+    DeviceInfo,
+    ErrorInfo,
+    StepRecord,
+    TelemetrySample,
+    WorkerError,
+)
 from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.results.burst import OperatorTime, ProfileCapture, RankSummary, Status
 from tests.measured import as_measured
@@ -75,11 +84,12 @@ class FakeEngine:
 
     ``pace_s`` sleeps between events (to exercise batching and Stop); ``until_stop`` keeps emitting
     until the stop event is set; ``fail`` raises: "worker" a WorkerError carrying a failed result,
-    "plain" an exception without one; ``fail_times`` limits how many calls fail. ``profile_steps`` > 0
-    puts a :class:`ProfileCapture` (two operators, a trace path under ``profile_dir``) on rank 0, as the
+    "plain" an exception without one; ``fail_times`` limits how many calls fail. ``options.profile_steps`` > 0
+    puts a :class:`ProfileCapture` (two operators, a trace path under ``options.profile_dir``) on rank 0, as the
     real engine does after a finished burst. ``speedups`` makes a config's bursts that many times faster than the
     others' (their measured seconds shrink), for the comparisons that follow a run; ``freed_speedups`` a headspace
-    variant's (by the part it frees), as the real engine's ``freed`` keyword asks.
+    variant's (by the part it frees), as the real engine's ``options.freed`` asks. A call's ``options`` are recorded as
+    the engine reads them (None: the defaults).
     """
 
     steps_default: int = 10
@@ -95,11 +105,10 @@ class FakeEngine:
 
     def __call__(self, workload: Any, config: Config, *, steps: int | None = None, seconds: float | None = None,
                  on_event: Any = None, stop: threading.Event | None = None, label: str = "",
-                 profile_steps: int = 0, profile_dir: str = "accel_widgets_profiles",
-                 freed: str | None = None) -> BurstResult:
+                 options: BurstOptions | None = None) -> BurstResult:
+        options = options or BurstOptions()
         self.calls.append(Call(config, {"steps": steps, "seconds": seconds, "on_event": on_event, "stop": stop,
-                                        "label": label, "profile_steps": profile_steps,
-                                        "profile_dir": profile_dir, "freed": freed}))
+                                        "label": label, "options": options}))
         events: list[StepRecord | TelemetrySample] = []
         self.emitted.append(events)
         self.started.set()
@@ -124,20 +133,20 @@ class FakeEngine:
         steps_done = [e for e in events if isinstance(e, StepRecord)]
         measured = [e for e in steps_done if not e.warmup and e.rank == 0]
         profile = None
-        if profile_steps and not stopped:
-            profile = ProfileCapture(profile_steps, f"{profile_dir}/fake-trace.json", [
-                OperatorTime("aten::addmm", 3 * profile_steps, 1.5, 0.0),
-                OperatorTime("aten::relu", profile_steps, 0.25, 0.0)])
+        if options.profile_steps and not stopped:
+            profile = ProfileCapture(options.profile_steps, f"{options.profile_dir}/fake-trace.json", [
+                OperatorTime("aten::addmm", 3 * options.profile_steps, 1.5, 0.0),
+                OperatorTime("aten::relu", options.profile_steps, 0.25, 0.0)])
         return BurstResult(
             workload=workload.name, config=config, status="stopped" if stopped else "ok", world_size=config.ranks,
             warmup_steps=WARMUP, steps=steps_done, telemetry=[e for e in events if isinstance(e, TelemetrySample)],
             ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)) / self.speedups.get(config, 1.0)
-                               / (self.freed_speedups.get(freed, 1.0) if freed is not None else 1.0),
+                               / (self.freed_speedups.get(options.freed, 1.0) if options.freed is not None else 1.0),
                                150 * MIB, "rss", 0.1, 0.05,
                                "cpu", profile=profile if r == 0 else None) for r in range(config.ranks)],
             error=why,
             label=label,
-            freed=freed,  # type: ignore[arg-type]
+            freed=options.freed,
         )
 
     def _fail(self, config: Config, label: str) -> BurstResult:

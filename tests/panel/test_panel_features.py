@@ -178,7 +178,8 @@ def test_profile_runs_a_profiled_burst_and_shows_the_top_operators(tmp_path: Pat
     click(panel, "profile_button")
     call = engine.calls[-1]
     assert call.config == Config(num_workers=1) and call.kwargs["steps"] == 5
-    assert call.kwargs["profile_steps"] == 5 and call.kwargs["profile_dir"] == str(tmp_path / "profiles")
+    options = call.kwargs["options"]
+    assert options.profile_steps == 5 and options.profile_dir == str(tmp_path / "profiles")
     view = panel.profile_view.value
     assert panel.profile_view.layout.display is None
     for text in ("aten::addmm", "aten::relu", "self CPU ms", "self device ms", "https://ui.perfetto.dev",

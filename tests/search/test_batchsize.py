@@ -19,6 +19,8 @@ import accel_widgets
 from accel_widgets import (
     BatchSizeSearch,
     BatchTry,
+    BurstEngine,
+    BurstOptions,
     BurstResult,
     Config,
     DeviceInfo,
@@ -481,7 +483,7 @@ def test_on_a_real_gpu_running_out_of_memory_under_a_cap_is_the_limit():
     wl = Workload(model=lambda: Hoard(per_sample), dataset=tensors(8192), loss_fn=F.cross_entropy, batch_size=256,
                   name="hoard")
     result = find_batch_size(wl, memory_cap=0.05, steps=4, refine_tries=2,  # the knob's smallest memory_fraction
-                             engine=functools.partial(run_burst, timeout_s=20))
+                             engine=BurstEngine(BurstOptions(timeout_s=20)))
     assert result.memory_kind == "cuda_allocator" and result.config.memory_fraction == 0.05
     assert result.largest_fitting is not None and result.largest_fitting * per_sample <= result.cap_bytes
     assert {t.failure for t in result.tries if not t.fits} == {"oom"}

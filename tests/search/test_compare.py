@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from accel_widgets import Config
+from accel_widgets import BurstOptions, Config
 from accel_widgets.results.burst import BurstResult
 from accel_widgets.search.bursts import Bursts
 from accel_widgets.search.compare import (
@@ -142,6 +142,20 @@ def test_remeasure_is_the_comparison_of_a_run_and_its_baseline() -> None:
     assert machine.calls[0][1]["steps"] == 50 and machine.calls[0][1]["label"] == "re-measure: baseline"
     short = remeasure(tiny_workload(), B, A, engine=Machine(noisy({B: 1.4})))
     assert short.firsts[0].label == "re-measure: baseline" and len(short.firsts[0].step_times()) == MIN_STEPS
+
+
+def test_a_search_gives_its_engine_options_only_where_it_adds_some() -> None:
+    """An engine that fixes options of its own (a ``partial``) keeps them wherever the search adds none: a keyword
+    given, even None, would replace them."""
+    machine = Machine(lambda config, call: 1000.0)
+    Bursts(machine, steps=5).run(tiny_workload(), A)
+    Bursts(machine, steps=5).freeing(None).open(tiny_workload(), A)
+    Bursts(machine, steps=5).freeing("data").run(tiny_workload(), A)
+    measure_pairs(tiny_workload(), [A, B], [(0, 1)], engine=machine, clock=machine.clock, steps=5, budget_s=1.0,
+                  timeout_s=30.0)
+    added = [kwargs.get("options") for _, kwargs in machine.calls]
+    assert added[:2] == [None, None] and added[2] == BurstOptions(freed="data")
+    assert added[3:] and all(options == BurstOptions(timeout_s=30.0) for options in added[3:])
 
 
 def test_a_config_opened_before_runs_first_and_the_first_block_goes_on_from_the_one_opened_last() -> None:

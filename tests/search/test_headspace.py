@@ -24,7 +24,7 @@ from tests.workloads import tiny_workload
 def test_each_part_there_to_free_is_a_variant_compared_with_the_config_as_it_is() -> None:
     engine = FakeEngine(freed_speedups={"data": 2.0})
     found = headspace(tiny_workload(), Config(), budget_s=60, engine=engine, device=cpu_device())
-    freed = {call.kwargs["freed"] for call in engine.calls}
+    freed = {call.kwargs["options"].freed for call in engine.calls}
     assert freed == {None, "data"}  # one process on a CPU: no gradients to exchange, and the host is the device
     data = found.ceilings["data"]
     assert data.verdict == "faster" and data.comparison.ratio == pytest.approx(2.0)

@@ -18,6 +18,7 @@ import pytest
 from accel_widgets import BurstResult, CodePaths, Config, DeviceInfo, RunHistory, Workload
 from accel_widgets.analysis import guard
 from accel_widgets.data.cache import CacheInfo
+from accel_widgets.engine.launcher import Engine
 from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.knobs import GROUPS, KNOBS, compiling
 from accel_widgets.metrics.sequential import min_blocks
@@ -60,7 +61,7 @@ def truth(config: Config, effects: dict[tuple[str, Any], float] | None = None) -
     return math.prod(f for (name, value), f in effects.items() if getattr(config, name) == value)
 
 
-def run(machine: Machine | None = None, *, engine: Callable[..., BurstResult] | None = None, device: DeviceInfo = CPU,
+def run(machine: Machine | None = None, *, engine: Engine | None = None, device: DeviceInfo = CPU,
         budget_s: float = 2000.0, **kwargs: Any) -> tuple[TuneResult, Machine]:
     machine = machine or Machine(landscape())
     result = tune(WORKLOAD, budget_s=budget_s, device=device, engine=engine or machine, clock=machine.clock, steps=20,
@@ -275,7 +276,7 @@ def test_a_stop_inside_a_duel_ends_it_after_the_running_window() -> None:
 
 
 # -- only what can act, skipped with the reason --------------------------------------------------------
-def with_paths(machine: Machine, paths: CodePaths) -> Callable[..., BurstResult]:
+def with_paths(machine: Machine, paths: CodePaths) -> Engine:
     def engine(workload: Workload, config: Config, **kwargs: Any) -> BurstResult:
         result = machine(workload, config, **kwargs)
         result.ranks = [dataclasses.replace(rank, code_paths=paths) for rank in result.ranks]

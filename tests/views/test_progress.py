@@ -13,6 +13,7 @@ import pytest
 import accel_widgets.search.ladder
 from accel_widgets import Config
 from accel_widgets.cli import main
+from accel_widgets.engine.launcher import Engine
 from accel_widgets.results.burst import BurstPhase, BurstResult, RankSummary, StepRecord, TelemetrySample
 from accel_widgets.views.progress import PHASES, BurstProgress, ProgressSeries, ProgressView
 
@@ -156,7 +157,7 @@ def test_on_a_terminal_the_live_line_is_redrawn_at_most_four_times_a_second_and_
     assert text.endswith("\x1b[1A\x1b[2K")  # the line is erased: the result line takes its place
 
 
-def fake_ladder_engine(record: list[str]) -> Callable[..., BurstResult]:
+def fake_ladder_engine(record: list[str]) -> Engine:
     """A run_burst stand-in that emits a warm-up and two measured steps, then returns an ok result: the n-th rung
     (its repeats too) runs at n x 100 samples/s, steadily."""
     def engine(workload: object, config: Config, *, label: str, on_event: Callable[[object], None] | None,
