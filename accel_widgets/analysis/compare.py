@@ -13,6 +13,7 @@ from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
 from .guard import GuardVerdict, NoiseBand, check_training
+from .usage import energy
 
 Row = dict[str, Any]
 
@@ -54,7 +55,7 @@ def _baselines(results: Sequence[BurstResult], baseline: BurstResult | None) -> 
 
 
 def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline_index: int | None) -> Row:
-    step = result.step_time
+    step, used = result.step_time, energy(result)
     return {
         "run": index,
         "workload": result.workload,
@@ -85,10 +86,10 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
         "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
         "mfu_basis": result.mfu_basis,
-        "joules_per_sample": result.joules_per_sample,
-        "samples_per_joule": result.samples_per_joule,
-        "mean_power_w": result.mean_power_w,
-        "energy_note": result.energy_note,
+        "joules_per_sample": used.joules_per_sample,
+        "samples_per_joule": used.samples_per_joule,
+        "mean_power_w": used.mean_power_w,
+        "energy_note": used.note,
         "error": _first_line(result.error.message) if result.error is not None else "",
     }
 

@@ -27,6 +27,7 @@ from ..metrics.units import si
 from ..results.burst import BROWSERS, BurstResult
 from ..results.headspace import Headspace
 from .guard import GuardVerdict, check_training, frozen_augmentation
+from .usage import energy
 
 Severity = Literal["warn", "info", "good"]
 
@@ -515,14 +516,15 @@ def _energy_saving(result: BurstResult, baseline: BurstResult) -> list[Finding]:
     """Time and energy per sample against the baseline. A speed-up usually saves energy too, but not always
     in proportion: a knob that keeps the device busier draws more power while it saves time. Where either
     run's energy was not measured there is no finding (the table's hover says why)."""
-    mine, theirs = result.joules_per_sample, baseline.joules_per_sample
+    used = energy(result)
+    mine, theirs = used.joules_per_sample, energy(baseline).joules_per_sample
     speedup = result.speedup_over(baseline)
     if mine is None or theirs is None or speedup is None:
         return []
     time_saved, energy_saved = 1 - 1 / speedup, 1 - mine / theirs
     changes = result.config.label(baseline.config)
     detail = (f"{changes}: {_change(time_saved)} time and {_change(energy_saved)} energy per sample than the "
-              f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {result.energy_note}).")
+              f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {used.note}).")
     severity: Severity = "good" if time_saved > 0 and energy_saved > 0 else "info"
     return [Finding(severity, "Energy per sample", detail)]
 

@@ -20,7 +20,7 @@ from ..knobs import CodePaths, Facts
 from ..knobs.base import Part
 from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
-from ..metrics.energy import counter_energy_j, integrated_energy_j, value_at
+from ..metrics.energy import EnergyScope, window_energy
 from ..metrics.flops import peak_flops
 from ..metrics.stats import Summary, summarize
 from ..metrics.thresholds import THRESHOLDS
@@ -31,11 +31,6 @@ Status = Literal["ok", "diverged", "failed", "stopped", "timeout"]
 #: NVML's utilisation is the share of the past sample period a kernel ran, that period 1/6 s to 1 s by the
 #: product: the longest is assumed, so a reading kept for the window never reaches back into warm-up.
 NVML_UTILISATION_PERIOD_S = 1.0
-#: NVML's power is averaged over the past second on GA10x (compute capability 8.6) and newer, Hopper
-#: included; GA100 (8.0) and older report it instantaneously.
-NVML_POWER_PERIOD_S = 1.0
-#: A window needs this many averaging periods for its settled readings to say anything (below: "too short").
-MIN_PERIODS_PER_WINDOW = 2.0
 
 
 @dataclass(frozen=True)
@@ -58,10 +53,6 @@ class StepRecord:
 #: Programs that draw web pages (as telemetry labels them): their load during a burst is usually a live view.
 BROWSERS = frozenset({"chromium", "chrome", "google-chrome", "headless_shell", "firefox", "msedge", "brave", "opera",
                       "safari", "vivaldi"})
-
-#: What a telemetry sample's power and energy readings cover (see :class:`TelemetrySample`).
-EnergyScope = Literal["gpu", "mig", "cpu_package"]
-
 
 @dataclass(frozen=True)
 class TelemetrySample:
@@ -425,9 +416,9 @@ class BurstResult:
         return samples if window is None else [t for t in samples if t.t >= window[0] + period_s]
 
     def too_short_for(self, period_s: float) -> bool:
-        """Whether the measured window is shorter than ``MIN_PERIODS_PER_WINDOW`` averaging periods."""
+        """Whether the measured window is shorter than the threshold's number of averaging periods."""
         window = self.measured_window()
-        return window is not None and window[1] - window[0] < MIN_PERIODS_PER_WINDOW * period_s
+        return window is not None and window[1] - window[0] < THRESHOLDS.min_periods_per_window * period_s
 
     @property
     def mean_utilisation_pct(self) -> float | None:
@@ -451,7 +442,7 @@ class BurstResult:
         if self._utilisation_too_short() and window is not None:
             return (f"too short to read: NVML's utilisation averages the last {NVML_UTILISATION_PERIOD_S:g} s, and "
                     f"the measured window is {window[1] - window[0]:.1f} s (measure at least "
-                    f"{MIN_PERIODS_PER_WINDOW * NVML_UTILISATION_PERIOD_S:g} s){activity}")
+                    f"{THRESHOLDS.min_periods_per_window * NVML_UTILISATION_PERIOD_S:g} s){activity}")
         if self.mean_utilisation_pct is None:
             return f"no utilisation readings in the measured window{activity}"
         if any(t.source == "nvml" for t in self.telemetry):
@@ -651,82 +642,6 @@ class BurstResult:
             parts.append(f"the calling process {self.caller_cpu_pct * cores:.0f}% of a core")
         return "; ".join(parts) or "not attributed"
 
-    @property
-    def energy_j(self) -> float | None:
-        """Joules the devices used over the measured window, summed over every GPU in use (or the CPU
-        packages); None where it was not measured (:attr:`energy_note` says why)."""
-        return self._energy()[0]
-
-    @property
-    def energy_note(self) -> str:
-        """What :attr:`energy_j` covers and how it was read, or why there is none: the table's hover."""
-        return self._energy()[1]
-
-    @property
-    def joules_per_sample(self) -> float | None:
-        """Energy per trained sample over the measured window: the measured steps' energy over their samples."""
-        energy, samples = self.energy_j, sum(s.samples for s in self.measured_steps())
-        return energy / samples if energy is not None and samples > 0 else None
-
-    @property
-    def samples_per_joule(self) -> float | None:
-        per_sample = self.joules_per_sample
-        return 1.0 / per_sample if per_sample else None
-
-    @property
-    def mean_power_w(self) -> float | None:
-        """Mean power over the measured window: :attr:`energy_j` over the window's length."""
-        energy, window = self.energy_j, self.measured_window()
-        return energy / (window[1] - window[0]) if energy is not None and window and window[1] > window[0] else None
-
-    def _energy(self) -> tuple[float | None, str]:
-        """(joules over the measured window, what they cover or why there are none), from every device's
-        readings on both sides of the window: each device's energy counter where it spans the window, else
-        its power readings integrated; no number unless every device in use has one."""
-        window = self.measured_window()
-        if window is None:
-            return None, "energy not measured: no measured steps"
-        scopes = {t.energy_scope for t in self.telemetry}
-        if "mig" in scopes:
-            return None, "energy not measured: NVML reports power for the whole GPU, not per MIG instance"
-        if not scopes - {None}:
-            return None, "energy not measured here (no NVML, RAPL not readable)"
-        total, methods, devices = 0.0, set[str](), _by_device(self.telemetry)
-        for device, samples in devices.items():
-            counter = [(t.t, t.energy_j) for t in samples if t.energy_j is not None]
-            joules = counter_energy_j(counter, *window)
-            method = "NVML's energy counter"
-            if joules is None:
-                joules, method = self._power_energy_j(samples, window)
-            if joules is None:
-                return None, method or f"energy not measured: {device}'s readings do not cover the measured window"
-            total += joules
-            methods.add(method)
-        if scopes == {"cpu_package"}:
-            return total, ("CPU packages' energy (RAPL) over the measured window: the whole package, every "
-                           "process on it, not only the burst")
-        gpus = f", summed over {len(devices)} GPUs" if len(devices) > 1 else ""
-        return total, f"GPU energy over the measured window{gpus}, from {' and '.join(sorted(methods))}"
-
-    def _power_energy_j(self, samples: list[TelemetrySample], window: tuple[float, float]) -> tuple[float | None, str]:
-        """(joules from one GPU's power readings, how): integrated where NVML reports power instantaneously;
-        where it reports a trailing average (:func:`power_period_s`), the readings settled inside the window
-        averaged over its length; none from a window under two periods (the method says "too short")."""
-        nvml = any(t.source == "nvml" for t in samples)
-        period = power_period_s(self.environment.get("capability")) if nvml else 0.0
-        power = [(t.t, t.power_w) for t in samples if t.power_w is not None]
-        if not period:
-            return integrated_energy_j(power, *window), "NVML's power readings integrated"
-        start, end = window
-        if value_at(power, start) is None or value_at(power, end) is None:
-            return None, ""
-        if end - start < MIN_PERIODS_PER_WINDOW * period:
-            return None, (f"energy not measured: too short to read, NVML's power averages the last {period:g} s "
-                          f"and the measured window is {end - start:.1f} s")
-        settled = [w for t, w in power if start + period <= t <= end]
-        return (sum(settled) / len(settled) * (end - start) if settled else None,
-                f"NVML's power readings ({period:g} s averages) settled in the window, times its length")
-
     def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
         """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
         mine, theirs = self.samples_per_s, single_rank.samples_per_s
@@ -779,8 +694,12 @@ class BurstResult:
                 lines.append(f"  util        {self.utilisation_note}")
             else:
                 lines.append(f"  util        {util:.0f}%" + (f"; {activity}" if activity else ""))
-        if self.joules_per_sample is not None:
-            lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
+        energy = window_energy(self.telemetry, self.measured_window(),
+                               samples=sum(s.samples for s in self.measured_steps()),
+                               capability=self.environment.get("capability"))
+        if energy.joules_per_sample is not None:
+            lines.append(f"  energy      {energy.joules_per_sample:.3g} J/sample, {energy.samples_per_joule:.3g} "
+                         "samples/J")
         if not self.reliability.reliable:
             lines.append(f"  unreliable  {self.reliability.text()}: re-measure it against the baseline "
                          "(aw.remeasure: an interval and a verdict) or on a quiet machine")
@@ -839,16 +758,6 @@ class BurstResult:
     @classmethod
     def from_json(cls, text: str) -> BurstResult:
         return cls.from_dict(json.loads(text))
-
-
-def power_period_s(capability: str | None) -> float:
-    """NVML's power averaging period for a GPU of compute capability ``capability`` ("9.0"): 1 s from GA10x
-    (8.6) on, 0 (instantaneous) up to GA100 (8.0); the 1 s of current GPUs where it is not known."""
-    try:
-        major, minor = (int(part) for part in str(capability).split(".")[:2])
-    except ValueError:
-        return NVML_POWER_PERIOD_S
-    return NVML_POWER_PERIOD_S if (major, minor) > (8, 0) else 0.0
 
 
 def _json_safe(value: Any) -> Any:

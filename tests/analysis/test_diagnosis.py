@@ -9,6 +9,7 @@ import pytest
 from accel_widgets import Config, ErrorInfo
 from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
 from accel_widgets.analysis.guard import GuardVerdict
+from accel_widgets.analysis.usage import energy
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
 from tests.panel.fakes import synthetic_result
 from tests.results.test_burst import compile_report
@@ -325,7 +326,7 @@ def test_a_faster_run_that_costs_more_energy_says_so() -> None:
 def test_no_energy_finding_where_either_run_was_not_measured() -> None:
     measured = with_energy(synthetic_result(step_s=0.05), watts=200.0)
     unmeasured = synthetic_result(Config(precision="bf16"), step_s=0.025)  # CPU telemetry without RAPL
-    assert unmeasured.energy_j is None
+    assert energy(unmeasured).joules is None
     assert "Energy per sample" not in titles(diagnose(unmeasured, measured, verdict=GuardVerdict("ok")))
     assert "Energy per sample" not in titles(diagnose(measured, unmeasured, verdict=GuardVerdict("ok")))
 

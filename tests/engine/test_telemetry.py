@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from accel_widgets import BurstResult, Config, StepRecord
+from accel_widgets.analysis.usage import energy
 from accel_widgets.engine.telemetry import MACHINE_SCAN_S, THREAD_NAME, HostCpu, TelemetrySampler
 from accel_widgets.results.burst import TelemetrySample
 from tests.measured import H200_FP32_ACTIVITY
@@ -458,9 +459,10 @@ def test_gpu_counters_in_the_samples_give_the_bursts_joules_per_sample() -> None
     steps += [StepRecord(0, k, 0.25 * (k + 1), 0.0, 0.0, 0.25, 0.25, 10, 1.0) for k in range(1, 4)]
     result = BurstResult(workload="w", config=Config(), status="ok", steps=steps, telemetry=sampler.samples)
     assert result.measured_window() == (0.25, 1.0)
-    assert result.energy_j == pytest.approx(300.0)
-    assert result.joules_per_sample == pytest.approx(10.0)
-    assert "summed over 2 GPUs" in result.energy_note
+    used = energy(result)
+    assert used.joules == pytest.approx(300.0)
+    assert used.joules_per_sample == pytest.approx(10.0)
+    assert "summed over 2 GPUs" in used.note
 
 
 def _rapl_tree(root: Path, energy_uj: int = 1_000_000) -> Path:
