@@ -1,6 +1,7 @@
-"""Runs against their baselines: each workload's baseline, every run's numbers against it, and the correctness
-guard's verdict against that same run, so a row's speed-up and its "changes training" always refer to one
-baseline. Plain data: the views (:mod:`accel_widgets.views.table`) decide how a row reads.
+"""Runs against their baselines: one result against another (speed-up, memory, scaling over ranks), each workload's
+baseline, every run's numbers against it, and the correctness guard's verdict against that same run, so a row's
+speed-up and its "changes training" always refer to one baseline. Plain data: the views
+(:mod:`accel_widgets.views.table`) decide how a row reads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,35 @@ from .guard import GuardVerdict, NoiseBand, check_training
 from .usage import energy
 
 Row = dict[str, Any]
+
+
+def speedup(result: BurstResult, baseline: BurstResult) -> float | None:
+    """``result``'s samples/s over ``baseline``'s: one burst against one burst, with the drift between bursts in no
+    number (the comparison engine's interval is what settles a speed-up); None when either has no throughput."""
+    mine, theirs = result.samples_per_s, baseline.samples_per_s
+    return mine / theirs if mine and theirs else None
+
+
+def memory_ratio(result: BurstResult, baseline: BurstResult) -> float | None:
+    """Peak memory per rank (the busiest rank's) over ``baseline``'s, when both measured it the same way: what FSDP
+    saves against DDP, activation checkpointing against none. None when either lacks it."""
+    mine, theirs = result.peak_memory_bytes, baseline.peak_memory_bytes
+    if not mine or not theirs or result.memory_kind != baseline.memory_kind:
+        return None
+    return mine / theirs
+
+
+def scaling_efficiency(result: BurstResult, single_rank: BurstResult) -> float | None:
+    """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
+    mine, theirs = result.samples_per_s, single_rank.samples_per_s
+    return mine / (result.world_size * theirs) if mine and theirs else None
+
+
+def straggler_rank(result: BurstResult) -> int | None:
+    """The rank with the lowest throughput, when there are several: the one the others wait for at every step."""
+    if len(result.ranks) < 2:
+        return None
+    return min(result.ranks, key=lambda r: r.measured_samples / r.measured_s if r.measured_s else 0).rank
 
 
 def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None = None, *,
@@ -65,7 +95,7 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "status": result.status,
         "samples_per_s": result.samples_per_s,
         "tokens_per_s": result.tokens_per_s,
-        "speedup": result.speedup_over(baseline) if baseline is not None else None,
+        "speedup": speedup(result, baseline) if baseline is not None else None,
         "speedup_interval": None,
         "verdict": None,
         "min_effect": None,

@@ -26,6 +26,7 @@ from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import si
 from ..results.burst import BROWSERS, BurstResult
 from ..results.headspace import Headspace
+from .compare import speedup
 from .guard import GuardVerdict, check_training, frozen_augmentation
 from .usage import energy
 
@@ -518,10 +519,10 @@ def _energy_saving(result: BurstResult, baseline: BurstResult) -> list[Finding]:
     run's energy was not measured there is no finding (the table's hover says why)."""
     used = energy(result)
     mine, theirs = used.joules_per_sample, energy(baseline).joules_per_sample
-    speedup = result.speedup_over(baseline)
-    if mine is None or theirs is None or speedup is None:
+    ratio = speedup(result, baseline)
+    if mine is None or theirs is None or ratio is None:
         return []
-    time_saved, energy_saved = 1 - 1 / speedup, 1 - mine / theirs
+    time_saved, energy_saved = 1 - 1 / ratio, 1 - mine / theirs
     changes = result.config.label(baseline.config)
     detail = (f"{changes}: {_change(time_saved)} time and {_change(energy_saved)} energy per sample than the "
               f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {used.note}).")

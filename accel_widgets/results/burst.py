@@ -355,13 +355,6 @@ class BurstResult:
         """What torch.compile did, over the ranks (:meth:`CompileReport.merged`); None where nothing was compiled."""
         return CompileReport.merged([r.compile_report for r in self.ranks if r.compile_report is not None])
 
-    @property
-    def straggler_rank(self) -> int | None:
-        """The rank with the lowest throughput, when there are several."""
-        if len(self.ranks) < 2:
-            return None
-        return min(self.ranks, key=lambda r: r.measured_samples / r.measured_s if r.measured_s else 0).rank
-
     def losses(self, rank: int = 0) -> list[float | None]:
         return [s.loss for s in self.steps if s.rank == rank]
 
@@ -641,23 +634,6 @@ class BurstResult:
         if self.caller_cpu_pct is not None:
             parts.append(f"the calling process {self.caller_cpu_pct * cores:.0f}% of a core")
         return "; ".join(parts) or "not attributed"
-
-    def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
-        """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
-        mine, theirs = self.samples_per_s, single_rank.samples_per_s
-        return mine / (self.world_size * theirs) if mine and theirs else None
-
-    def speedup_over(self, baseline: BurstResult) -> float | None:
-        mine, theirs = self.samples_per_s, baseline.samples_per_s
-        return mine / theirs if mine and theirs else None
-
-    def memory_ratio_over(self, baseline: BurstResult) -> float | None:
-        """Peak memory per rank (the busiest rank's) over ``baseline``'s, when both measured it the same way: what
-        FSDP saves against DDP, activation checkpointing against none. None when either lacks it."""
-        mine, theirs = self.peak_memory_bytes, baseline.peak_memory_bytes
-        if not mine or not theirs or self.memory_kind != baseline.memory_kind:
-            return None
-        return mine / theirs
 
     # -- text ---------------------------------------------------------------------------------
     def summary(self) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 from accel_widgets import Config
 from accel_widgets import run_burst as _run_burst
+from accel_widgets.analysis.compare import memory_ratio, speedup
 from tests.devices import cpu_device
 from tests.workloads import wide_workload
 
@@ -32,5 +33,5 @@ def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank():
         assert fsdp.losses(rank) == pytest.approx(ddp.losses(rank), rel=1e-5)
     assert fsdp.model_state_bytes / ddp.model_state_bytes == pytest.approx(0.5, abs=0.01)
     assert ddp.model_state_bytes > 190 * 2**20  # 12.6M parameters x 4 bytes x (weights, gradients, 2 moments)
-    assert fsdp.memory_ratio_over(ddp) is not None and fsdp.speedup_over(ddp) is not None
+    assert memory_ratio(fsdp, ddp) is not None and speedup(fsdp, ddp) is not None
     assert "per rank: the busiest of 2, parameters sharded" in fsdp.summary()

@@ -53,7 +53,6 @@ def test_throughput_sums_ranks_and_step_time_takes_the_slowest_rank():
     assert result.tokens_per_s == pytest.approx(result.samples_per_s * 8)
     assert result.step_times() == [0.1, 0.3, 0.1]
     assert result.step_time.median == pytest.approx(0.1)
-    assert result.straggler_rank == 1
 
 
 def test_shares_and_compile_time():
@@ -81,9 +80,8 @@ def test_json_round_trip_keeps_every_number_and_nan_losses():
     assert math.isnan(BurstResult.from_json(failed.to_json()).losses()[1])
 
 
-def test_summary_text_and_speedup():
-    fast, slow = make_result(), make_result(ranks=[_rank(0, 96, 0.6), _rank(1, 96, 1.0)])
-    assert fast.speedup_over(slow) == pytest.approx(2.0, rel=0.01)
+def test_summary_text():
+    fast = make_result()
     text = fast.summary()
     assert "samples/s" in text and "data wait 25%" in text and "compile" in text
     failed = make_result(status="failed", error=ErrorInfo("oom", "OutOfMemoryError: boom"))
@@ -273,14 +271,12 @@ def test_reserved_against_allocated_reads_the_allocators_slack_per_rank():
     assert make_result().allocator_slack_share is None  # RSS on a CPU: no allocator to read
 
 
-def test_memory_per_rank_and_training_state_compare_against_another_run():
+def test_training_state_is_counted_per_rank_and_said_in_the_summary():
     ddp = make_result(ranks=[_cuda_rank(0, 80_000, 90_000, 64_000), _cuda_rank(1, 80_000, 90_000, 64_000)])
     fsdp = make_result(ranks=[_cuda_rank(0, 48_000, 52_000, 32_000), _cuda_rank(1, 50_000, 52_000, 32_000)],
                        config=Config(parallel="fsdp", world_size=2))
-    assert fsdp.memory_ratio_over(ddp) == pytest.approx(50_000 / 80_000)
     assert fsdp.model_state_bytes == 32_000 << 20 and ddp.model_state_bytes == 64_000 << 20
     assert "parameters sharded" in fsdp.summary() and "model state 32,000 MiB" in fsdp.summary()
-    assert fsdp.memory_ratio_over(make_result()) is None  # RSS against the allocator's peak: not comparable
 
 
 # -- GPM: how busy the chip was inside "utilisation" ----------------------------------------------------------------
