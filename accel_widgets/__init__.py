@@ -7,7 +7,7 @@ timed training burst in an isolated worker process::
     wl = aw.Workload(model=MyNet(), dataset=my_ds, loss_fn=F.cross_entropy)
     base = aw.run_burst(wl, aw.Config(), steps=40)
     fast = aw.run_burst(wl, aw.Config(num_workers=2, precision="bf16"), steps=40)
-    print(fast.samples_per_s / base.samples_per_s, fast.summary())
+    print(fast.samples_per_s / base.samples_per_s, aw.summary(fast))
 
 Importing this package pulls in neither the UI (ipywidgets, plotly) nor CUDA. It starts the
 forkserver that bursts are launched from, so that it has imported torch by the first burst.
@@ -57,6 +57,7 @@ from .search.tuner import TuneResult, TuneStep, measure_noise, tune
 from .views import figures
 from .views.report import write_csv, write_json
 from .views.report import write_report as report
+from .views.text import summary
 
 __version__ = "0.1.0"
 
@@ -134,6 +135,7 @@ __all__ = [
     "run_burst",
     "run_ladder",
     "summarize",
+    "summary",
     "sweep",
     "tune",
     "warm_up",

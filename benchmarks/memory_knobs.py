@@ -75,7 +75,7 @@ STUDIES: list[tuple[str, Any, int, dict[str, aw.Config]]] = [
 
 def burst(workload: aw.Workload, config: aw.Config, steps: int) -> dict[str, Any]:
     result = aw.run_burst(workload, config, steps=steps, warmup_steps=1)
-    assert result.ok and result.samples_per_s is not None and result.step_time is not None, result.summary()
+    assert result.ok and result.samples_per_s is not None and result.step_time is not None, aw.summary(result)
     return {"peak_rss_mib": (result.peak_memory_bytes or 0) / 2**20,
             "model_state_mib": (result.model_state_bytes or 0) / 2**20,
             "samples_per_s": result.samples_per_s, "step_median_s": result.step_time.median,

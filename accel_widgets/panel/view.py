@@ -239,7 +239,7 @@ class TuningPanel:
         self.set_config(Config())
 
     def wait(self, timeout: float | None = None) -> BurstResult | None:
-        """Block until the running action finishes and return the last run it finished (``panel.wait().summary()``
+        """Block until the running action finishes and return the last run it finished (``aw.summary(panel.wait())``
         after ``panel.run_burst()``); None when it finished no run (Load earlier runs, Find batch size) or when
         ``timeout`` passed first (``panel.running`` is then still True)."""
         return self.controller.last_run if self.controller.wait(timeout) else None

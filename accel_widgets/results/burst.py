@@ -20,7 +20,7 @@ from ..knobs import CodePaths, Facts
 from ..knobs.base import Part
 from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
-from ..metrics.energy import EnergyScope, window_energy
+from ..metrics.energy import EnergyScope
 from ..metrics.flops import peak_flops
 from ..metrics.stats import Summary, summarize
 from ..metrics.thresholds import THRESHOLDS
@@ -634,82 +634,6 @@ class BurstResult:
         if self.caller_cpu_pct is not None:
             parts.append(f"the calling process {self.caller_cpu_pct * cores:.0f}% of a core")
         return "; ".join(parts) or "not attributed"
-
-    # -- text ---------------------------------------------------------------------------------
-    def summary(self) -> str:
-        """A few lines a person reads: throughput, step time with spread, where the time went."""
-        head = f"{self.label or self.config.label()} [{self.workload}] {self.status}"
-        why = f": {self.error.message}" if not self.ok and self.error is not None else ""
-        if why and self.status != "diverged":
-            return head + why
-        lines = [head + why]  # a diverged run says why, then shows the numbers it measured
-        if self.samples_per_s is not None:
-            tokens = f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
-            lines.append(f"  throughput  {self.samples_per_s:,.1f} samples/s{tokens}")
-        if self.step_time is not None:
-            st = self.step_time
-            noise = "  (noisy: IQR/median >= 10%)" if st.noisy else ""
-            noise = "  (unreliable, see below)" if not self.reliability.reliable else noise
-            lines.append(f"  step        {st.median * 1e3:.2f} ms median, IQR {st.iqr * 1e3:.2f} ms, n={st.n}{noise}")
-        shares = [(n, v) for n, v in (("data wait", self.data_wait_share), ("h2d copy", self.h2d_share),
-                                      ("compute", self.compute_share)) if v is not None]
-        if shares:
-            lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
-        lines.extend(self._compile_lines())
-        if self.achieved_flops_per_s is not None:
-            mfu = f", MFU {self.mfu:.1%} ({self.mfu_basis}, each at its peak)" if self.mfu is not None else ""
-            lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
-        if self.peak_memory_bytes is not None:
-            lines.append(f"  peak mem    {self._memory_text()}")
-        if self.cache is not None:
-            frozen = f"; {self.cache.frozen_text()}" if self.cache.frozen_item is not None else ""
-            lines.append(f"  data cache  {self.cache.summary()}{frozen}")
-        if self.telemetry:
-            util, activity = self.mean_utilisation_pct, self.activity_text()
-            if util is None:
-                lines.append(f"  util        {self.utilisation_note}")
-            else:
-                lines.append(f"  util        {util:.0f}%" + (f"; {activity}" if activity else ""))
-        energy = window_energy(self.telemetry, self.measured_window(),
-                               samples=sum(s.samples for s in self.measured_steps()),
-                               capability=self.environment.get("capability"))
-        if energy.joules_per_sample is not None:
-            lines.append(f"  energy      {energy.joules_per_sample:.3g} J/sample, {energy.samples_per_joule:.3g} "
-                         "samples/J")
-        if not self.reliability.reliable:
-            lines.append(f"  unreliable  {self.reliability.text()}: re-measure it against the baseline "
-                         "(aw.remeasure: an interval and a verdict) or on a quiet machine")
-        lines.extend(f"  warning     {w}" for w in self.warnings)
-        return "\n".join(lines)
-
-    def _memory_text(self) -> str:
-        """"812 MiB (rss), per rank: the busiest of 2", with the CUDA allocator's reserved peak where it is known."""
-        text = f"{(self.peak_memory_bytes or 0) / 2**20:,.0f} MiB ({self.memory_kind})"
-        if len(self.ranks) > 1:
-            sharded = ", parameters sharded" if self.facts is not None and self.facts.sharded else ""
-            text += f" per rank: the busiest of {len(self.ranks)}{sharded}"
-        reserved, slack = self.peak_reserved_bytes, self.allocator_slack_share
-        if reserved is not None and slack is not None:
-            text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
-        if self.allocator_expandable is not None:
-            text += f"; {'expandable' if self.allocator_expandable else 'fixed'} allocator segments"
-        if self.model_state_bytes is not None:
-            text += f"; model state {self.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
-        return text
-    def _compile_lines(self) -> list[str]:
-        """The summary's word on compiling: its cost, what was compiled, then every graph break and recompile listed."""
-        report, lines = self.compile_report, []
-        if self.compile_s is not None:
-            lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)"
-                         + (f"; {report.text()}" if report is not None else ""))
-        elif report is not None:
-            lines.append(f"  compile     {report.text()}")
-        if report is None:
-            return lines
-        lines.append(f"  compiled    {report.scope}")
-        lines.extend(f"  graph break {found.text()}" for found in report.graph_breaks)
-        lines.extend(f"  recompiled  {found.text()}" for found in report.recompile_reasons)
-        return lines
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

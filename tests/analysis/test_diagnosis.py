@@ -11,6 +11,7 @@ from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
 from accel_widgets.analysis.guard import GuardVerdict
 from accel_widgets.analysis.usage import energy
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.views.text import summary
 from tests.panel.fakes import synthetic_result
 from tests.results.test_burst import compile_report
 
@@ -353,7 +354,7 @@ def test_expandable_segments_asked_for_but_fixed_in_the_allocator_is_a_warning()
     assert finding.detail.startswith("expandable_segments=True did not act: the CUDA allocator's segments were fixed")
     grew = dataclasses.replace(result, ranks=[dataclasses.replace(result.ranks[0], allocator_expandable=True)])
     assert "Expandable segments not in effect" not in titles(diagnose(grew))
-    assert "expandable allocator segments" in grew.summary()
+    assert "expandable allocator segments" in summary(grew)
 
 
 def test_findings_carry_the_symptom_a_ladder_can_be_asked_to_address() -> None:

@@ -34,6 +34,7 @@ from accel_widgets.engine.training import build_loop
 from accel_widgets.knobs.plan import resolve
 from accel_widgets.results.history import RunHistory, workload_fingerprint
 from accel_widgets.search.tuner import measure_noise
+from accel_widgets.views.text import summary
 from tests.analysis.test_guard import HugeActivations, falling, result
 from tests.devices import cpu_device
 from tests.workloads import CLASSES, FEATURES, TinyNet, tensors
@@ -368,7 +369,7 @@ def test_a_run_on_frozen_augmentation_is_marked_and_never_a_baseline():
     frozen = INPROCESS(workload, Config(data_cache="memory"), steps=4)
     assert frozen.cache is not None and frozen.cache.frozen_item == 0 and frozen.warnings == []
     reason = frozen.cache.frozen_text()
-    assert "froze random augmentation" in frozen.summary()
+    assert "froze random augmentation" in summary(frozen)
     for baseline in (base, None):
         verdict = check_training(frozen, baseline)
         assert verdict.status == "changes_training"

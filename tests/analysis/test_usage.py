@@ -19,6 +19,7 @@ from accel_widgets.metrics.energy import EnergyScope
 from accel_widgets.metrics.units import MISSING
 from accel_widgets.results.burst import RankSummary
 from accel_widgets.views.table import COLUMNS, REPORT_COLUMNS
+from accel_widgets.views.text import summary
 
 NOT_MEASURED_HERE = "energy not measured here (no NVML, RAPL not readable)"
 
@@ -61,7 +62,7 @@ def test_the_energy_counter_gives_joules_per_sample_and_is_preferred_over_power(
     assert used.samples_per_joule == pytest.approx(SAMPLES / 500.0)
     assert used.mean_power_w == pytest.approx(250.0)
     assert used.note == "GPU energy over the measured window, from NVML's energy counter"
-    assert "energy      3.91 J/sample, 0.256 samples/J" in result.summary()
+    assert "energy      3.91 J/sample, 0.256 samples/J" in summary(result)
 
 
 def test_without_a_counter_power_is_integrated_over_the_window_only() -> None:

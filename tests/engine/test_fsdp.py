@@ -7,6 +7,7 @@ import pytest
 from accel_widgets import Config
 from accel_widgets import run_burst as _run_burst
 from accel_widgets.analysis.compare import memory_ratio, speedup
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.workloads import wide_workload
 
@@ -34,4 +35,4 @@ def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank():
     assert fsdp.model_state_bytes / ddp.model_state_bytes == pytest.approx(0.5, abs=0.01)
     assert ddp.model_state_bytes > 190 * 2**20  # 12.6M parameters x 4 bytes x (weights, gradients, 2 moments)
     assert memory_ratio(fsdp, ddp) is not None and speedup(fsdp, ddp) is not None
-    assert "per rank: the busiest of 2, parameters sharded" in fsdp.summary()
+    assert "per rank: the busiest of 2, parameters sharded" in summary(fsdp)

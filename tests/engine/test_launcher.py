@@ -24,6 +24,7 @@ from accel_widgets import (
 from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.engine.ranks import EXIT_GRACE_S
 from accel_widgets.results.burst import BurstPhase, ProfileCapture
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.workloads import (
     BreaksTheProfiler,
@@ -196,7 +197,7 @@ def test_a_loss_that_goes_nan_ends_diverged_with_its_numbers():
     assert result.error.kind == "diverged"
     assert result.error.message.startswith("loss is NaN from step 3 (3 of 6 steps not finite): training diverged.")
     assert result.samples_per_s > 0 and result.step_time.n == 4
-    assert result.summary().startswith("baseline [tiny] diverged: loss is NaN from step 3")
+    assert summary(result).startswith("baseline [tiny] diverged: loss is NaN from step 3")
     assert "Training diverged" in [f.title for f in diagnose(result)]
 
 
@@ -249,7 +250,7 @@ def test_foreign_cpu_load_during_a_burst_makes_it_unreliable_and_is_named():
     assert result.foreign_cpu_pct > 20
     assert not result.reliability.reliable
     assert "python -c" in result.reliability.text(), result.reliability.text()  # the hog, by what it runs
-    assert "unreliable" in result.summary()
+    assert "unreliable" in summary(result)
 
 
 def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):

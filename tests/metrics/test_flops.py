@@ -9,6 +9,7 @@ from accel_widgets import Config, RankSummary, run_burst
 from accel_widgets.demos import resnet18
 from accel_widgets.knobs.precision import op_math
 from accel_widgets.metrics.flops import count_training_flops, peak_flops
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.results.test_burst import make_result
 from tests.workloads import tiny_workload
@@ -78,7 +79,7 @@ def test_a_conv_net_in_fp32_on_an_h200_is_charged_the_tf32_peak_for_its_convolut
     expected = result.samples_per_s * (by_math["conv:tf32"] / 494.7e12 + by_math["matmul:fp32"] / 67e12)
     assert result.mfu == pytest.approx(expected) and 0.2 < result.mfu < 0.25
     assert result.mfu_basis == "FLOPs: 100% convs in tf32, 0% matmuls in fp32"
-    assert f"MFU {result.mfu:.1%} (FLOPs: 100% convs in tf32" in result.summary()
+    assert f"MFU {result.mfu:.1%} (FLOPs: 100% convs in tf32" in summary(result)
 
 
 def test_mfu_is_none_when_any_of_the_math_has_no_peak():

@@ -31,6 +31,7 @@ from accel_widgets.panel.state import PanelState
 from accel_widgets.panel.view import COMPARE_TABS, KNOBS_BESIDE_PX, KNOBS_MAX_PX
 from accel_widgets.search.ladder import classic_ladder
 from accel_widgets.views.style import run_colour
+from accel_widgets.views.text import summary
 from accel_widgets.views.timeline import timeline
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample, synthetic_result
 from tests.panel.reading import ChartPage, chart_rows, table_text, traces
@@ -481,7 +482,7 @@ def test_wait_returns_the_run_the_action_finished_last() -> None:
     assert panel.wait() is None  # nothing ran yet
     panel.run_burst()
     burst = panel.wait(timeout=30)
-    assert burst is panel.runs[-1] and burst.ok and burst.summary().startswith("baseline [tiny] ok")
+    assert burst is panel.runs[-1] and burst.ok and summary(burst).startswith("baseline [tiny] ok")
     panel.run_ladder()
     last_rung = panel.wait(timeout=30)
     assert last_rung is panel.runs[-1] and last_rung.label == classic_ladder(tiny_workload(), CPU)[-1].name

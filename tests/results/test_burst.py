@@ -7,6 +7,7 @@ import pytest
 
 from accel_widgets import BurstResult, Config, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from accel_widgets.knobs.compiling import CompileReport, GraphBreak, Recompile
+from accel_widgets.views.text import summary
 from tests.measured import as_measured
 
 
@@ -80,26 +81,11 @@ def test_json_round_trip_keeps_every_number_and_nan_losses():
     assert math.isnan(BurstResult.from_json(failed.to_json()).losses()[1])
 
 
-def test_summary_text():
-    fast = make_result()
-    text = fast.summary()
-    assert "samples/s" in text and "data wait 25%" in text and "compile" in text
-    failed = make_result(status="failed", error=ErrorInfo("oom", "OutOfMemoryError: boom"))
-    assert "OutOfMemoryError: boom" in failed.summary()
-
-
-def test_the_summary_says_what_compile_did_and_the_report_survives_json():
+def test_the_compile_report_is_merged_over_ranks_and_survives_json():
     result = compiled_result()
-    lines = result.summary().splitlines()
-    assert "  compile     1.9 s (first step 2.0 s); 4 graphs, 3 graph breaks, 3 recompiles; torch compiled for 12.5 s" \
-        in lines
-    assert "  compiled    the whole model" in lines
-    assert "  graph break 3x at model.py:42 in forward (`print(x.shape)`): Failed to trace builtin operator" in lines
-    assert ("  recompiled  3x in forward (model.py:40): tensor 'x' size mismatch at index 1. expected 48, actual 64"
-            in lines)
     assert result.compile_report == compile_report()  # two ranks, the same account: counted once
     assert BurstResult.from_json(result.to_json()).compile_report == result.compile_report
-    assert make_result().compile_report is None and "graph" not in make_result().summary()
+    assert make_result().compile_report is None
 
 
 def make_diverged(**overrides) -> BurstResult:
@@ -125,14 +111,6 @@ def test_divergence_names_the_rank_and_step_and_keeps_the_numbers():
                       steps=[dataclasses.replace(s, loss=-math.inf) for s in _steps(0, [2.0, 0.1])])
     assert inf.divergence().message.startswith("loss is -inf from step 0 (2 of 2 steps not finite)")
     assert inf.divergence().rank is None
-
-
-def test_diverged_summary_says_why_and_still_shows_the_numbers():
-    text = make_diverged(label="bf16").summary()
-    head, *rest = text.splitlines()
-    assert head.startswith("bf16 [w] diverged: loss is NaN from step 2 on rank 1")
-    assert any(line.strip().startswith("throughput") for line in rest)
-    assert any("step" in line and "median" in line for line in rest)
 
 
 def test_diverged_status_round_trips_json():
@@ -212,7 +190,7 @@ def test_nvml_utilisation_counts_from_one_averaging_period_into_the_window():
     assert result.measured_window() == pytest.approx((10.0, 13.0))
     assert result.mean_utilisation_pct == pytest.approx(95.0)  # the read-time window would say ~75%
     assert result.utilisation_note.startswith("NVML's readings taken at least 1 s into the measured window")
-    assert "  util        95%" in result.summary()
+    assert "  util        95%" in summary(result)
 
 
 def test_a_window_under_two_seconds_is_too_short_to_read_nvml_utilisation():
@@ -220,7 +198,7 @@ def test_a_window_under_two_seconds_is_too_short_to_read_nvml_utilisation():
     assert result.mean_utilisation_pct is None
     assert result.utilisation_note == ("too short to read: NVML's utilisation averages the last 1 s, and the measured "
                                        "window is 1.5 s (measure at least 2 s)")
-    assert "  util        too short to read" in result.summary()
+    assert "  util        too short to read" in summary(result)
     assert _gpu_window(2.0, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(21)]).mean_utilisation_pct == 80.0
 
 
@@ -261,7 +239,7 @@ def test_reserved_against_allocated_reads_the_allocators_slack_per_rank():
     assert result.peak_memory_bytes == 120_000 << 20 and result.peak_reserved_bytes == 131_000 << 20
     assert result.peak_reserved_bytes < H200_MIB << 20
     assert result.allocator_slack_share == pytest.approx(1 - 98_250 / 131_000)  # the worse of the two ranks
-    line = next(line for line in result.summary().splitlines() if line.lstrip().startswith("peak mem"))
+    line = next(line for line in summary(result).splitlines() if line.lstrip().startswith("peak mem"))
     assert line.endswith("120,000 MiB (cuda_allocator) per rank: the busiest of 2; reserved 131,000 MiB (25% of it "
                          "never allocated at once)")
     again = BurstResult.from_json(result.to_json())
@@ -276,7 +254,7 @@ def test_training_state_is_counted_per_rank_and_said_in_the_summary():
     fsdp = make_result(ranks=[_cuda_rank(0, 48_000, 52_000, 32_000), _cuda_rank(1, 50_000, 52_000, 32_000)],
                        config=Config(parallel="fsdp", world_size=2))
     assert fsdp.model_state_bytes == 32_000 << 20 and ddp.model_state_bytes == 64_000 << 20
-    assert "parameters sharded" in fsdp.summary() and "model state 32,000 MiB" in fsdp.summary()
+    assert "parameters sharded" in summary(fsdp) and "model state 32,000 MiB" in summary(fsdp)
 
 
 # -- GPM: how busy the chip was inside "utilisation" ----------------------------------------------------------------
@@ -292,7 +270,7 @@ def test_gpm_activity_is_averaged_over_the_intervals_inside_the_measured_window(
     text = "SM active 61%, tensor cores active 12%, SM occupancy 25%, DRAM bandwidth 35% (NVML GPM)"
     assert result.activity_text() == text
     assert result.utilisation_note.endswith(f"(each averages the time before it was read); {text}")
-    assert f"  util        98%; {text}" in result.summary()
+    assert f"  util        98%; {text}" in summary(result)
     again = BurstResult.from_json(result.to_json())
     assert again.activity_text() == text  # stored raw, read back the same
 
@@ -306,4 +284,4 @@ def test_warm_up_activity_is_not_averaged_in_and_no_gpm_reads_as_nothing():
     assert dataclasses.replace(result, telemetry=busy_warm_up).mean_tensor_active_pct == pytest.approx(12.0)
     plain = h200_result()
     assert plain.mean_sm_active_pct is None and plain.activity_text() == ""
-    assert "GPM" not in plain.utilisation_note and "  util        98%\n" in plain.summary() + "\n"
+    assert "GPM" not in plain.utilisation_note and "  util        98%\n" in summary(plain) + "\n"

@@ -1,0 +1,108 @@
+"""Records in words: the lines a person reads in a terminal, a notebook cell or under the panel's figures.
+
+The records themselves (:mod:`accel_widgets.results`) hold outcomes and no text; every face that prints one calls
+:func:`summary` (``aw.summary``), which reads any record it knows, so the CLI, the panel and a notebook say the same.
+"""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from ..analysis.usage import energy
+from ..results.burst import BurstResult
+
+
+@singledispatch
+def summary(record: object) -> str:
+    """A few lines a person reads about ``record``: each kind of record registers its own reading below."""
+    raise TypeError(f"no summary for a {type(record).__name__}: give a BurstResult")
+
+
+@summary.register
+def burst_summary(result: BurstResult) -> str:
+    """A burst's lines: throughput, step time with spread, where the time went, then what it compiled, computed,
+    held in memory, cached, kept busy and used in energy; whether it can be trusted and its warnings last. A failed
+    burst says why and stops; a diverged one says why, then shows the numbers it measured."""
+    head = f"{result.label or result.config.label()} [{result.workload}] {result.status}"
+    why = f": {result.error.message}" if not result.ok and result.error is not None else ""
+    if why and result.status != "diverged":
+        return head + why
+    lines = [head + why, *_speed_lines(result), *_compile_lines(result), *_resource_lines(result)]
+    if not result.reliability.reliable:
+        lines.append(f"  unreliable  {result.reliability.text()}: re-measure it against the baseline "
+                     "(aw.remeasure: an interval and a verdict) or on a quiet machine")
+    lines.extend(f"  warning     {w}" for w in result.warnings)
+    return "\n".join(lines)
+
+
+def _speed_lines(result: BurstResult) -> list[str]:
+    """Throughput, the median step with its spread, and the step's breakdown."""
+    lines = []
+    if result.samples_per_s is not None:
+        tokens = f", {result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else ""
+        lines.append(f"  throughput  {result.samples_per_s:,.1f} samples/s{tokens}")
+    step = result.step_time
+    if step is not None:
+        noise = "  (noisy: IQR/median >= 10%)" if step.noisy else ""
+        noise = "  (unreliable, see below)" if not result.reliability.reliable else noise
+        lines.append(f"  step        {step.median * 1e3:.2f} ms median, IQR {step.iqr * 1e3:.2f} ms, n={step.n}{noise}")
+    shares = [(n, v) for n, v in (("data wait", result.data_wait_share), ("h2d copy", result.h2d_share),
+                                  ("compute", result.compute_share)) if v is not None]
+    if shares:
+        lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
+    return lines
+
+
+def _compile_lines(result: BurstResult) -> list[str]:
+    """The word on compiling: its cost, what was compiled, then every graph break and recompile listed."""
+    report, lines = result.compile_report, []
+    if result.compile_s is not None:
+        lines.append(f"  compile     {result.compile_s:.1f} s (first step {result.first_step_s:.1f} s)"
+                     + (f"; {report.text()}" if report is not None else ""))
+    elif report is not None:
+        lines.append(f"  compile     {report.text()}")
+    if report is None:
+        return lines
+    lines.append(f"  compiled    {report.scope}")
+    lines.extend(f"  graph break {found.text()}" for found in report.graph_breaks)
+    lines.extend(f"  recompiled  {found.text()}" for found in report.recompile_reasons)
+    return lines
+
+
+def _resource_lines(result: BurstResult) -> list[str]:
+    """The model math, memory, data cache, utilisation and energy lines, each where it was measured."""
+    lines = []
+    if result.achieved_flops_per_s is not None:
+        mfu = f", MFU {result.mfu:.1%} ({result.mfu_basis}, each at its peak)" if result.mfu is not None else ""
+        lines.append(f"  model math  {result.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
+    if result.peak_memory_bytes is not None:
+        lines.append(f"  peak mem    {_memory_text(result)}")
+    if result.cache is not None:
+        frozen = f"; {result.cache.frozen_text()}" if result.cache.frozen_item is not None else ""
+        lines.append(f"  data cache  {result.cache.summary()}{frozen}")
+    if result.telemetry:
+        util, activity = result.mean_utilisation_pct, result.activity_text()
+        if util is None:
+            lines.append(f"  util        {result.utilisation_note}")
+        else:
+            lines.append(f"  util        {util:.0f}%" + (f"; {activity}" if activity else ""))
+    used = energy(result)
+    if used.joules_per_sample is not None:
+        lines.append(f"  energy      {used.joules_per_sample:.3g} J/sample, {used.samples_per_joule:.3g} samples/J")
+    return lines
+
+
+def _memory_text(result: BurstResult) -> str:
+    """"812 MiB (rss), per rank: the busiest of 2", with the CUDA allocator's reserved peak where it is known."""
+    text = f"{(result.peak_memory_bytes or 0) / 2**20:,.0f} MiB ({result.memory_kind})"
+    if len(result.ranks) > 1:
+        sharded = ", parameters sharded" if result.facts is not None and result.facts.sharded else ""
+        text += f" per rank: the busiest of {len(result.ranks)}{sharded}"
+    reserved, slack = result.peak_reserved_bytes, result.allocator_slack_share
+    if reserved is not None and slack is not None:
+        text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
+    if result.allocator_expandable is not None:
+        text += f"; {'expandable' if result.allocator_expandable else 'fixed'} allocator segments"
+    if result.model_state_bytes is not None:
+        text += f"; model state {result.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
+    return text
