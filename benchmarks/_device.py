@@ -136,7 +136,7 @@ def compare_with_dmon(result: Any, wall_origin: float, rows: Sequence[DmonRow], 
         return None
     sm = [row.values["sm"] for row in inside if row.values.get("sm") is not None]
     power = [row.values["pwr"] for row in inside if row.values.get("pwr") is not None]
-    util, energy = result.mean_utilisation_pct, usage.energy(result).joules
+    util, energy = usage.mean_utilisation_pct(result), usage.energy(result).joules
     dmon_util = sum(sm) / len(sm) if sm else None
     dmon_energy = sum(power) / len(power) * (end - start) if power else None
     return {

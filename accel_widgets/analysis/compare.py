@@ -13,8 +13,9 @@ from typing import Any
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.reliability import reliability
 from .guard import GuardVerdict, NoiseBand, check_training
-from .usage import energy
+from .usage import energy, mean_utilisation_pct, mfu, mfu_basis, utilisation_note
 
 Row = dict[str, Any]
 
@@ -85,7 +86,7 @@ def _baselines(results: Sequence[BurstResult], baseline: BurstResult | None) -> 
 
 
 def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline_index: int | None) -> Row:
-    step, used = result.step_time, energy(result)
+    step, used, trusted = result.step_time, energy(result), reliability(result)
     return {
         "run": index,
         "workload": result.workload,
@@ -106,16 +107,16 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),
         # Measured on a shared or stalling machine: not ranked, not shown as a plain speed-up (thresholds.py).
-        "unreliable": result.status == "ok" and not result.reliability.reliable,
-        "unreliable_why": result.reliability.text(),
-        "util_pct": result.mean_utilisation_pct,
-        "util_note": result.utilisation_note,
+        "unreliable": result.status == "ok" and not trusted.reliable,
+        "unreliable_why": trusted.text(),
+        "util_pct": mean_utilisation_pct(result),
+        "util_note": utilisation_note(result),
         "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
         "compile_s": result.compile_s,
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
-        "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
-        "mfu_basis": result.mfu_basis,
+        "mfu_pct": share * 100 if (share := mfu(result)) is not None else None,
+        "mfu_basis": mfu_basis(result),
         "joules_per_sample": used.joules_per_sample,
         "samples_per_joule": used.samples_per_joule,
         "mean_power_w": used.mean_power_w,

@@ -12,7 +12,7 @@ baseline's and says ``"changes_training"`` when:
 - the smoothed trajectory leaves the baseline's by more than noise explains: more than reseeding the
   baseline's data moves it (a :class:`NoiseBand`, when measured) and more than the precision in use does.
 
-Randomly augmented data needs no band where its draws are keyed to the item (``BurstResult.keyed_data``: two
+Randomly augmented data needs no band where its draws are keyed to the item (``RankSummary.keyed_data``: two
 reads under one key agree, :mod:`~accel_widgets.data.keyed`): every item then draws the same whichever process
 reads it, so loader workers, pinning, prefetching, persistence and a cache that froze nothing leave the batches
 as they were, and an fp32 run traces its fp32 baseline exactly. Only an augmentation that draws from a generator
@@ -255,7 +255,8 @@ _RANDOM_DATA = (
 def _unkeyed_draws(result: BurstResult) -> bool:
     """Whether ``result``'s data draws randomly from something its items' keys do not set (or its keys are not
     known: a result from before them), so that its batches may depend on the loader's workers."""
-    return bool(result.random_data) and result.keyed_data is not True
+    first = result.ranks[0] if result.ranks else None  # rank 0 checks its data for every rank
+    return first is not None and bool(first.random_data) and first.keyed_data is not True
 
 
 def tolerance(precision: str, step: int) -> float:

@@ -1,4 +1,5 @@
-"""What a burst measured, and the store of every burst: :mod:`.burst` and :mod:`.history`."""
+"""What a burst measured, whether it can rank a knob, and the store of every burst: :mod:`.burst`,
+:mod:`.reliability` and :mod:`.history`."""
 
 from ..data.streams import StreamReading
 from .burst import (
@@ -9,11 +10,11 @@ from .burst import (
     PhaseName,
     ProfileCapture,
     RankSummary,
-    Reliability,
     Status,
     StepRecord,
     TelemetrySample,
 )
+from .reliability import Reliability
 
 __all__ = ["BurstPhase", "BurstResult", "ErrorInfo", "OperatorTime", "PhaseName", "ProfileCapture", "RankSummary",
            "Reliability", "Status", "StepRecord", "StreamReading", "TelemetrySample"]

@@ -40,6 +40,7 @@ import psutil
 from torch.utils.data import IterableDataset
 
 from ..analysis.estimate import estimate
+from ..analysis.usage import peak_reserved_bytes
 from ..engine.launcher import run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
@@ -784,7 +785,7 @@ def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch, limits: 
         kind: Failure = "crash" if result.error.kind == "crash" else "error"
         return BatchTry(size, False, stage, kind, message, peak_memory_bytes=peak)
     step = result.step_time
-    reserved = result.peak_reserved_bytes
+    reserved = peak_reserved_bytes(result)
     return BatchTry(size, True, stage, samples_per_s=result.samples_per_s, peak_memory_bytes=peak,
                     step_median_s=step.median if step else None, step_iqr_s=step.iqr if step else None,
                     reserved_bytes=reserved, within_margin=limits.within_margin(reserved or peak))

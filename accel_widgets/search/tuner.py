@@ -60,6 +60,7 @@ from ..analysis.guard import (
     keep_noise,
     noise_band,
 )
+from ..analysis.usage import peak_reserved_bytes
 from ..engine.launcher import BurstError, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
@@ -328,7 +329,7 @@ def _can_hold(first: BurstResult, device: DeviceInfo) -> bool:
     """Whether a config's ranks may stay open while the search goes on: their memory (as its first burst measured it)
     is at most ``HOLD_SHARE`` of the GPU's, or on a CPU of the memory available besides them. Unknown memory is not
     held."""
-    held = first.peak_reserved_bytes or first.peak_memory_bytes
+    held = peak_reserved_bytes(first) or first.peak_memory_bytes
     if not held:
         return False
     if first.memory_kind == "cuda_allocator" and device.gpus:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.compare import Row, comparison_rows, with_comparison
+from ..analysis.usage import mean_activity_pct, mean_utilisation_pct
 from ..metrics.sequential import Interval
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
@@ -112,7 +113,7 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
     Workloads hundreds of times apart in samples/s share one axis this way, since a speed-up has no unit.
     Whiskers: the comparison's interval (:func:`speedup_whiskers`), the verdict's mark beside the number; a run
     not compared reads "1 burst". A noisy run's bar is hatched and labelled "~ noisy"; an unreliable run's
-    (other load, a stalling machine: :attr:`~accel_widgets.results.burst.BurstResult.reliability`) is cross-hatched,
+    (other load, a stalling machine: :func:`~accel_widgets.results.reliability.reliability`) is cross-hatched,
     faded and labelled "⚠ unreliable", so it never reads as a plain speed-up.
     """
     from plotly.subplots import make_subplots
@@ -301,7 +302,8 @@ def utilisation_figure(results: Sequence[BurstResult], rows: Sequence[Row]) -> F
 
 def _panel_title(row: Row, result: BurstResult, several: bool) -> str:
     name = run_name(int(row["run"]), str(row["label"]), str(row["workload"]) if several else None)
-    mean, sm, tensor = result.mean_utilisation_pct, result.mean_sm_active_pct, result.mean_tensor_active_pct
+    mean = mean_utilisation_pct(result)
+    sm, tensor = mean_activity_pct(result, "sm_active_pct"), mean_activity_pct(result, "tensor_active_pct")
     parts = [f"mean {mean:.0f}%" if mean is not None else "", f"SM {sm:.0f}%" if sm is not None else "",
              f"tensor {tensor:.0f}%" if tensor is not None else ""]
     return " · ".join([shorten(name, _TITLE_CHARS), *filter(None, parts)])

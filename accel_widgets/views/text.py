@@ -8,8 +8,20 @@ from __future__ import annotations
 
 from functools import singledispatch
 
-from ..analysis.usage import energy
+from ..analysis.usage import (
+    activity_text,
+    allocator_expandable,
+    allocator_slack_share,
+    energy,
+    mean_utilisation_pct,
+    mfu,
+    mfu_basis,
+    model_state_bytes,
+    peak_reserved_bytes,
+    utilisation_note,
+)
 from ..results.burst import BurstResult
+from ..results.reliability import Reliability, reliability
 
 
 @singledispatch
@@ -27,15 +39,16 @@ def burst_summary(result: BurstResult) -> str:
     why = f": {result.error.message}" if not result.ok and result.error is not None else ""
     if why and result.status != "diverged":
         return head + why
-    lines = [head + why, *_speed_lines(result), *_compile_lines(result), *_resource_lines(result)]
-    if not result.reliability.reliable:
-        lines.append(f"  unreliable  {result.reliability.text()}: re-measure it against the baseline "
+    trusted = reliability(result)
+    lines = [head + why, *_speed_lines(result, trusted), *_compile_lines(result), *_resource_lines(result)]
+    if not trusted.reliable:
+        lines.append(f"  unreliable  {trusted.text()}: re-measure it against the baseline "
                      "(aw.remeasure: an interval and a verdict) or on a quiet machine")
     lines.extend(f"  warning     {w}" for w in result.warnings)
     return "\n".join(lines)
 
 
-def _speed_lines(result: BurstResult) -> list[str]:
+def _speed_lines(result: BurstResult, trusted: Reliability) -> list[str]:
     """Throughput, the median step with its spread, and the step's breakdown."""
     lines = []
     if result.samples_per_s is not None:
@@ -44,7 +57,7 @@ def _speed_lines(result: BurstResult) -> list[str]:
     step = result.step_time
     if step is not None:
         noise = "  (noisy: IQR/median >= 10%)" if step.noisy else ""
-        noise = "  (unreliable, see below)" if not result.reliability.reliable else noise
+        noise = "  (unreliable, see below)" if not trusted.reliable else noise
         lines.append(f"  step        {step.median * 1e3:.2f} ms median, IQR {step.iqr * 1e3:.2f} ms, n={step.n}{noise}")
     shares = [(n, v) for n, v in (("data wait", result.data_wait_share), ("h2d copy", result.h2d_share),
                                   ("compute", result.compute_share)) if v is not None]
@@ -73,17 +86,18 @@ def _resource_lines(result: BurstResult) -> list[str]:
     """The model math, memory, data cache, utilisation and energy lines, each where it was measured."""
     lines = []
     if result.achieved_flops_per_s is not None:
-        mfu = f", MFU {result.mfu:.1%} ({result.mfu_basis}, each at its peak)" if result.mfu is not None else ""
-        lines.append(f"  model math  {result.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
+        share = mfu(result)
+        peaks = f", MFU {share:.1%} ({mfu_basis(result)}, each at its peak)" if share is not None else ""
+        lines.append(f"  model math  {result.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{peaks}")
     if result.peak_memory_bytes is not None:
         lines.append(f"  peak mem    {_memory_text(result)}")
     if result.cache is not None:
         frozen = f"; {result.cache.frozen_text()}" if result.cache.frozen_item is not None else ""
         lines.append(f"  data cache  {result.cache.summary()}{frozen}")
     if result.telemetry:
-        util, activity = result.mean_utilisation_pct, result.activity_text()
+        util, activity = mean_utilisation_pct(result), activity_text(result)
         if util is None:
-            lines.append(f"  util        {result.utilisation_note}")
+            lines.append(f"  util        {utilisation_note(result)}")
         else:
             lines.append(f"  util        {util:.0f}%" + (f"; {activity}" if activity else ""))
     used = energy(result)
@@ -98,11 +112,11 @@ def _memory_text(result: BurstResult) -> str:
     if len(result.ranks) > 1:
         sharded = ", parameters sharded" if result.facts is not None and result.facts.sharded else ""
         text += f" per rank: the busiest of {len(result.ranks)}{sharded}"
-    reserved, slack = result.peak_reserved_bytes, result.allocator_slack_share
+    reserved, slack = peak_reserved_bytes(result), allocator_slack_share(result)
     if reserved is not None and slack is not None:
         text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
-    if result.allocator_expandable is not None:
-        text += f"; {'expandable' if result.allocator_expandable else 'fixed'} allocator segments"
-    if result.model_state_bytes is not None:
-        text += f"; model state {result.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
+    if (expandable := allocator_expandable(result)) is not None:
+        text += f"; {'expandable' if expandable else 'fixed'} allocator segments"
+    if (state := model_state_bytes(result)) is not None:
+        text += f"; model state {state / 2**20:,.0f} MiB (weights, gradients, optimizer)"
     return text

@@ -4,7 +4,8 @@ import pytest
 
 from accel_widgets import Config
 from accel_widgets.analysis.compare import memory_ratio, scaling_efficiency, speedup, straggler_rank
-from tests.results.test_burst import _cuda_rank, _rank, make_result
+from tests.analysis.test_usage import _cuda_rank
+from tests.results.test_burst import _rank, make_result
 
 
 def test_speedup_is_samples_per_s_over_the_baselines():

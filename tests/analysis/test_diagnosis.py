@@ -11,6 +11,7 @@ from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
 from accel_widgets.analysis.guard import GuardVerdict
 from accel_widgets.analysis.usage import energy
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.results.reliability import foreign_cpu_pct, load_attribution, other_processes, reliability
 from accel_widgets.views.text import summary
 from tests.panel.fakes import synthetic_result
 from tests.results.test_burst import compile_report
@@ -122,13 +123,13 @@ def test_noisy_steps_say_re_run_and_name_the_foreign_load() -> None:
 
 def test_a_spread_past_half_the_median_or_a_shared_machine_is_an_unreliable_measurement() -> None:
     spread = synthetic_result(jitter=0.3)  # steps alternate 35 and 65 ms: IQR 60% of the median
-    assert spread.reliability.reasons == ("step times spread 60% of their median (IQR 30 ms around 50 ms)",)
+    assert reliability(spread).reasons == ("step times spread 60% of their median (IQR 30 ms around 50 ms)",)
     finding = by_title(diagnose(spread), "Unreliable measurement")
     assert finding.severity == "warn" and "Re-measure" in finding.detail and "Noisy step times" not in titles(
         diagnose(spread))
     shared = synthetic_result(util=50, foreign=30)
-    assert not shared.reliability.reliable and "other load took 30% of the machine" in shared.reliability.text()
-    assert synthetic_result(util=50, foreign=20).reliability.reliable
+    assert not reliability(shared).reliable and "other load took 30% of the machine" in reliability(shared).text()
+    assert reliability(synthetic_result(util=50, foreign=20)).reliable
 
 
 def test_the_load_is_attributed_and_a_browser_drawing_live_plots_is_named() -> None:
@@ -138,9 +139,9 @@ def test_the_load_is_attributed_and_a_browser_drawing_live_plots_is_named() -> N
                                                                                       "jupyter-server": 10.0,
                                                                                       "sshd": 1.0})
                         for t in result.telemetry]
-    assert result.other_processes() == [("chromium", 44.0), ("jupyter-server", 10.0), ("sshd", 1.0)]
-    assert result.foreign_cpu_pct == pytest.approx(25.0)  # 70% busy: 40 the burst's, 5 the caller's
-    assert result.load_attribution() == "chromium 44%, jupyter-server 10% of a core; the calling process 10% of a core"
+    assert other_processes(result) == [("chromium", 44.0), ("jupyter-server", 10.0), ("sshd", 1.0)]
+    assert foreign_cpu_pct(result) == pytest.approx(25.0)  # 70% busy: 40 the burst's, 5 the caller's
+    assert load_attribution(result) == "chromium 44%, jupyter-server 10% of a core; the calling process 10% of a core"
     finding = by_title(diagnose(result), "Unreliable measurement")
     assert "other load took 30% of the machine (chromium 44%, jupyter-server 10% of a core" in finding.detail
     assert "The browser used 44% of a core while the burst ran" in finding.detail

@@ -156,7 +156,8 @@ def keyed_runs() -> Iterator[dict[str, Any]]:
 
 def test_on_keyed_augmented_data_loading_knobs_train_exactly_as_the_baseline_and_pass_without_a_band(keyed_runs):
     base = keyed_runs["base"]
-    assert base.random_data and base.keyed_data  # two draws of an item differ; two under one key agree
+    rank = base.ranks[0]
+    assert rank.random_data and rank.keyed_data  # two draws of an item differ; two under one key agree
     for name in LOADING:
         run = keyed_runs[name]
         assert run.losses() == base.losses(), name  # fp32, step for step: equal, not close
@@ -197,7 +198,7 @@ def test_an_augmentation_no_key_reaches_moves_with_loader_workers_and_needs_the_
     assert 0.02 < noise.spread < 0.2  # about 5%: a batch of 64 augmented items moves the loss that much
 
     assert workers.losses() != base.losses()  # each worker's copy of the generator draws its own
-    assert workers.random_data and not workers.keyed_data  # two reads under one key differ
+    assert workers.ranks[0].random_data and not workers.ranks[0].keyed_data  # two reads under one key differ
     alone = check_training(workers, base)  # the precision's tolerance alone would be a false alarm: no verdict
     assert alone.status == "cannot_tell" and alone.beyond_tolerance
     (reason,) = alone.reasons

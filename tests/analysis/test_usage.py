@@ -1,4 +1,6 @@
-"""A burst's use of the machine as :mod:`accel_widgets.analysis.usage` reads it from its records.
+"""A burst's use of the machine as :mod:`accel_widgets.analysis.usage` reads it from its records: utilisation and GPM
+activity from the settled readings of the measured window, the host's CPUs, MFU over the GPUs in use, memory beyond
+the peak, energy.
 
 Energy: every expected value is worked out by hand from the traces below: counters preferred over power, power
 integrated or (where NVML averages it) the settled readings averaged, devices summed, and no number where none can be
@@ -8,20 +10,176 @@ honest.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import pytest
 
 from accel_widgets import BurstResult, Config, StepRecord, TelemetrySample
 from accel_widgets.analysis.compare import run_rows
-from accel_widgets.analysis.usage import energy
+from accel_widgets.analysis.usage import (
+    activity_text,
+    allocator_slack_share,
+    energy,
+    iowait_pct,
+    loader_cpu_pct,
+    mean_activity_pct,
+    mean_utilisation_pct,
+    mfu,
+    model_state_bytes,
+    peak_reserved_bytes,
+    utilisation_note,
+)
 from accel_widgets.metrics.energy import EnergyScope
 from accel_widgets.metrics.units import MISSING
 from accel_widgets.results.burst import RankSummary
 from accel_widgets.views.table import COLUMNS, REPORT_COLUMNS
 from accel_widgets.views.text import summary
+from tests.results.test_burst import HOST_AFTER, HOST_MEASURED, HOST_SETUP, _rank, _windowed, make_result
 
 NOT_MEASURED_HERE = "energy not measured here (no NVML, RAPL not readable)"
+
+
+# -- the device's time, the host's CPUs ------------------------------------------------------------------------------
+def test_the_means_cover_the_measured_window_only():
+    result = _windowed(HOST_SETUP + HOST_MEASURED + HOST_AFTER)
+    assert mean_utilisation_pct(result) == pytest.approx(70.0)
+    assert loader_cpu_pct(result) == pytest.approx(20.0)
+    assert iowait_pct(result) == pytest.approx(2.0)
+    assert mean_utilisation_pct(make_result()) == pytest.approx(60.0)  # the workers' CPU share on a CPU burst
+
+
+def test_without_measured_steps_every_sample_counts_and_an_empty_window_reads_nothing():
+    samples = [TelemetrySample(0.5, "psutil", 30.0, 1 << 20), TelemetrySample(0.6, "psutil", 50.0, 1 << 20)]
+    warmup_only = [StepRecord(0, 0, 5.0, 0.0, 0.0, 4.0, 4.0, 32, warmup=True)]  # failed after the first step
+    failed = _windowed(samples, warmup_only)
+    assert failed.measured_window() is None and mean_utilisation_pct(failed) == pytest.approx(40.0)
+    assert mean_utilisation_pct(_windowed(samples)) is None  # measured 10.0-10.3 s: no sample in it
+
+
+def _gpu_window(seconds: float, telemetry: list[TelemetrySample]) -> BurstResult:
+    """A warm-up step (a 10 s compile) ending at 10.0, then measured steps of 0.1 s for ``seconds``."""
+    measured = round(seconds / 0.1)
+    steps = [StepRecord(0, 0, 10.0, 0.0, 0.0, 10.0, 10.0, 32, warmup=True)]
+    steps += [StepRecord(0, i, 10.0 + 0.1 * i, 0.0, 0.0, 0.1, 0.1, 32) for i in range(1, measured + 1)]
+    return make_result(world_size=1, steps=steps, ranks=[_rank(0, 32 * measured, seconds)], telemetry=telemetry)
+
+
+def _nvml(t: float, util: float | None, device: str = "cuda:0") -> TelemetrySample:
+    return TelemetrySample(round(t, 3), "nvml", util, 5 << 30, device)
+
+
+def test_a_gpu_without_utilisation_readings_is_left_out_of_the_mean():
+    mig = [_nvml(10.0 + 0.1 * k, None) for k in range(31)]
+    full = [_nvml(10.0 + 0.1 * k, 90.0, "cuda:1") for k in range(31)]
+    assert mean_utilisation_pct(_gpu_window(3.0, mig + full)) == pytest.approx(90.0)
+    assert mean_utilisation_pct(_gpu_window(3.0, mig)) is None
+
+
+def test_nvml_utilisation_counts_from_one_averaging_period_into_the_window():
+    """NVML's reading at t averages the second before t: the first second's readings still hold the compile."""
+    compile_idle = [_nvml(0.1 * k, 5.0) for k in range(100)]
+    ramp = [_nvml(10.0 + 0.1 * k, 5.0 + 9.0 * k) for k in range(10)]  # still averaging the idle compile
+    settled = [_nvml(11.0 + 0.1 * k, 95.0) for k in range(21)]
+    result = _gpu_window(3.0, compile_idle + ramp + settled)
+    assert result.measured_window() == pytest.approx((10.0, 13.0))
+    assert mean_utilisation_pct(result) == pytest.approx(95.0)  # the read-time window would say ~75%
+    assert utilisation_note(result).startswith("NVML's readings taken at least 1 s into the measured window")
+    assert "  util        95%" in summary(result)
+
+
+def test_a_window_under_two_seconds_is_too_short_to_read_nvml_utilisation():
+    result = _gpu_window(1.5, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(16)])
+    assert mean_utilisation_pct(result) is None
+    assert utilisation_note(result) == ("too short to read: NVML's utilisation averages the last 1 s, and the measured "
+                                       "window is 1.5 s (measure at least 2 s)")
+    assert "  util        too short to read" in summary(result)
+    assert mean_utilisation_pct(_gpu_window(2.0, [_nvml(10.0 + 0.1 * k, 80.0) for k in range(21)])) == 80.0
+
+
+def _on_gpus(config: Config, world_size: int, gpus: int) -> BurstResult:
+    flops = 1e12  # per sample: rank 0 trains 96 samples in 0.3 s, every rank alike
+    ranks = [dataclasses.replace(_rank(r, 96, 0.3), flops_per_sample=flops) for r in range(world_size)]
+    return make_result(config=config, world_size=world_size, ranks=ranks,
+                       environment={"device_kind": "cuda", "device_name": "NVIDIA H200",
+                                    "gpus": ["NVIDIA H200"] * gpus})
+
+
+def test_mfu_divides_by_every_gpu_the_burst_used():
+    peak = 989.4e12  # H200 dense bf16
+    dataparallel = _on_gpus(Config(parallel="dataparallel", precision="bf16"), world_size=1, gpus=4)
+    assert mfu(dataparallel) == pytest.approx(96 / 0.3 * 1e12 / (4 * peak))  # one process, four GPUs
+    ddp = _on_gpus(Config(parallel="ddp", world_size=2, precision="bf16"), world_size=2, gpus=4)
+    assert mfu(ddp) == pytest.approx(2 * 96 / 0.3 * 1e12 / (2 * peak))  # one GPU per rank, two of the four
+    single = _on_gpus(Config(precision="bf16"), world_size=1, gpus=4)
+    assert mfu(single) == pytest.approx(96 / 0.3 * 1e12 / peak)
+    assert mfu(make_result()) is None  # a CPU burst
+
+
+H200_MIB = 143_771  # NVML's total for one H200
+
+
+def _cuda_rank(rank: int, allocated_mib: int, reserved_mib: int | None, state_mib: int | None = None) -> RankSummary:
+    return RankSummary(rank, 96, 0.3, allocated_mib << 20, "cuda_allocator", 0.5, 2.0, "NVIDIA H200",
+                       peak_reserved_bytes=None if reserved_mib is None else reserved_mib << 20,
+                       model_state_bytes=None if state_mib is None else state_mib << 20)
+
+
+def test_reserved_against_allocated_reads_the_allocators_slack_per_rank():
+    """At an H200's sizes: a rank whose allocator held 131,000 MiB for a peak of 98,250 MiB allocated kept 25% of what
+    the device gave it unused at its busiest (fragmentation: what expandable segments shrink)."""
+    result = make_result(ranks=[_cuda_rank(0, 98_250, 131_000), _cuda_rank(1, 120_000, 124_000)])
+    assert result.peak_memory_bytes == 120_000 << 20 and peak_reserved_bytes(result) == 131_000 << 20
+    assert peak_reserved_bytes(result) < H200_MIB << 20
+    assert allocator_slack_share(result) == pytest.approx(1 - 98_250 / 131_000)  # the worse of the two ranks
+    line = next(line for line in summary(result).splitlines() if line.lstrip().startswith("peak mem"))
+    assert line.endswith("120,000 MiB (cuda_allocator) per rank: the busiest of 2; reserved 131,000 MiB (25% of it "
+                         "never allocated at once)")
+    again = BurstResult.from_json(result.to_json())
+    assert peak_reserved_bytes(again) == peak_reserved_bytes(result) and allocator_slack_share(again) == \
+        allocator_slack_share(result)
+    assert peak_reserved_bytes(make_result(ranks=[_cuda_rank(0, 10, 12), _cuda_rank(1, 10, None)])) is None
+    assert allocator_slack_share(make_result()) is None  # RSS on a CPU: no allocator to read
+
+
+def test_training_state_is_counted_per_rank_and_said_in_the_summary():
+    ddp = make_result(ranks=[_cuda_rank(0, 80_000, 90_000, 64_000), _cuda_rank(1, 80_000, 90_000, 64_000)])
+    fsdp = make_result(ranks=[_cuda_rank(0, 48_000, 52_000, 32_000), _cuda_rank(1, 50_000, 52_000, 32_000)],
+                       config=Config(parallel="fsdp", world_size=2))
+    assert model_state_bytes(fsdp) == 32_000 << 20 and model_state_bytes(ddp) == 64_000 << 20
+    assert "parameters sharded" in summary(fsdp) and "model state 32,000 MiB" in summary(fsdp)
+
+
+# -- GPM: how busy the chip was inside "utilisation" ----------------------------------------------------------------
+def test_gpm_activity_is_averaged_over_the_intervals_inside_the_measured_window():
+    from tests.measured import H200_FP32_ACTIVITY, h200_result
+
+    result = h200_result(activity=H200_FP32_ACTIVITY)
+    start, end = result.measured_window()
+    inside = [b for b, a in itertools.pairwise(result.telemetry) if b.t >= start and a.t <= end]
+    assert len(inside) >= 13  # 3 s of 0.2 s intervals, the partial ones at either end left out
+    assert mean_activity_pct(result, "sm_active_pct") == pytest.approx(61.0)
+    assert mean_activity_pct(result, "tensor_active_pct") == pytest.approx(12.0)
+    assert mean_activity_pct(result, "dram_bw_pct") == pytest.approx(35.0)
+    text = "SM active 61%, tensor cores active 12%, SM occupancy 25%, DRAM bandwidth 35% (NVML GPM)"
+    assert activity_text(result) == text
+    assert utilisation_note(result).endswith(f"(each averages the time before it was read); {text}")
+    assert f"  util        98%; {text}" in summary(result)
+    again = BurstResult.from_json(result.to_json())
+    assert activity_text(again) == text  # stored raw, read back the same
+
+
+def test_warm_up_activity_is_not_averaged_in_and_no_gpm_reads_as_nothing():
+    from tests.measured import H200_FP32_ACTIVITY, h200_result
+
+    result = h200_result(activity=H200_FP32_ACTIVITY)
+    start, _ = result.measured_window()
+    busy_warm_up = [dataclasses.replace(t, tensor_active_pct=95.0) if t.t < start else t for t in result.telemetry]
+    busy = dataclasses.replace(result, telemetry=busy_warm_up)
+    assert mean_activity_pct(busy, "tensor_active_pct") == pytest.approx(12.0)
+    plain = h200_result()
+    assert mean_activity_pct(plain, "sm_active_pct") is None and activity_text(plain) == ""
+    assert "GPM" not in utilisation_note(plain) and "  util        98%\n" in summary(plain) + "\n"
 
 
 # -- energy -------------------------------------------------------------------------------------------
