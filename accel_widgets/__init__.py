@@ -43,11 +43,12 @@ from .knobs import GROUPS, KNOBS, CodePaths, Knob, KnobValueError
 from .knobs.config import Config
 from .knobs.rules import ConfigError, check_config
 from .metrics.stats import Summary, summarize
+from .results.batchsize import BatchSizeSearch, BatchTry
 from .results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .results.comparison import Comparison
 from .results.headspace import Ceiling, Headspace
 from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
-from .search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
+from .search.batchsize import find_batch_size
 from .search.compare import compare
 from .search.headspace import headspace
 from .search.ladder import Ladder, classic_ladder, run_ladder

@@ -26,11 +26,12 @@ from ..inputs.workload import Workload
 from ..knobs import data
 from ..knobs.config import Config
 from ..knobs.rules import ConfigError
+from ..results.batchsize import BatchSizeSearch, BatchTry
 from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..results.comparison import Comparison
 from ..results.headspace import Headspace
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
-from ..search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
+from ..search.batchsize import find_batch_size
 from ..search.bursts import Bursts, Contender, Failed
 from ..search.compare import DEFAULT_BUDGET_S, WINDOW_S, Progress, measure_pairs
 from ..search.headspace import headspace

@@ -28,8 +28,8 @@ from ..views.comparison import comparison_sentence
 from ..views.style import LOADED_MARK, run_name
 
 if TYPE_CHECKING:
+    from ..results.batchsize import BatchSizeSearch
     from ..results.headspace import Headspace
-    from ..search.batchsize import BatchSizeSearch
     from ..search.tuner import TuneResult
 
 Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile", "live",

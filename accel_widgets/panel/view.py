@@ -28,9 +28,10 @@ from ..results.burst import BurstResult, ProfileCapture
 from ..results.comparison import Comparison
 from ..results.history import RunHistory
 from ..search.tuner import TuneResult, tune
-from ..views.figures import COMPARISONS, comparison_figures
+from ..views.figures import COMPARISONS, batch_size_figure, comparison_figures
 from ..views.headspace import ceilings_html
 from ..views.style import findings_html, themed
+from ..views.text import summary
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import Engine, HistoryArg, PanelController, Tuner, length_kwargs
 from .controls import KNOBS_PX, KnobControls
@@ -422,9 +423,9 @@ class TuningPanel:
         if search is None:
             self.batch_view.children, self.batch_view.layout.display = (), "none"
             return
-        figure = go.FigureWidget(search.figure())
+        figure = go.FigureWidget(batch_size_figure(search))
         self._fit_figure(figure)
-        self.batch_view.children = (figure, w.HTML(f"<pre style='font-size: 0.85em;'>{html.escape(search.summary())}"
+        self.batch_view.children = (figure, w.HTML(f"<pre style='font-size: 0.85em;'>{html.escape(summary(search))}"
                                                    "</pre>"))
         self.batch_view.layout.display = None
 

@@ -1,5 +1,6 @@
 """Figures read at a glance: speed-ups per workload, the ladder as a waterfall, where the step goes, utilisation
-per run, and the workshop's folklore against what its comparisons measured.
+per run, the workshop's folklore against what its comparisons measured, and a search's records: samples/s by batch
+size (:func:`batch_size_figure`), a sweep's grid (:func:`sweep_figure`).
 
 Each takes the comparison rows (:func:`~accel_widgets.analysis.compare.comparison_rows`) and, where it needs raw
 steps or telemetry, the results they came from, so the report, the panel and a notebook draw the same
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.compare import Row, comparison_rows, with_comparison
 from ..analysis.usage import mean_activity_pct, mean_utilisation_pct
 from ..metrics.sequential import Interval
+from ..metrics.units import bytes_text
+from ..results.batchsize import MEMORY_FAILURES, BatchSizeSearch
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
 from .comparison import interval_text, verdict_text
@@ -489,3 +492,72 @@ def step_distributions(lessons: Sequence[Lesson]) -> Figure:
                          legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
                          margin={"l": 60, "r": 20, "t": 80, "b": 60})
     return figure
+
+
+# -- a batch-size search ----------------------------------------------------------------------------------------------
+def batch_size_figure(search: BatchSizeSearch) -> Figure:
+    """samples/s against batch size (log2 axis), the sizes that did not fit marked at the bottom, peak memory on the
+    right axis with the cap and the margin, and the largest fit annotated. Traces carry ``meta["kind"]``."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(specs=[[{"secondary_y": True}]])
+    figure.update_layout(template="plotly_white", height=380, hovermode="closest",
+                         title={"text": f"{search.workload}: samples/s by batch size"},
+                         margin={"l": 60, "r": 60, "t": 60, "b": 45}, legend={"x": 1.08, "y": 1})
+    for trace, on_memory_axis in _batch_traces(search):
+        figure.add_trace(trace, secondary_y=on_memory_axis)
+    sizes = [t.batch_size for t in search.tries] or [1]
+    ticks = [1 << k for k in range(min(sizes).bit_length() - 1, max(sizes).bit_length())]
+    per = "per DDP rank, " if search.config.ranks > 1 else ""
+    figure.update_xaxes(type="log", title_text=f"batch size ({per}log2 axis)", tickvals=ticks,
+                        ticktext=[f"{v:,}" for v in ticks])
+    figure.update_yaxes(title_text="samples/s", rangemode="tozero", secondary_y=False)
+    figure.update_yaxes(title_text=f"peak memory (MiB, {search.memory_kind})", rangemode="tozero", showgrid=False,
+                        secondary_y=True)
+    _memory_lines(figure, search)
+    if search.largest_fitting is not None:
+        figure.add_vline(x=search.largest_fitting, line={"dash": "dot", "color": COLOURS["ok"]})
+        figure.add_annotation(text=f"largest fit {search.largest_fitting:,}", x=math.log10(search.largest_fitting),
+                              yref="paper", y=1, yanchor="bottom", showarrow=False, font={"color": COLOURS["ok"]})
+    return figure
+
+
+def _memory_lines(figure: Figure, search: BatchSizeSearch) -> None:
+    """The cap and the margin's line on the memory axis, each labelled, where the search had them."""
+    if search.cap_bytes is not None:
+        figure.add_hline(y=search.cap_bytes / 2**20, line={"dash": "dash", "color": COLOURS["error"]},
+                         secondary_y=True)
+        figure.add_annotation(text=f"cap {bytes_text(search.cap_bytes)}", xref="paper", x=0, yref="y2",
+                              y=search.cap_bytes / 2**20, xanchor="left", yanchor="bottom", showarrow=False,
+                              font={"color": COLOURS["error"]})
+    allowed = search.peak_allowed_bytes
+    if search.margin and allowed is not None:
+        figure.add_hline(y=allowed / 2**20, line={"dash": "dot", "color": COLOURS["warning"]}, secondary_y=True)
+        figure.add_annotation(text=f"{search.margin:.0%} margin", xref="paper", x=1, yref="y2", y=allowed / 2**20,
+                              xanchor="right", yanchor="top", showarrow=False, font={"color": COLOURS["warning"]})
+
+
+def _batch_traces(search: BatchSizeSearch) -> list[tuple[Any, bool]]:
+    """(trace, on the memory axis) of the figure: the throughput curve (and the one under the setting that made
+    room), the sizes that did not fit, peak memory."""
+    import plotly.graph_objects as go
+
+    curve = search.curve()
+    failed = sorted((t for t in search.tries if t.failure in MEMORY_FAILURES), key=lambda t: t.batch_size)
+    measured = sorted((t for t in search.tries if t.peak_memory_bytes is not None), key=lambda t: t.batch_size)
+    roomy = search.curve(search.room_setting) if search.room_setting else []
+    room = [(go.Scatter(x=[t.batch_size for t in roomy], y=[t.samples_per_s for t in roomy], mode="lines+markers",
+                        name=f"with {search.room_setting}", line={"color": PALETTE[2], "dash": "dash"},
+                        meta={"kind": "samples_per_s_with_room"},
+                        hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False)] if roomy else []
+    return [*room,
+        (go.Scatter(x=[t.batch_size for t in curve], y=[t.samples_per_s for t in curve], mode="lines+markers",
+                    name="samples/s", line={"color": PALETTE[0]}, meta={"kind": "samples_per_s"},
+                    hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False),
+        (go.Scatter(x=[t.batch_size for t in failed], y=[0] * len(failed), mode="markers", name="does not fit",
+                    marker={"symbol": "x", "size": 11, "color": COLOURS["error"]}, text=[t.why_not for t in failed],
+                    meta={"kind": "does_not_fit"}, hovertemplate="batch %{x:,}: %{text}<extra></extra>"), False),
+        (go.Scatter(x=[t.batch_size for t in measured], y=[(t.peak_memory_bytes or 0) / 2**20 for t in measured],
+                    mode="markers", name="peak memory", marker={"symbol": "diamond-open", "color": "#777"},
+                    meta={"kind": "peak_memory"}, hovertemplate="batch %{x:,}: %{y:,.0f} MiB<extra></extra>"), True),
+    ]

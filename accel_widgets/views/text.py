@@ -20,6 +20,8 @@ from ..analysis.usage import (
     peak_reserved_bytes,
     utilisation_note,
 )
+from ..metrics.units import MISSING, bytes_text, significant
+from ..results.batchsize import BatchSizeSearch, BatchTry, TargetBatch, TargetTry
 from ..results.burst import BurstResult
 from ..results.reliability import Reliability, reliability
 
@@ -27,7 +29,8 @@ from ..results.reliability import Reliability, reliability
 @singledispatch
 def summary(record: object) -> str:
     """A few lines a person reads about ``record``: each kind of record registers its own reading below."""
-    raise TypeError(f"no summary for a {type(record).__name__}: give a BurstResult")
+    raise TypeError(f"no summary for a {type(record).__name__}: give a BurstResult, a BatchSizeSearch, a SweepResult "
+                    "or a TuneResult")
 
 
 @summary.register
@@ -120,3 +123,78 @@ def _memory_text(result: BurstResult) -> str:
     if (state := model_state_bytes(result)) is not None:
         text += f"; model state {state / 2**20:,.0f} MiB (weights, gradients, optimizer)"
     return text
+
+
+@summary.register
+def batch_size_summary(search: BatchSizeSearch) -> str:
+    """A batch-size search's lines: the answer, the cap and the margin, making room, a target batch, where the search
+    started, then one line per try in batch-size order."""
+    best = search.fastest_try()
+    fastest = MISSING if best is None else f"{best.batch_size:,} ({significant(best.samples_per_s or 0)} samples/s)"
+    largest = MISSING if search.largest_fitting is None else f"{search.largest_fitting:,}"
+    answer = f"largest that fits {largest}"
+    if search.margin:
+        within = MISSING if search.largest_within_margin is None else f"{search.largest_within_margin:,}"
+        answer = f"largest that fits with {search.margin:.0%} of the memory left {within} (at all: {largest})"
+    cap = ("no memory cap" if search.cap_bytes is None
+           else f"memory cap {bytes_text(search.cap_bytes)} ({search.cap_note})")
+    lines = [f"batch size {search.batch_scope}: {answer}, fastest {fastest}",
+             f"{search.device}, {cap}; {len(search.tries)} tries in {search.wall_s:.1f} s; {search.stopped_reason}"]
+    if search.margin and search.limit_bytes is not None:
+        lines.append(f"margin: a size fits when its peak leaves {search.margin:.0%} of "
+                     f"{bytes_text(search.limit_bytes)} free (peak <= {bytes_text(search.peak_allowed_bytes or 0)})")
+    if search.room_setting:
+        room = MISSING if search.largest_with_room is None else f"{search.largest_with_room:,}"
+        lines.append(f"with {search.room_setting}: largest that fits {room}")
+    if search.target is not None:
+        lines.append(_target_line(search.target))
+    lines.append(_estimate_line(search))
+    lines.append(f"{'batch':>9}  {'fits':<4}  {'samples/s':>10}  {'step ms ± IQR':>15}  {'peak mem':>9}")
+    lines += [_try_line(t, search) for t in sorted(search.tries, key=lambda t: (t.setting, t.batch_size))]
+    return "\n".join(lines)
+
+
+def _target_line(target: TargetBatch) -> str:
+    """How a target global batch is reached fastest, with every way measured."""
+    ranks = f" x {target.ranks} ranks" if target.ranks > 1 else ""
+    head = f"target global batch {target.target:,} = micro-batch x grad_accum_steps{ranks}: "
+    best = target.best
+    if best is None:
+        return head + (target.note or "no way of reaching it fit")
+    tried = "; ".join(_target_try_text(t) for t in target.tries)
+    return head + f"fastest {best.micro_batch:,} x {best.accumulation} ({tried})"
+
+
+def _target_try_text(way: TargetTry) -> str:
+    """"256 x 4 with activation_checkpointing=blocks: 1,230 samples/s", or why it was not measured."""
+    under = f" with {way.setting}" if way.setting else ""
+    rate = (f"{significant(way.samples_per_s)} samples/s" if way.samples_per_s is not None
+            else f"not measured: {way.why_not}")
+    return f"{way.micro_batch:,} x {way.accumulation}{under}: {rate}"
+
+
+def _estimate_line(search: BatchSizeSearch) -> str:
+    """Where the search started and how far the estimate was from what it found."""
+    if search.estimated is None:
+        start = f"started at {search.tries[0].batch_size:,} " if search.tries else ""
+        return f"{start}(no estimate: {search.estimate_note})"
+    error = search.estimate_error
+    off = (f"; it found {search.largest_within_margin:,}: the estimate was {abs(error):.0%} "
+           f"{'high' if error > 0 else 'low'}" if error is not None else "")
+    return f"started at the estimate, {search.estimated:,} (a step traced on fake tensors){off}"
+
+
+def _try_line(t: BatchTry, search: BatchSizeSearch) -> str:
+    """One try as a row of the table under the answer: fits or why not, samples/s, step time, peak memory."""
+    under = f"  (with {t.setting})" if t.setting else ""
+    if not t.fits:
+        return f"{t.batch_size:>9,}  {'no':<4}  {t.why_not}{under}"
+    rate = MISSING if t.samples_per_s is None else significant(t.samples_per_s)
+    if not t.within_margin:
+        peak = t.reserved_bytes or t.peak_memory_bytes or 0
+        return (f"{t.batch_size:>9,}  {'no':<4}  ran ({rate} samples/s), but its peak {bytes_text(peak)} leaves less "
+                f"than {search.margin:.0%} of {bytes_text(search.limit_bytes or 0)} free{under}")
+    step = (MISSING if t.step_median_s is None
+            else f"{t.step_median_s * 1e3:.3g} ± {(t.step_iqr_s or 0) * 1e3:.2g}")
+    memory = MISSING if t.peak_memory_bytes is None else bytes_text(t.peak_memory_bytes)
+    return f"{t.batch_size:>9,}  {'yes':<4}  {rate:>10}  {step:>15}  {memory:>9}{under}"
