@@ -19,9 +19,9 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.compare import Row, comparison_rows, with_comparison
 from ..analysis.usage import mean_activity_pct, mean_utilisation_pct
@@ -30,9 +30,11 @@ from ..metrics.units import bytes_text
 from ..results.batchsize import MEMORY_FAILURES, BatchSizeSearch
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.sweep import BASE, SweepPoint, SweepResult
 from .comparison import interval_text, verdict_text
 from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, VERDICT_MARKS, run_colour, run_name, shorten
 from .table import same_within_pct, speedup_reading
+from .text import point_text
 from .timeline import has_activity, utilisation_title
 
 if TYPE_CHECKING:
@@ -561,3 +563,127 @@ def _batch_traces(search: BatchSizeSearch) -> list[tuple[Any, bool]]:
                     mode="markers", name="peak memory", marker={"symbol": "diamond-open", "color": "#777"},
                     meta={"kind": "peak_memory"}, hovertemplate="batch %{x:,}: %{y:,.0f} MiB<extra></extra>"), True),
     ]
+
+
+# -- a sweep ----------------------------------------------------------------------------------------------------------
+#: What a sweep's figure can show over its grid.
+SweepMetric = Literal["samples_per_s", "speedup"]
+SWEEP_METRICS: dict[SweepMetric, str] = {"samples_per_s": "samples/s", "speedup": "speed-up"}
+
+
+def sweep_figure(swept: SweepResult, metric: SweepMetric = "samples_per_s") -> Figure:
+    """``metric`` over a sweep's grid: a line for one knob, a heatmap for two, parallel coordinates for more. The
+    speed-up's line has the interval as whiskers and every cell or point its verdict on hover."""
+    if metric not in SWEEP_METRICS:
+        raise ValueError(f"metric={metric!r} is invalid: use one of {', '.join(SWEEP_METRICS)}")
+    rows = swept.rows()
+    values = [row[metric] for row in rows]
+    if len(swept.knobs) == 1:
+        return _sweep_line(swept, metric, values, rows)
+    if len(swept.knobs) == 2:
+        return _sweep_heatmap(swept, metric, values)
+    return _sweep_parallel_coordinates(swept, metric, values)
+
+
+def _sweep_cell_text(swept: SweepResult, metric: SweepMetric, point: SweepPoint, value: float | None) -> str:
+    """A cell's text: the number, and for the speed-up its interval or verdict (``1.45×<br>[1.30–1.62]``,
+    ``same ±3%``, ``base``)."""
+    if metric != "speedup" or value is None:
+        return _sweep_metric_text(metric, value)
+    if point.config == swept.base:
+        return BASE
+    comparison = point.comparison
+    if comparison is None:
+        return "–"
+    if comparison.verdict == "same":
+        return verdict_text(comparison)
+    return interval_text(comparison).replace(" [", "<br>[").replace(" (", "<br>(")
+
+
+def _sweep_line(swept: SweepResult, metric: SweepMetric, values: list[float | None],
+                rows: list[dict[str, Any]]) -> Figure:
+    """One knob: the metric by its values, the speed-up with its interval as whiskers."""
+    import plotly.graph_objects as go
+
+    name = swept.knobs[0]
+    x = [str(p.values[name]) for p in swept.points]
+    error_y = None
+    if metric == "speedup":
+        high = [row["speedup_high"] - v if row["speedup_high"] is not None and v is not None else None
+                for row, v in zip(rows, values, strict=True)]
+        low = [v - row["speedup_low"] if row["speedup_low"] is not None and v is not None else None
+               for row, v in zip(rows, values, strict=True)]
+        error_y = {"type": "data", "symmetric": False, "array": high, "arrayminus": low}
+    hover = [f"{p.label}: {point_text(swept, p)}" for p in swept.points]
+    figure = go.Figure(go.Scatter(x=x, y=values, mode="lines+markers", name=SWEEP_METRICS[metric],
+                                  error_y=error_y, hovertext=hover, hoverinfo="text+y"))
+    figure.update_layout(title=f"{SWEEP_METRICS[metric]} by {name}" + (f" against {swept.base.label()} (95% "
+                                                                        "interval)" if error_y else ""),
+                         xaxis={"title": name, "type": "category"}, yaxis_title=SWEEP_METRICS[metric],
+                         height=360)
+    return figure
+
+
+def _sweep_heatmap(swept: SweepResult, metric: SweepMetric, values: list[float | None]) -> Figure:
+    """Two knobs. Rows: the first knob's values; columns: the second's. A point that did not finish is left blank."""
+    import plotly.graph_objects as go
+
+    rows, columns = swept.knobs
+    row_values = _unique(p.values[rows] for p in swept.points)
+    column_values = _unique(p.values[columns] for p in swept.points)
+    key = [(str(p.values[rows]), str(p.values[columns])) for p in swept.points]
+    cell = dict(zip(key, values, strict=True))
+    said = {k: _sweep_cell_text(swept, metric, p, v) for k, p, v in zip(key, swept.points, values, strict=True)}
+    hover = {k: f"{p.label}: {point_text(swept, p)}" for k, p in zip(key, swept.points, strict=True)}
+    grid = [[(str(r), str(c)) for c in column_values] for r in row_values]
+    z = [[cell.get(k) for k in line] for line in grid]
+    text = [[said.get(k, "–") for k in line] for line in grid]
+    figure = go.Figure(go.Heatmap(z=z, x=[str(c) for c in column_values], y=[str(r) for r in row_values],
+                                  text=text, texttemplate="%{text}", colorscale="Blues",
+                                  customdata=[[hover.get(k, "") for k in line] for line in grid],
+                                  hovertemplate="%{customdata}<extra></extra>",
+                                  colorbar={"title": SWEEP_METRICS[metric]}))
+    figure.update_layout(title=f"{SWEEP_METRICS[metric]}: {rows} × {columns}", height=360,
+                         xaxis={"title": columns, "type": "category"}, yaxis={"title": rows, "type": "category"})
+    return figure
+
+
+def _sweep_parallel_coordinates(swept: SweepResult, metric: SweepMetric, values: list[float | None]) -> Figure:
+    """Three knobs or more: one axis per knob and one for the metric; categorical knobs (strings, bools, None) become
+    ticks."""
+    import plotly.graph_objects as go
+
+    dimensions = [_dimension(name, [p.values[name] for p in swept.points]) for name in swept.knobs]
+    measured = [v if v is not None else float("nan") for v in values]
+    dimensions.append({"label": SWEEP_METRICS[metric], "values": measured})
+    figure = go.Figure(go.Parcoords(line={"color": measured, "colorscale": "Blues", "showscale": True},
+                                    dimensions=dimensions))
+    figure.update_layout(title=f"{SWEEP_METRICS[metric]} over {', '.join(swept.knobs)}", height=420)
+    return figure
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    """The distinct values in first-seen order, told apart by how they are shown (1 and True are two)."""
+    seen: dict[str, Any] = {}
+    for value in values:
+        seen.setdefault(str(value), value)
+    return list(seen.values())
+
+
+def _sweep_metric_text(metric: SweepMetric, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}x" if metric == "speedup" else f"{value:,.0f}"
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _dimension(name: str, values: list[Any]) -> dict[str, Any]:
+    """A parcoords axis: numbers as they are; anything else as evenly spaced ticks named by their values."""
+    if all(_numeric(v) for v in values):
+        return {"label": name, "values": values}
+    ticks = [str(c) for c in _unique(values)]
+    return {"label": name, "values": [ticks.index(str(v)) for v in values], "tickvals": list(range(len(ticks))),
+            "ticktext": ticks}

@@ -24,6 +24,8 @@ from ..metrics.units import MISSING, bytes_text, significant
 from ..results.batchsize import BatchSizeSearch, BatchTry, TargetBatch, TargetTry
 from ..results.burst import BurstResult
 from ..results.reliability import Reliability, reliability
+from ..results.sweep import BASE, SweepPoint, SweepResult
+from .comparison import outcome_text
 
 
 @singledispatch
@@ -198,3 +200,28 @@ def _try_line(t: BatchTry, search: BatchSizeSearch) -> str:
             else f"{t.step_median_s * 1e3:.3g} ± {(t.step_iqr_s or 0) * 1e3:.2g}")
     memory = MISSING if t.peak_memory_bytes is None else bytes_text(t.peak_memory_bytes)
     return f"{t.batch_size:>9,}  {'yes':<4}  {rate:>10}  {step:>15}  {memory:>9}{under}"
+
+
+@summary.register
+def sweep_summary(swept: SweepResult) -> str:
+    """A sweep's lines: what was swept against what, then each point's samples/s and verdict."""
+    head = (f"sweep of {' × '.join(swept.knobs)} on {swept.workload} against {swept.base.label()}, "
+            f"{len(swept.points)} points{', stopped' if swept.stopped else ''}")
+    lines = [head]
+    for point in swept.points:
+        rate = f"{point.samples_per_s:,.1f} samples/s, " if point.samples_per_s is not None else ""
+        lines.append(f"  {point.label}: {rate}{point_text(swept, point)}")
+    return "\n".join(lines)
+
+
+def point_text(swept: SweepResult, point: SweepPoint) -> str:
+    """What a sweep's point measured against the base, in words: ``faster: 1.45× [1.30–1.62]``, ``same within
+    ±3%``, ``base``, ``failed: <why>`` (its own burst), ``not compared: <why>`` (the base's), ``not run``: the
+    summary's and the figure's hover."""
+    if point.status != "ok" and point.error:
+        return f"{point.status}: {point.error}"
+    if point.config == swept.base:
+        return BASE if point.results else "not run"
+    if point.comparison is None:
+        return "not run" if not point.results else "not compared"
+    return outcome_text(point.comparison)
