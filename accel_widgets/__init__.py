@@ -49,13 +49,14 @@ from .results.comparison import Comparison
 from .results.headspace import Ceiling, Headspace
 from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
 from .results.sweep import SweepResult
+from .results.tune import TuneResult, TuneStep
 from .search.batchsize import find_batch_size
 from .search.compare import compare
 from .search.headspace import headspace
 from .search.ladder import Ladder, classic_ladder, run_ladder
 from .search.remeasure import remeasure
 from .search.sweep import sweep
-from .search.tuner import TuneResult, TuneStep, measure_noise, tune
+from .search.tuner import measure_noise, tune
 from .views import figures
 from .views.report import write_csv, write_json
 from .views.report import write_report as report

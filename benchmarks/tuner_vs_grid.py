@@ -44,8 +44,9 @@ from _common import QUIET_PCT, QuietGate, load_average, positive_int, spread, ta
 import accel_widgets as aw
 from accel_widgets.metrics.thresholds import THRESHOLDS
 from accel_widgets.results.reliability import foreign_cpu_pct
+from accel_widgets.results.tune import TuneResult
 from accel_widgets.search.compare import compare
-from accel_widgets.search.tuner import TuneResult, tune
+from accel_widgets.search.tuner import tune
 
 SUBSET: dict[str, tuple[Any, ...]] = {
     "num_workers": (0, 1, 2),
@@ -158,7 +159,7 @@ def measure(engine: QuietBursts, name: str, tuner_runs: int, compare_budget_s: f
                      "decisions": decisions(result), "burst_results": [describe(b) for b in result.bursts]})
         print(f"  tuner run {i + 1}: {result.best.label()} in {result.wall_s:.1f} s ({len(result.bursts)} bursts; "
               f"{result.stopped_reason}); vs grid best {'same config' if same else _against(against)}", flush=True)
-        print(textwrap.indent(result.summary(), "    "), flush=True)
+        print(textwrap.indent(aw.summary(result), "    "), flush=True)
     return {
         "workload": name,
         "steps": {"grid": grid_steps, "tuner": tuner_steps},

@@ -13,8 +13,9 @@ from typing import Any
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.noise import NoiseBand
 from ..results.reliability import reliability
-from .guard import GuardVerdict, NoiseBand, check_training
+from .guard import GuardVerdict, check_training
 from .usage import energy, mean_utilisation_pct, mfu, mfu_basis, utilisation_note
 
 Row = dict[str, Any]

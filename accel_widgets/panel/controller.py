@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..analysis.estimate import Estimate, estimate
-from ..analysis.guard import NoiseBand, cached_noise
+from ..analysis.guard import cached_noise
 from ..engine.launcher import BurstError, Event
 from ..inputs.device import DeviceInfo
 from ..inputs.workload import Workload
@@ -31,13 +31,14 @@ from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..results.comparison import Comparison
 from ..results.headspace import Headspace
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
+from ..results.noise import NoiseBand
+from ..results.tune import TuneResult, TuneStep
 from ..search.batchsize import find_batch_size
 from ..search.bursts import Bursts, Contender, Failed
 from ..search.compare import DEFAULT_BUDGET_S, WINDOW_S, Progress, measure_pairs
 from ..search.headspace import headspace
 from ..search.ladder import LADDER_WINDOW_S, classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
-from ..search.tuner import TuneResult, TuneStep
 from ..views.comparison import interval_text, outcome_text, verdict_text
 from ..views.estimate import fit_text, measured_text
 from ..views.headspace import headspace_lines

@@ -27,7 +27,8 @@ from ..knobs.config import Config
 from ..results.burst import BurstResult, ProfileCapture
 from ..results.comparison import Comparison
 from ..results.history import RunHistory
-from ..search.tuner import TuneResult, tune
+from ..results.tune import TuneResult
+from ..search.tuner import tune
 from ..views.figures import COMPARISONS, batch_size_figure, comparison_figures
 from ..views.headspace import ceilings_html
 from ..views.style import findings_html, themed

@@ -25,6 +25,7 @@ from ..results.batchsize import BatchSizeSearch, BatchTry, TargetBatch, TargetTr
 from ..results.burst import BurstResult
 from ..results.reliability import Reliability, reliability
 from ..results.sweep import BASE, SweepPoint, SweepResult
+from ..results.tune import TuneResult
 from .comparison import outcome_text
 
 
@@ -225,3 +226,22 @@ def point_text(swept: SweepResult, point: SweepPoint) -> str:
     if point.comparison is None:
         return "not run" if not point.results else "not compared"
     return outcome_text(point.comparison)
+
+
+@summary.register
+def tune_summary(tuned: TuneResult) -> str:
+    """A tuning's lines: the pick and what it gains over the start, then each decision (+ marks the kept ones)."""
+    rates = ", ".join(f"{name} {rate:,.1f} samples/s" for name, rate in
+                      (("baseline", tuned.baseline_samples_per_s), ("best", tuned.best_samples_per_s))
+                      if rate is not None)
+    if tuned.confirmation is not None:
+        measured = f"{outcome_text(tuned.confirmation)} against the start"
+    elif tuned.speedup is not None:
+        measured = "no knob beat the starting config"
+    else:
+        measured = "its speed-up over the start not measured"
+    measured += f"; {rates}" if rates else ""
+    head = (f"best: {tuned.best.label()} ({measured}), {len(tuned.bursts)} bursts in {tuned.wall_s:.1f} s; "
+            f"{tuned.stopped_reason}")
+    return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
+                              for s in tuned.decisions)])

@@ -22,9 +22,9 @@ from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.guard import (
     NOISE_MARGIN,
     SMOOTHING_WINDOW,
-    NoiseBand,
     cached_noise,
     check_training,
+    deviation_at,
     find_baseline,
     noise_band,
     tolerance,
@@ -33,6 +33,7 @@ from accel_widgets.data.cache import cache_dataset, first_random_item
 from accel_widgets.engine.training import build_loop
 from accel_widgets.knobs.plan import resolve
 from accel_widgets.results.history import RunHistory, workload_fingerprint
+from accel_widgets.results.noise import NoiseBand
 from accel_widgets.search.tuner import measure_noise
 from accel_widgets.views.text import summary
 from tests.analysis.test_guard import HugeActivations, falling, result
@@ -213,7 +214,7 @@ def test_an_augmentation_no_key_reaches_moves_with_loader_workers_and_needs_the_
 
     broken = check_training(own_generator_runs["lr x10"], base, noise)
     assert broken.status == "changes_training" and broken.beyond_tolerance
-    assert broken.max_relative_deviation > 2 * NOISE_MARGIN * noise.deviation_at(SMOOTHING_WINDOW)
+    assert broken.max_relative_deviation > 2 * NOISE_MARGIN * deviation_at(noise, SMOOTHING_WINDOW)
     assert f"{NOISE_MARGIN:g}x the" in broken.reasons[0] and "a baseline with reseeded data moves" in broken.reasons[0]
 
 
@@ -237,7 +238,7 @@ def test_the_band_is_the_widest_reseed_rescaled_to_one_batch_and_averages_down()
     base = result(falling())
     band = noise_band(base, {1: result(scaled(falling(), 1.03)), 2: result(scaled(falling(), 0.98))})
     assert band == NoiseBand(pytest.approx(0.03 * math.sqrt(SMOOTHING_WINDOW)), 40, (1, 2))
-    assert [band.deviation_at(i) for i in (0, 3, 4, 100)] == pytest.approx(
+    assert [deviation_at(band, i) for i in (0, 3, 4, 100)] == pytest.approx(
         [0.03 * math.sqrt(5), 0.03 * math.sqrt(5 / 4), 0.03, 0.03])
     assert NoiseBand.from_dict(band.to_dict()) == band
 
