@@ -1,8 +1,10 @@
-"""A burst in words: the summary every face prints (``aw.summary``), read from the record alone."""
+"""Records in words: the summary every face prints (``aw.summary``), read from the record alone, for every kind."""
 
 import pytest
 
-from accel_widgets import ErrorInfo
+import accel_widgets as aw
+from accel_widgets import BatchSizeSearch, BatchTry, Config, ErrorInfo, SweepResult, TuneResult, TuneStep
+from accel_widgets.results.sweep import SweepPoint
 from accel_widgets.views.text import summary
 from tests.results.test_burst import compiled_result, make_diverged, make_result
 
@@ -33,6 +35,21 @@ def test_diverged_summary_says_why_and_still_shows_the_numbers():
     assert head.startswith("bf16 [w] diverged: loss is NaN from step 2 on rank 1")
     assert any(line.strip().startswith("throughput") for line in rest)
     assert any("step" in line and "median" in line for line in rest)
+
+
+def test_every_kind_of_record_reads_through_the_one_summary():
+    """The public face's summary is this one, and each record kind is registered with it."""
+    assert aw.summary is summary
+    tuned = TuneResult(Config(num_workers=2), 150.0, 100.0, [TuneStep("num_workers", 2, True, "faster")],
+                       [make_result()], 1.5, "done")
+    assert summary(tuned).splitlines() == [
+        "best: num_workers=2 (its speed-up over the start not measured; baseline 100.0 samples/s, best 150.0 "
+        "samples/s), 1 bursts in 1.5 s; done", "  + num_workers=2: faster"]
+    swept = SweepResult("w", ["num_workers"], [SweepPoint({"num_workers": 0}, Config())], [], Config(), 60.0)
+    assert summary(swept).splitlines() == ["sweep of num_workers on w against baseline, 1 points",
+                                           "  num_workers=0: not run"]
+    search = BatchSizeSearch("w", Config(), "CPU", "rss", None, "", "per process", (BatchTry(8, True, "grow"),))
+    assert summary(search).splitlines()[0] == "batch size per process: largest that fits 8, fastest –"
 
 
 def test_a_record_without_a_summary_is_refused_by_name():
