@@ -7,7 +7,7 @@ timed training burst in an isolated worker process::
     wl = aw.Workload(model=MyNet(), dataset=my_ds, loss_fn=F.cross_entropy)
     base = aw.run_burst(wl, aw.Config(), steps=40)
     fast = aw.run_burst(wl, aw.Config(num_workers=2, precision="bf16"), steps=40)
-    print(fast.samples_per_s / base.samples_per_s, fast.summary())
+    print(fast.samples_per_s / base.samples_per_s, aw.summary(fast))
 
 Importing this package pulls in neither the UI (ipywidgets, plotly) nor CUDA. It starts the
 forkserver that bursts are launched from, so that it has imported torch by the first burst.
@@ -35,20 +35,24 @@ from .knobs import GROUPS, KNOBS, CodePaths, Knob, KnobValueError
 from .knobs.config import Config
 from .knobs.rules import ConfigError, check_config
 from .metrics.stats import Summary, summarize
+from .results.batchsize import BatchSizeSearch, BatchTry
 from .results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
 from .results.comparison import Comparison
 from .results.headspace import Ceiling, Headspace
 from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
-from .search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
+from .results.sweep import SweepResult
+from .results.tune import TuneResult, TuneStep
+from .search.batchsize import find_batch_size
 from .search.compare import compare
 from .search.headspace import headspace
 from .search.ladder import Ladder, classic_ladder, run_ladder
 from .search.remeasure import remeasure
-from .search.sweep import SweepResult, sweep
-from .search.tuner import TuneResult, TuneStep, measure_noise, tune
+from .search.sweep import sweep
+from .search.tuner import measure_noise, tune
 from .views import figures
 from .views.report import write_csv, write_json
 from .views.report import write_report as report
+from .views.text import summary
 
 __version__ = "0.1.0"
 
@@ -128,6 +132,7 @@ __all__ = [
     "run_burst",
     "run_ladder",
     "summarize",
+    "summary",
     "sweep",
     "tune",
     "warm_up",

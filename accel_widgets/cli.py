@@ -41,6 +41,7 @@ from .views.comparison import comparison_sentence, interval_text, verdict_text
 from .views.estimate import estimate_line, estimate_lines
 from .views.headspace import headspace_lines
 from .views.progress import ProgressSeries, result_line
+from .views.text import summary
 
 DEFAULT_REPORT = "accel_widgets_report.html"
 #: Seconds each demo workload's rungs are measured again: a 5-rung ladder needs ~40 windows of ~0.8 s here before
@@ -209,7 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(str(exc), file=sys.stderr)
     finally:
         progress.end()
-    print(result.summary())
+    print(summary(result))
     if result.profile is not None:
         print(f"  profile     {result.profile.trace_path} (open in https://ui.perfetto.dev)")
         for op in result.profile.top_operators[:5]:
@@ -234,7 +235,7 @@ def _run_compared(args: argparse.Namespace, workload: Workload, config: Config) 
     results = [first for first in measured.firsts if first is not None]
     comparison = measured.comparisons[0]
     for result in results:
-        print(result.summary())
+        print(summary(result))
     print("\n" + format_table(comparison_rows(results, compared={1: comparison})))
     print("\n" + comparison_sentence(comparison, f"#1 {config.label()}", "#0 baseline"))
     if args.json:

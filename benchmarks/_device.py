@@ -125,6 +125,8 @@ def compare_with_dmon(result: Any, wall_origin: float, rows: Sequence[DmonRow], 
     for GPU ``gpu`` over the same seconds (``wall_origin``: this machine's clock when the burst's clock read 0). Each
     dmon row covers the second before it was printed; rows wholly inside the window count. None when no dmon row
     does (a window under a second) or the burst has no window."""
+    from accel_widgets.analysis import usage  # here: this module imports nothing of the package until a burst is read
+
     window = result.measured_window()
     if window is None:
         return None
@@ -134,7 +136,7 @@ def compare_with_dmon(result: Any, wall_origin: float, rows: Sequence[DmonRow], 
         return None
     sm = [row.values["sm"] for row in inside if row.values.get("sm") is not None]
     power = [row.values["pwr"] for row in inside if row.values.get("pwr") is not None]
-    util, energy = result.mean_utilisation_pct, result.energy_j
+    util, energy = usage.mean_utilisation_pct(result), usage.energy(result).joules
     dmon_util = sum(sm) / len(sm) if sm else None
     dmon_energy = sum(power) / len(power) * (end - start) if power else None
     return {

@@ -76,6 +76,7 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 import accel_widgets as aw
+from accel_widgets.analysis.usage import activity_text, mean_activity_pct, mean_utilisation_pct, mfu, mfu_basis
 from accel_widgets.demos import DEMO_NAMES, DEMO_SIZES, SmallCNN, synthetic_images
 from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.knobs.rules import check_config
@@ -317,11 +318,11 @@ def check_peak_memory(result: aw.BurstResult, device_total_bytes: int) -> Outcom
 
 
 def check_mfu(result: aw.BurstResult) -> Outcome:
-    mfu, achieved = result.mfu, result.achieved_flops_per_s
-    if mfu is None:
+    share, achieved = mfu(result), result.achieved_flops_per_s
+    if share is None:
         why = "no FLOPs counted" if achieved is None else f"no peak known for {result.environment.get('device_name')!r}"
         return False, f"MFU unavailable ({why})"
-    return 0 < mfu <= 1, f"MFU {mfu:.1%} ({achieved / 1e12:.1f} TFLOP/s model math; {result.mfu_basis})"
+    return 0 < share <= 1, f"MFU {share:.1%} ({achieved / 1e12:.1f} TFLOP/s model math; {mfu_basis(result)})"
 
 
 def check_telemetry(result: aw.BurstResult, devices: set[str]) -> Outcome:
@@ -343,10 +344,11 @@ def check_activity(result: aw.BurstResult) -> tuple[Status, str]:
     capability = str(result.environment.get("capability") or "")
     if not capability or float(capability) < 9.0:
         return "SKIP", f"no GPM before Hopper (compute capability {capability or 'unknown'})"
-    util, sm, tensor = result.mean_utilisation_pct, result.mean_sm_active_pct, result.mean_tensor_active_pct
+    util = mean_utilisation_pct(result)
+    sm, tensor = mean_activity_pct(result, "sm_active_pct"), mean_activity_pct(result, "tensor_active_pct")
     if sm is None or tensor is None:
         return "FAIL", "no GPM readings from a Hopper GPU (nvmlGpmMetricsGet): SM and tensor activity unknown"
-    text = f"utilisation {util if util is not None else float('nan'):.0f}%; {result.activity_text()}"
+    text = f"utilisation {util if util is not None else float('nan'):.0f}%; {activity_text(result)}"
     in_range = all(0.0 <= value <= 100.0 for value in (sm, tensor))
     below = util is None or sm <= util + ACTIVITY_OVER_UTIL_PTS
     return ("PASS" if in_range and below else "FAIL"), text
@@ -732,7 +734,7 @@ def ladder_row(demo: str, rung: str, outcome: BurstOutcome, baseline_rate: float
     if result is not None:
         row["timing_consistent"], row["timing"] = check_timing(result)
         row["compile_s"] = result.compile_s
-        row["mfu"], row["mfu_basis"] = result.mfu, result.mfu_basis
+        row["mfu"], row["mfu_basis"] = mfu(result), mfu_basis(result)
     return row
 
 

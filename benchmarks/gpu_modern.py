@@ -71,6 +71,14 @@ from gpu_probes import planned_total_s as probes_planned_s
 from torch import nn
 
 import accel_widgets as aw
+from accel_widgets.analysis.usage import (
+    allocator_expandable,
+    allocator_slack_share,
+    mfu,
+    mfu_basis,
+    model_state_bytes,
+    peak_reserved_bytes,
+)
 from accel_widgets.knobs.float8 import INSTALL
 from accel_widgets.knobs.rules import check_config
 
@@ -172,10 +180,10 @@ def ratio(mine: float | None, theirs: float | None) -> str:
 
 
 def memory_text(result: aw.BurstResult) -> str:
-    peak, reserved = result.peak_memory_bytes or 0, result.peak_reserved_bytes
+    peak, reserved = result.peak_memory_bytes or 0, peak_reserved_bytes(result)
     text = f"allocated {peak / 2**30:.2f} GiB"
     if reserved is not None:
-        text += f", reserved {reserved / 2**30:.2f} GiB ({result.allocator_slack_share or 0:.0%} unused at peak)"
+        text += f", reserved {reserved / 2**30:.2f} GiB ({allocator_slack_share(result) or 0:.0%} unused at peak)"
     return text
 
 
@@ -190,10 +198,10 @@ def checkpointing_verdict(off: aw.BurstResult, other: aw.BurstResult, mode: str)
 def expandable_verdict(plain: aw.BurstResult, expandable: aw.BurstResult) -> tuple[str, str]:
     """The knob must act: the rank's allocator says its segments were expandable, and the same config's without the
     knob were not (a setting in this machine's environment would make both so, and the rung would measure nothing)."""
-    text = (f"allocator segments expandable: default {plain.allocator_expandable}, knob on "
-            f"{expandable.allocator_expandable}; default: {memory_text(plain)}; expandable: {memory_text(expandable)}; "
-            f"samples/s {ratio(expandable.samples_per_s, plain.samples_per_s)}")
-    return ("PASS" if expandable.allocator_expandable is True and plain.allocator_expandable is False else "FAIL"), text
+    default, asked = allocator_expandable(plain), allocator_expandable(expandable)
+    text = (f"allocator segments expandable: default {default}, knob on {asked}; default: {memory_text(plain)}; "
+            f"expandable: {memory_text(expandable)}; samples/s {ratio(expandable.samples_per_s, plain.samples_per_s)}")
+    return ("PASS" if asked is True and default is False else "FAIL"), text
 
 
 def median_compute_s(result: aw.BurstResult) -> float | None:
@@ -226,13 +234,13 @@ def float8_verdict(base: aw.BurstResult, run: aw.BurstResult, recipe: str) -> tu
         return "FAIL", "no measured steps to compare"
     return "INFO", (f"{recipe}: GPU compute {theirs / mine:.2f}x faster than bf16 + compile ({theirs * 1e3:.2f} -> "
                     f"{mine * 1e3:.2f} ms a step), samples/s {ratio(run.samples_per_s, base.samples_per_s)}, MFU "
-                    f"{(run.mfu or 0):.1%} ({run.mfu_basis}); torchao/torchtitan: +28% tokens/s for Llama3-8B on 8 "
+                    f"{(mfu(run) or 0):.1%} ({mfu_basis(run)}); torchao/torchtitan: +28% tokens/s for Llama3-8B on 8 "
                     "H100s")
 
 
 def sharding_verdict(ddp: aw.BurstResult, fsdp: aw.BurstResult) -> tuple[str, str]:
     """FSDP holds 1/ranks of the training state per rank: a PASS from two ranks on, reported on one."""
-    share = (fsdp.model_state_bytes or 0) / (ddp.model_state_bytes or 1)
+    share = (model_state_bytes(fsdp) or 0) / (model_state_bytes(ddp) or 1)
     text = (f"{fsdp.world_size} rank(s): training state per rank {share:.2f}x DDP's, peak "
             f"{ratio(fsdp.peak_memory_bytes, ddp.peak_memory_bytes)}, samples/s "
             f"{ratio(fsdp.samples_per_s, ddp.samples_per_s)}")

@@ -19,7 +19,7 @@ so slow drift or an order effect cannot favour any of them.
 
 Noise: on a shared 2-core machine another job taking a core stalls both intra-op threads, so each
 run starts only once the machine is quiet, each records the CPU share other processes took while it
-ran (the engine's ``result.foreign_cpu_pct``; the plain loop measures the same thing itself), noisy
+ran (the engine's ``foreign_cpu_pct(result)``; the plain loop measures the same thing itself), noisy
 pairs are flagged, and extra pairs (up to ``--max-pairs``) replace them. The goal is judged on the
 quiet pairs when there are at least three. The parent's own CPU time during each engine burst is
 recorded too: with every core busy training, it is the part of the overhead noise cannot hide.
@@ -67,6 +67,7 @@ from _common import (
 )
 
 import accel_widgets as aw
+from accel_widgets.results.reliability import foreign_cpu_pct
 
 GOAL = 0.98  # the old bar, still printed: the judgement is against the same-vs-same control's spread
 HARNESS_GOAL_PCT = 1.0  # the harness's own CPU over the measured window, % of one core
@@ -267,7 +268,7 @@ def run_engine(workload: aw.Workload, steps: int, threads: int) -> dict[str, Any
     assert result.samples_per_s is not None and result.step_time is not None
     return {"samples_per_s": result.samples_per_s, "step_median_s": result.step_time.median,
             "threads": result.environment.get("threads_per_rank"),
-            "foreign_cpu_pct": getattr(result, "foreign_cpu_pct", None),
+            "foreign_cpu_pct": foreign_cpu_pct(result),
             "parent_cpu_pct_of_core": 100.0 * parent_cpu_s / result.wall_s,
             "parent_cpu_ms_per_step": 1e3 * parent_cpu_s / len(result.steps),
             "event_latency_median_s": statistics.median(latencies),

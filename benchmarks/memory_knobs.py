@@ -31,7 +31,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import accel_widgets as aw
+from accel_widgets.analysis.usage import model_state_bytes
 from accel_widgets.demos.lm import TinyGPT, TokenWindows, lm_loss, markov_tokens
+from accel_widgets.results.reliability import foreign_cpu_pct
 
 CHECKPOINTING = ("off", "blocks", "selective")
 
@@ -75,12 +77,12 @@ STUDIES: list[tuple[str, Any, int, dict[str, aw.Config]]] = [
 
 def burst(workload: aw.Workload, config: aw.Config, steps: int) -> dict[str, Any]:
     result = aw.run_burst(workload, config, steps=steps, options=aw.BurstOptions(warmup_steps=1))
-    assert result.ok and result.samples_per_s is not None and result.step_time is not None, result.summary()
+    assert result.ok and result.samples_per_s is not None and result.step_time is not None, aw.summary(result)
     return {"peak_rss_mib": (result.peak_memory_bytes or 0) / 2**20,
-            "model_state_mib": (result.model_state_bytes or 0) / 2**20,
+            "model_state_mib": (model_state_bytes(result) or 0) / 2**20,
             "samples_per_s": result.samples_per_s, "step_median_s": result.step_time.median,
             "losses": [loss for rank in range(result.world_size) for loss in result.losses(rank)],
-            "foreign_cpu_pct": result.foreign_cpu_pct}
+            "foreign_cpu_pct": foreign_cpu_pct(result)}
 
 
 def study(name: str, make: Any, steps: int, variants: dict[str, aw.Config], rounds: int, gate: QuietGate

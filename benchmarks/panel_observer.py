@@ -227,6 +227,7 @@ def execute(page: Any, code: str) -> None:
 def summarise(kind: str, bursts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """Pair ratios, the headless burst after a panel burst against the one before, and CPU by process."""
     from accel_widgets import BurstResult
+    from accel_widgets.results.reliability import reliability
 
     runs = [(what, BurstResult.from_dict(data)) for what, data in bursts]
     all_rates = [(what, r.samples_per_s or 0.0) for what, r in runs]
@@ -254,8 +255,9 @@ def summarise(kind: str, bursts: list[tuple[str, dict[str, Any]]]) -> dict[str, 
         "quiet": quiet_pairs(runs, "panel", "headless"),
         "quiet_control": quiet_pairs(runs, "control A", "control B"),
         "cpu_by_process": {what: cpu_by_process([r for w, r in runs if w == what]) for what in ("panel", "headless")},
-        "reliable_control": sum(r.reliability.reliable for w, r in runs if w.startswith("control")),
-        "reliable": {what: sum(r.reliability.reliable for w, r in runs if w == what) for what in ("panel", "headless")},
+        "reliable_control": sum(reliability(r).reliable for w, r in runs if w.startswith("control")),
+        "reliable": {what: sum(reliability(r).reliable for w, r in runs if w == what)
+                     for what in ("panel", "headless")},
     }
 
 
@@ -274,7 +276,9 @@ def paired(rates: list[tuple[str, float]], a: str, b: str) -> tuple[list[float],
 def foreign_pct(result: Any) -> float:
     """What programs other than the benchmark's own took during the burst's measured window, % of one core: on a
     shared host, another user's load."""
-    return sum(share for program, share in result.other_processes() if not program.startswith(OWN_PROGRAMS))
+    from accel_widgets.results.reliability import other_processes
+
+    return sum(share for program, share in other_processes(result) if not program.startswith(OWN_PROGRAMS))
 
 
 def quiet_pairs(runs: list[tuple[str, Any]], a: str, b: str) -> dict[str, Any] | None:
@@ -300,11 +304,13 @@ def crossover(by_order: dict[str, list[float]]) -> float | None:
 
 def cpu_by_process(results: list[Any]) -> dict[str, float]:
     """Median over bursts of each program's mean CPU over the measured window, % of one core."""
+    from accel_widgets.results.reliability import caller_cpu_pct, other_processes
+
     per_burst: list[dict[str, float]] = []
     for result in results:
         cores = result.environment.get("cpu_count") or 1
-        shares = dict(result.other_processes())
-        shares["kernel (caller)"] = (result.caller_cpu_pct or 0.0) * cores
+        shares = dict(other_processes(result))
+        shares["kernel (caller)"] = (caller_cpu_pct(result) or 0.0) * cores
         shares["burst (ranks + loader)"] = statistics.fmean(
             t.workers_util_pct * cores for t in result.measured_telemetry() if t.workers_util_pct is not None)
         per_burst.append(shares)

@@ -37,6 +37,7 @@ import torch
 from _common import QuietGate, fmt_ratio, load_average, positive_int, spread, table, write_json
 
 import accel_widgets as aw
+from accel_widgets.results.reliability import foreign_cpu_pct, reliability
 
 VOCAB, SEQ, BATCH, SAMPLES = 2048, 64, 8, 512
 SCOPES = ("eager", "model", "blocks")
@@ -108,8 +109,8 @@ def cold_burst(workload: aw.Workload, scope: str, steps: int) -> dict[str, Any]:
         "graphs": report.graphs if report is not None else 0,
         "graph_breaks": [b.text() for b in report.graph_breaks] if report is not None else [],
         "recompiles": [r.text() for r in report.recompile_reasons] if report is not None else [],
-        "foreign_cpu_pct": result.foreign_cpu_pct, "load_average_before": load,
-        "reliable": result.reliability.reliable, "warnings": result.warnings,
+        "foreign_cpu_pct": foreign_cpu_pct(result), "load_average_before": load,
+        "reliable": reliability(result).reliable, "warnings": result.warnings,
     }
 
 

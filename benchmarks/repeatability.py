@@ -10,7 +10,7 @@ conditions (each burst starts once the machine is quiet), and reports:
 * each burst's own within-burst relative IQR of step times (``result.step_time.relative_iqr``; the
   package marks >= 10% as noisy);
 * the same spread over the quiet bursts only (other processes used < 15% of the CPU: the package's
-  ``result.foreign_cpu_pct``), since this 2-core machine is shared with other jobs;
+  ``foreign_cpu_pct(result)``), since this 2-core machine is shared with other jobs;
 * the variant/baseline samples/s ratio of each interleaved pair: the number a user would read.
 
 Second configs (the usual "faster" candidates): ``num_workers=2`` for the data-bound image demo
@@ -40,6 +40,7 @@ from _common import (
 )
 
 import accel_widgets as aw
+from accel_widgets.results.reliability import foreign_cpu_pct
 
 # Measured steps per burst: a few seconds each on 2 cores (mlp steps take ~3 ms, lm ~50 ms, image ~200 ms).
 STEPS = {"mlp": 200, "lm": 40, "image": 20}
@@ -55,7 +56,7 @@ def burst(workload: aw.Workload, config: aw.Config, steps: int) -> dict[str, Any
     assert result.samples_per_s is not None and result.step_time is not None
     return {"samples_per_s": result.samples_per_s, "step_median_s": result.step_time.median,
             "within_relative_iqr": result.step_time.relative_iqr, "noisy": result.step_time.noisy,
-            "foreign_cpu_pct": getattr(result, "foreign_cpu_pct", None), "warnings": result.warnings}
+            "foreign_cpu_pct": foreign_cpu_pct(result), "warnings": result.warnings}
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:

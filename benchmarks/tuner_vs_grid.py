@@ -43,8 +43,10 @@ from _common import QUIET_PCT, QuietGate, load_average, positive_int, spread, ta
 
 import accel_widgets as aw
 from accel_widgets.metrics.thresholds import THRESHOLDS
+from accel_widgets.results.reliability import foreign_cpu_pct
+from accel_widgets.results.tune import TuneResult
 from accel_widgets.search.compare import compare
-from accel_widgets.search.tuner import TuneResult, tune
+from accel_widgets.search.tuner import tune
 
 SUBSET: dict[str, tuple[Any, ...]] = {
     "num_workers": (0, 1, 2),
@@ -85,7 +87,7 @@ class QuietBursts:
             self.gate.wait()
             started = time.perf_counter()
             result = aw.run_burst(workload, config, **kwargs)
-            foreign = result.foreign_cpu_pct
+            foreign = foreign_cpu_pct(result)
             if foreign is None or foreign < THRESHOLDS.unreliable_other_load_pct or attempt == RETRIES:
                 break
             self.discarded += 1
@@ -103,7 +105,7 @@ def burst(engine: QuietBursts, workload: aw.Workload, config: aw.Config, steps: 
 def describe(result: aw.BurstResult) -> dict[str, Any]:
     return {"config": result.config.label(), "status": result.status, "samples_per_s": result.samples_per_s,
             "wall_s": result.wall_s, "step_relative_iqr": result.step_time.relative_iqr if result.step_time else None,
-            "foreign_cpu_pct": result.foreign_cpu_pct}
+            "foreign_cpu_pct": foreign_cpu_pct(result)}
 
 
 def run_grid(engine: QuietBursts, workload: aw.Workload, steps: int) -> tuple[list[aw.BurstResult], float]:
@@ -157,7 +159,7 @@ def measure(engine: QuietBursts, name: str, tuner_runs: int, compare_budget_s: f
                      "decisions": decisions(result), "burst_results": [describe(b) for b in result.bursts]})
         print(f"  tuner run {i + 1}: {result.best.label()} in {result.wall_s:.1f} s ({len(result.bursts)} bursts; "
               f"{result.stopped_reason}); vs grid best {'same config' if same else _against(against)}", flush=True)
-        print(textwrap.indent(result.summary(), "    "), flush=True)
+        print(textwrap.indent(aw.summary(result), "    "), flush=True)
     return {
         "workload": name,
         "steps": {"grid": grid_steps, "tuner": tuner_steps},

@@ -6,7 +6,8 @@ import hides a dependency, it does not remove it. The one cycle allowed is type-
 ``Config`` in annotations while ``Config`` is built from the registry. And the knob owners' hooks that change the model
 are reached through the registry alone, never by an owner's name. The engine's seam stays narrow: ``run_burst`` takes
 what changes from burst to burst and one ``BurstOptions`` for the rest, and every driver names its engine by the one
-``Engine`` protocol.
+``Engine`` protocol. Records hold outcomes: no record defines its own words or figures, and ``BurstResult`` stays
+small.
 """
 
 from __future__ import annotations
@@ -253,3 +254,48 @@ def test_engines_are_named_by_the_engine_protocol() -> None:
     spelled = [place for path in sorted(PACKAGE.rglob("*.py")) for place in untyped_engines(path)]
     assert not spelled, f"name these engines accel_widgets.engine.launcher.Engine, not {UNTYPED_ENGINE}:\n" + \
         "\n".join(spelled)
+
+
+#: The folders whose classes are records: what a burst, a comparison or a search measured. How a record reads (its
+#: words, its figures) is the views', so every face says and draws the same thing.
+RECORD_ROOMS = ("results", "search")
+#: What a record's reading would be called, were it a method of the record.
+READINGS = frozenset({"summary", "figure"})
+#: The most members ``BurstResult`` may have (:func:`test_burst_result_holds_outcomes_not_readings` counts them).
+BURST_RESULT_MEMBERS = 45
+
+
+def record_readings(path: Path) -> list[str]:
+    """Where a class in ``path`` defines a method (or property) named as a reading: ``file:line: Class.summary``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ClassDef):
+            found += [f"{path.relative_to(PACKAGE.parent)}:{item.lineno}: {node.name}.{item.name}" for item in node.body
+                      if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name in READINGS]
+    return found
+
+
+def test_records_hold_no_words_and_no_figures() -> None:
+    """A record in ``results/`` or ``search/`` defines no ``summary`` or ``figure``: its words are
+    ``accel_widgets.views.text.summary`` (``aw.summary``) and its figures ``accel_widgets.views.figures``, one reading
+    shared by the panel, the CLI and the report."""
+    paths = [path for room in RECORD_ROOMS for path in sorted((PACKAGE / room).rglob("*.py"))]
+    readings = [place for path in paths for place in record_readings(path)]
+    assert not readings, "move these readings to accel_widgets/views/ (text.py, figures.py):\n" + "\n".join(readings)
+
+
+def test_burst_result_holds_outcomes_not_readings() -> None:
+    """``BurstResult`` has at most ``BURST_RESULT_MEMBERS`` members: its dataclass fields, and every name its class
+    body defines (``vars(BurstResult)``: methods, properties, class methods, private helpers) except dunders, each name
+    counted once. It holds the records and the outcomes every face reads; a reading (how the burst used the machine,
+    how it compares, how it reads in words) is a function in the layer that needs it, so the record does not grow
+    with every new question asked of it."""
+    from dataclasses import fields
+
+    from accel_widgets.results.burst import BurstResult
+
+    defined = {name for name in vars(BurstResult) if not (name.startswith("__") and name.endswith("__"))}
+    members = defined | {f.name for f in fields(BurstResult)}
+    assert len(members) <= BURST_RESULT_MEMBERS, (
+        f"BurstResult has {len(members)} members, more than {BURST_RESULT_MEMBERS}: make the new reading a function of "
+        f"a result (accel_widgets/analysis/usage.py, analysis/compare.py, views/text.py):\n{sorted(members)}")

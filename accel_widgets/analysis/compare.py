@@ -1,6 +1,7 @@
-"""Runs against their baselines: each workload's baseline, every run's numbers against it, and the correctness
-guard's verdict against that same run, so a row's speed-up and its "changes training" always refer to one
-baseline. Plain data: the views (:mod:`accel_widgets.views.table`) decide how a row reads.
+"""Runs against their baselines: one result against another (speed-up, memory, scaling over ranks), each workload's
+baseline, every run's numbers against it, and the correctness guard's verdict against that same run, so a row's
+speed-up and its "changes training" always refer to one baseline. Plain data: the views
+(:mod:`accel_widgets.views.table`) decide how a row reads.
 """
 
 from __future__ import annotations
@@ -12,9 +13,41 @@ from typing import Any
 from ..knobs.config import Config
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
-from .guard import GuardVerdict, NoiseBand, check_training
+from ..results.noise import NoiseBand
+from ..results.reliability import reliability
+from .guard import GuardVerdict, check_training
+from .usage import energy, mean_utilisation_pct, mfu, mfu_basis, utilisation_note
 
 Row = dict[str, Any]
+
+
+def speedup(result: BurstResult, baseline: BurstResult) -> float | None:
+    """``result``'s samples/s over ``baseline``'s: one burst against one burst, with the drift between bursts in no
+    number (the comparison engine's interval is what settles a speed-up); None when either has no throughput."""
+    mine, theirs = result.samples_per_s, baseline.samples_per_s
+    return mine / theirs if mine and theirs else None
+
+
+def memory_ratio(result: BurstResult, baseline: BurstResult) -> float | None:
+    """Peak memory per rank (the busiest rank's) over ``baseline``'s, when both measured it the same way: what FSDP
+    saves against DDP, activation checkpointing against none. None when either lacks it."""
+    mine, theirs = result.peak_memory_bytes, baseline.peak_memory_bytes
+    if not mine or not theirs or result.memory_kind != baseline.memory_kind:
+        return None
+    return mine / theirs
+
+
+def scaling_efficiency(result: BurstResult, single_rank: BurstResult) -> float | None:
+    """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
+    mine, theirs = result.samples_per_s, single_rank.samples_per_s
+    return mine / (result.world_size * theirs) if mine and theirs else None
+
+
+def straggler_rank(result: BurstResult) -> int | None:
+    """The rank with the lowest throughput, when there are several: the one the others wait for at every step."""
+    if len(result.ranks) < 2:
+        return None
+    return min(result.ranks, key=lambda r: r.measured_samples / r.measured_s if r.measured_s else 0).rank
 
 
 def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None = None, *,
@@ -54,7 +87,7 @@ def _baselines(results: Sequence[BurstResult], baseline: BurstResult | None) -> 
 
 
 def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline_index: int | None) -> Row:
-    step = result.step_time
+    step, used, trusted = result.step_time, energy(result), reliability(result)
     return {
         "run": index,
         "workload": result.workload,
@@ -64,7 +97,7 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "status": result.status,
         "samples_per_s": result.samples_per_s,
         "tokens_per_s": result.tokens_per_s,
-        "speedup": result.speedup_over(baseline) if baseline is not None else None,
+        "speedup": speedup(result, baseline) if baseline is not None else None,
         "speedup_interval": None,
         "verdict": None,
         "min_effect": None,
@@ -75,20 +108,20 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),
         # Measured on a shared or stalling machine: not ranked, not shown as a plain speed-up (thresholds.py).
-        "unreliable": result.status == "ok" and not result.reliability.reliable,
-        "unreliable_why": result.reliability.text(),
-        "util_pct": result.mean_utilisation_pct,
-        "util_note": result.utilisation_note,
+        "unreliable": result.status == "ok" and not trusted.reliable,
+        "unreliable_why": trusted.text(),
+        "util_pct": mean_utilisation_pct(result),
+        "util_note": utilisation_note(result),
         "data_wait_pct": result.data_wait_share * 100 if result.data_wait_share is not None else None,
         "peak_mem_mib": result.peak_memory_bytes / 2**20 if result.peak_memory_bytes is not None else None,
         "compile_s": result.compile_s,
         "tflops": result.achieved_flops_per_s / 1e12 if result.achieved_flops_per_s else None,
-        "mfu_pct": result.mfu * 100 if result.mfu is not None else None,
-        "mfu_basis": result.mfu_basis,
-        "joules_per_sample": result.joules_per_sample,
-        "samples_per_joule": result.samples_per_joule,
-        "mean_power_w": result.mean_power_w,
-        "energy_note": result.energy_note,
+        "mfu_pct": share * 100 if (share := mfu(result)) is not None else None,
+        "mfu_basis": mfu_basis(result),
+        "joules_per_sample": used.joules_per_sample,
+        "samples_per_joule": used.samples_per_joule,
+        "mean_power_w": used.mean_power_w,
+        "energy_note": used.note,
         "error": _first_line(result.error.message) if result.error is not None else "",
     }
 

@@ -24,9 +24,32 @@ from ..knobs.memory import allocator_not_in_effect
 from ..knobs.parts import FREE_PARTS
 from ..metrics.thresholds import THRESHOLDS
 from ..metrics.units import si
-from ..results.burst import BROWSERS, BurstResult
+from ..results.burst import BurstResult
 from ..results.headspace import Headspace
+from ..results.reliability import (
+    BROWSERS,
+    caller_cpu_pct,
+    load_attribution,
+    other_load_pct,
+    other_processes,
+    reliability,
+)
+from .compare import speedup
 from .guard import GuardVerdict, check_training, frozen_augmentation
+from .usage import (
+    allocator_expandable,
+    allocator_slack_share,
+    energy,
+    iowait_pct,
+    loader_cpu_pct,
+    mean_activity_pct,
+    mean_utilisation_pct,
+    mfu,
+    mfu_basis,
+    peak_reserved_bytes,
+    read_amplification,
+    utilisation_note,
+)
 
 Severity = Literal["warn", "info", "good"]
 
@@ -176,14 +199,14 @@ def _diverged(result: BurstResult, here: _Here) -> Finding:
 def _reliability(result: BurstResult) -> list[Finding]:
     """Whether the numbers measured the knobs or the neighbours, and whose load it was."""
     step = result.step_time
-    reliability = result.reliability
-    if not reliability.reliable:
-        return [Finding("warn", "Unreliable measurement", f"{reliability.text()}. {_load_advice(result)}Re-measure it "
+    trusted = reliability(result)
+    if not trusted.reliable:
+        return [Finding("warn", "Unreliable measurement", f"{trusted.text()}. {_load_advice(result)}Re-measure it "
                         "against its baseline (Re-measure in the panel, aw.remeasure: an interval and a verdict) "
                         "before ranking it.")]
-    other = (result.foreign_cpu_pct or 0.0) + (result.caller_cpu_pct or 0.0)
+    other = other_load_pct(result) or 0.0
     busy = other >= THRESHOLDS.other_load_notice_pct
-    load = f"other load took ~{other:.0f}% of the machine ({result.load_attribution()})" if busy else ""
+    load = f"other load took ~{other:.0f}% of the machine ({load_attribution(result)})" if busy else ""
     if step is not None and step.noisy:
         if step.n < THRESHOLDS.min_steps_for_spread:
             detail = f"only {step.n} measured steps: run a longer burst before trusting the median."
@@ -203,9 +226,9 @@ def _load_advice(result: BurstResult) -> str:
     """What to do about the largest load that was measured: a browser drawing live plots, the process that
     launched the burst, or another job."""
     cores = result.environment.get("cpu_count") or 1
-    others = result.other_processes()
+    others = other_processes(result)
     browser = sum(pct for program, pct in others if program in BROWSERS)
-    caller = (result.caller_cpu_pct or 0.0) * cores
+    caller = (caller_cpu_pct(result) or 0.0) * cores
     job, job_pct = next(((p, pct) for p, pct in others if p not in BROWSERS), ("", 0.0))
     largest = max(browser, caller, job_pct)
     if largest < THRESHOLDS.process_notice_core_pct:
@@ -246,7 +269,7 @@ def _shares(result: BurstResult, here: _Here) -> list[_Share]:
         freed = headspace.share_freed(part) if headspace is not None else None
         if freed is not None:
             shares[part] = _Share(part, freed, _ceiling_how(headspace, part))
-    util = result.mean_utilisation_pct
+    util = mean_utilisation_pct(result)
     if "host" not in shares and _on_gpu(result) and util is not None and util < THRESHOLDS.util_ok_pct:
         shares["host"] = _Share("host", 1 - util / 100, f"the GPU idles (busy {util:.0f}% of the time)")
     rest = max(0.0, 1.0 - sum(s.share for s in shares.values()))
@@ -299,13 +322,13 @@ def _limiter(result: BurstResult, here: _Here) -> list[Finding]:
 def _data_symptom(result: BurstResult, here: _Here, head: str) -> tuple[Symptom, str]:
     """Which data symptom the data limit reads as: the disk (I/O wait), a loader starved of cores (the machine busy
     while it waits), or the wait itself; with the numbers that told."""
-    iowait = result.iowait_pct
+    iowait = iowait_pct(result)
     if iowait is not None and iowait >= THRESHOLDS.iowait_notice_pct:
         return "disk_bound", f"{head}; the CPUs waited on I/O {iowait:.0f}% of the time"
     host = [t.host_util_pct for t in result.measured_telemetry() if t.host_util_pct is not None]
     busy = sum(host) / len(host) if host else None
     if busy is not None and busy >= THRESHOLDS.host_saturated_pct and _remedy("starved_loader", here) is not None:
-        loader = result.loader_cpu_pct
+        loader = loader_cpu_pct(result)
         share = f" (the loader workers used {loader:.0f}% of it)" if loader is not None else ""
         return "starved_loader", (f"{head}; the machine's CPU was {busy:.0f}% busy{share}: the loader is starved of "
                                   "cores")
@@ -341,7 +364,7 @@ def _compute_bound(head: str, here: _Here, closed: str) -> Finding:
 def _stream_reads(result: BurstResult, here: _Here) -> list[Finding]:
     """A stream the tool deals out item by item is read in full by every reader, which keeps only its share:
     decoding costs that many times over, and more loader workers can measure slower for it."""
-    amplification, stream = result.read_amplification, result.stream
+    amplification, stream = read_amplification(result), result.stream
     if amplification is None or stream is None or amplification < THRESHOLDS.read_amplification_notice:
         return []
     readers = " x ".join(f"{count} {what}" for count, what in ((result.world_size, "ranks"),
@@ -361,25 +384,26 @@ def _stream_reads(result: BurstResult, here: _Here) -> list[Finding]:
 def _utilisation(result: BurstResult) -> list[Finding]:
     """The device's utilisation as context (the limiter reads what it means): a window too short for NVML's averages
     says so instead."""
-    util = result.mean_utilisation_pct
+    util = mean_utilisation_pct(result)
     what = "GPU" if _on_gpu(result) else "worker CPU"
     if util is not None and util >= THRESHOLDS.util_ok_pct:
         return [Finding("good", "Device kept busy", f"{what} at {util:.0f}% (rule of thumb: > 80%).")]
     if util is not None:
         return [Finding("info", "Utilisation below 80%", f"{what} at {util:.0f}%: the limiter above says where the "
                         "rest goes.")]
-    if result.utilisation_note.startswith("too short"):
-        return [Finding("info", "Utilisation not read", f"{result.utilisation_note}.")]
+    note = utilisation_note(result)
+    if note.startswith("too short"):
+        return [Finding("info", "Utilisation not read", f"{note}.")]
     return []
 
 
 def _tensor_cores(result: BurstResult, here: _Here) -> list[Finding]:
     """Utilisation says a kernel ran; GPM says whether the tensor cores did the work. A busy GPU whose tensor cores
     idle runs its math elsewhere: fp32 matmuls, or a step of elementwise and memory-bound kernels."""
-    tensor, util = result.mean_tensor_active_pct, result.mean_utilisation_pct
+    tensor, util = mean_activity_pct(result, "tensor_active_pct"), mean_utilisation_pct(result)
     if util is None or tensor is None or util < THRESHOLDS.util_ok_pct or tensor >= THRESHOLDS.tensor_active_low_pct:
         return []
-    sm = result.mean_sm_active_pct
+    sm = mean_activity_pct(result, "sm_active_pct")
     sms = f", SMs active {sm:.0f}%" if sm is not None else ""
     head = f"utilisation {util:.0f}% but tensor cores active {tensor:.0f}%{sms} (NVML GPM)"
     if _remedy("tensor_cores_idle", here) is None:
@@ -407,14 +431,14 @@ def _memory(result: BurstResult, here: _Here) -> list[Finding]:
 
 def _allocator(result: BurstResult) -> list[Finding]:
     """The allocator's own word on its segments against what the memory owner's knob asked for."""
-    why = allocator_not_in_effect(result.config, result.allocator_expandable)
+    why = allocator_not_in_effect(result.config, allocator_expandable(result))
     return [] if why is None else [Finding("warn", "Expandable segments not in effect", f"{why.text}.", why.knob)]
 
 
 def _slack(result: BurstResult, here: _Here) -> list[Finding]:
     """The CUDA caching allocator reserved much more than it ever had allocated at once: memory held in blocks the
     next tensors did not fit (fragmentation), which a real run can run out of memory on."""
-    slack, reserved = result.allocator_slack_share, result.peak_reserved_bytes
+    slack, reserved = allocator_slack_share(result), peak_reserved_bytes(result)
     if slack is None or reserved is None or slack < THRESHOLDS.allocator_slack_notice_share:
         return []
     return [_advised("info", "Allocator holds unused memory", f"the allocator reserved {reserved / 2**20:,.0f} MiB and "
@@ -441,13 +465,13 @@ def _parallel(result: BurstResult, here: _Here) -> list[Finding]:
 
 
 def _math(result: BurstResult) -> list[Finding]:
-    achieved, mfu = result.achieved_flops_per_s, result.mfu
+    achieved, share = result.achieved_flops_per_s, mfu(result)
     if achieved is None:
         return []
-    if mfu is None:
+    if share is None:
         return [Finding("info", "Model math", f"{si(achieved, 'FLOP/s')} of matmul/conv work sustained.")]
-    return [Finding("info", "Model FLOPs utilisation", f"{mfu:.1%} of the GPU's dense peak, each FLOP at the peak of "
-                    f"its math ({result.mfu_basis}; {si(achieved, 'FLOP/s')}).")]
+    return [Finding("info", "Model FLOPs utilisation", f"{share:.1%} of the GPU's dense peak, each FLOP at the peak of "
+                    f"its math ({mfu_basis(result)}; {si(achieved, 'FLOP/s')}).")]
 
 
 # -- what the compiler did -------------------------------------------------------------------------
@@ -515,14 +539,15 @@ def _energy_saving(result: BurstResult, baseline: BurstResult) -> list[Finding]:
     """Time and energy per sample against the baseline. A speed-up usually saves energy too, but not always
     in proportion: a knob that keeps the device busier draws more power while it saves time. Where either
     run's energy was not measured there is no finding (the table's hover says why)."""
-    mine, theirs = result.joules_per_sample, baseline.joules_per_sample
-    speedup = result.speedup_over(baseline)
-    if mine is None or theirs is None or speedup is None:
+    used = energy(result)
+    mine, theirs = used.joules_per_sample, energy(baseline).joules_per_sample
+    ratio = speedup(result, baseline)
+    if mine is None or theirs is None or ratio is None:
         return []
-    time_saved, energy_saved = 1 - 1 / speedup, 1 - mine / theirs
+    time_saved, energy_saved = 1 - 1 / ratio, 1 - mine / theirs
     changes = result.config.label(baseline.config)
     detail = (f"{changes}: {_change(time_saved)} time and {_change(energy_saved)} energy per sample than the "
-              f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {result.energy_note}).")
+              f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {used.note}).")
     severity: Severity = "good" if time_saved > 0 and energy_saved > 0 else "info"
     return [Finding(severity, "Energy per sample", detail)]
 

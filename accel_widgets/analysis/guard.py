@@ -10,9 +10,10 @@ baseline's and says ``"changes_training"`` when:
 - an fp16 GradScaler keeps skipping optimizer steps (the engine's per-rank count);
 - a data cache froze random augmentation to one draw per item (the engine's warning on the result);
 - the smoothed trajectory leaves the baseline's by more than noise explains: more than reseeding the
-  baseline's data moves it (a :class:`NoiseBand`, when measured) and more than the precision in use does.
+  baseline's data moves it (a :class:`~accel_widgets.results.noise.NoiseBand`, when measured) and more than the
+  precision in use does.
 
-Randomly augmented data needs no band where its draws are keyed to the item (``BurstResult.keyed_data``: two
+Randomly augmented data needs no band where its draws are keyed to the item (``RankSummary.keyed_data``: two
 reads under one key agree, :mod:`~accel_widgets.data.keyed`): every item then draws the same whichever process
 reads it, so loader workers, pinning, prefetching, persistence and a cache that froze nothing leave the batches
 as they were, and an fp32 run traces its fp32 baseline exactly. Only an augmentation that draws from a generator
@@ -39,11 +40,12 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..knobs.data import reseeding_factors
 from ..knobs.precision import LOSS_TOLERANCE_AT_START
 from ..results.burst import BurstResult
+from ..results.noise import NoiseBand
 
 if TYPE_CHECKING:
     from ..results.history import RunHistory
@@ -104,32 +106,11 @@ class GuardVerdict:
     beyond_tolerance: bool = False
 
 
-@dataclass(frozen=True)
-class NoiseBand:
-    """How far the fp32 baseline's own smoothed loss moves when only its data seed changes.
-
-    ``spread`` is the largest deviation of a reseeded baseline from the baseline, rescaled to one batch:
-    ``deviation * sqrt(losses in the running mean)``. Batch-to-batch noise averages down in the running mean
-    (one loss at step 0, ``SMOOTHING_WINDOW`` from then on), so :meth:`deviation_at` gives it back that shape:
-    wide at the first steps, narrower once the mean covers a full window. Drift between the trajectories,
-    which does not average down, is in the spread too (the largest value over every step counts).
-    ``steps``: how many steps the reseeded bursts covered; later steps get the full-window value.
-    """
-
-    spread: float
-    steps: int
-    data_seeds: tuple[int, ...]
-
-    def deviation_at(self, position: int) -> float:
-        """What reseeding the data moves the smoothed loss by at the ``position``-th compared step (0-based)."""
-        return self.spread / math.sqrt(min(position + 1, SMOOTHING_WINDOW))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"spread": self.spread, "steps": self.steps, "data_seeds": list(self.data_seeds)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> NoiseBand:
-        return cls(float(data["spread"]), int(data["steps"]), tuple(int(s) for s in data["data_seeds"]))
+def deviation_at(band: NoiseBand, position: int) -> float:
+    """What reseeding the data moves the smoothed loss by at the ``position``-th compared step (0-based): the band's
+    one-batch spread averaged down over the losses the running mean holds there (one at step 0, ``SMOOTHING_WINDOW``
+    from then on), wide at the first steps and narrower once the mean covers a full window."""
+    return band.spread / math.sqrt(min(position + 1, SMOOTHING_WINDOW))
 
 
 # -- which runs can be compared -------------------------------------------------------------------
@@ -255,7 +236,8 @@ _RANDOM_DATA = (
 def _unkeyed_draws(result: BurstResult) -> bool:
     """Whether ``result``'s data draws randomly from something its items' keys do not set (or its keys are not
     known: a result from before them), so that its batches may depend on the loader's workers."""
-    return bool(result.random_data) and result.keyed_data is not True
+    first = result.ranks[0] if result.ranks else None  # rank 0 checks its data for every rank
+    return first is not None and bool(first.random_data) and first.keyed_data is not True
 
 
 def tolerance(precision: str, step: int) -> float:
@@ -426,7 +408,7 @@ class _Comparison:
         return [max(tolerance(self.precision, s), self._noise_tolerance(i)) for i, s in enumerate(self.steps)]
 
     def _noise_tolerance(self, position: int) -> float:
-        return 0.0 if self.noise is None else NOISE_MARGIN * self.noise.deviation_at(position)
+        return 0.0 if self.noise is None else NOISE_MARGIN * deviation_at(self.noise, position)
 
     def _explain_tolerance(self, position: int) -> str:
         """Where the tolerance at ``position`` comes from: the noise band, or the precision floor."""

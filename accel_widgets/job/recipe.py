@@ -86,7 +86,16 @@ def recipe(config: Config, workload: Workload | None = None, style: Style = "pyt
 
 def recipe_of(result: BurstResult, style: Style = "pytorch") -> Recipe:
     """A finished run's settings as code: its config, with the batch size it trained (a result holds no workload)."""
-    return _written(result.config, RecipeContext(batch_size=result.batch_size), style, result.workload)
+    return _written(result.config, RecipeContext(batch_size=_trained_batch_size(result)), style, result.workload)
+
+
+def _trained_batch_size(result: BurstResult) -> int | None:
+    """Samples per micro-batch on one rank, as the burst trained them: a step's samples over its micro-batches (None
+    before a step, or without the owners' facts)."""
+    first = next((s for s in result.steps if s.rank == 0), None)
+    if first is None or result.facts is None:
+        return None
+    return first.samples // result.facts.micro_batches
 
 
 def _written(config: Config, context: RecipeContext, style: Style, workload_name: str | None) -> Recipe:

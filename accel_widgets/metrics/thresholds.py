@@ -52,6 +52,9 @@ class Thresholds:
     unreliable_relative_iqr: float = 0.50  # step IQR/median from which a run cannot rank a knob
     unreliable_other_load_pct: float = 25.0  # other processes' share of the machine that makes a run unreliable
     process_notice_core_pct: float = 5.0  # a process named in a run's load attribution (% of one core)
+    # A measured window needs this many of NVML's averaging periods (utilisation, power) for the readings settled
+    # inside it to say anything; a shorter one is "too short to read".
+    min_periods_per_window: float = 2.0
 
 
 THRESHOLDS = Thresholds()

@@ -28,6 +28,11 @@ def significant(value: float, digits: int = 3) -> str:
     return f"{value:,.{decimals(value, digits)}f}"
 
 
+def bytes_text(value: int) -> str:
+    """A memory size as people read one: GiB from 1 GiB up ("1.50 GiB"), MiB below it ("812 MiB")."""
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.0f} MiB"
+
+
 _SI_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 

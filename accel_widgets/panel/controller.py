@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal, TypedDict
 
 from ..analysis.estimate import Estimate, estimate
-from ..analysis.guard import NoiseBand, cached_noise
+from ..analysis.guard import cached_noise
 from ..engine.launcher import Engine, Event, added_options
 from ..engine.outcome import BurstError
 from ..engine.request import BurstOptions
@@ -28,17 +28,19 @@ from ..inputs.workload import Workload
 from ..knobs import data
 from ..knobs.config import Config
 from ..knobs.rules import ConfigError
+from ..results.batchsize import BatchSizeSearch, BatchTry
 from ..results.burst import BurstResult, ErrorInfo, StepRecord, TelemetrySample
 from ..results.comparison import Comparison
 from ..results.headspace import Headspace
 from ..results.history import HistoryError, RunHistory, workload_fingerprint
-from ..search.batchsize import BatchSizeSearch, BatchTry, find_batch_size
+from ..results.noise import NoiseBand
+from ..results.tune import TuneResult, TuneStep
+from ..search.batchsize import find_batch_size
 from ..search.bursts import Bursts, Contender, Failed
 from ..search.compare import DEFAULT_BUDGET_S, WINDOW_S, Progress, measure_pairs
 from ..search.headspace import headspace
 from ..search.ladder import LADDER_WINDOW_S, classic_ladder, ladder_pairs
 from ..search.remeasure import remeasure
-from ..search.tuner import TuneResult, TuneStep
 from ..views.comparison import interval_text, outcome_text, verdict_text
 from ..views.estimate import fit_text, measured_text
 from ..views.headspace import headspace_lines

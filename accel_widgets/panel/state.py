@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.compare import RunRow, run_rows
 from ..analysis.diagnosis import Finding, Severity, diagnose
-from ..analysis.guard import NoiseBand
 from ..inputs.device import DeviceInfo
 from ..knobs import KNOBS, Knob
 from ..knobs.config import Config
 from ..knobs.rules import RULES, ConfigError, check_config, knob_availability
 from ..results.burst import BurstResult, ProfileCapture, StepRecord, TelemetrySample
 from ..results.comparison import Comparison
+from ..results.noise import NoiseBand
 from ..views.comparison import comparison_sentence
 from ..views.style import LOADED_MARK, run_name
 
 if TYPE_CHECKING:
+    from ..results.batchsize import BatchSizeSearch
     from ..results.headspace import Headspace
-    from ..search.batchsize import BatchSizeSearch
-    from ..search.tuner import TuneResult
+    from ..results.tune import TuneResult
 
 Part = Literal["runs", "points", "shown", "draft", "status", "progress", "action", "reading", "profile", "live",
                "replaced", "batch", "headspace", "fit"]

@@ -27,10 +27,12 @@ from ..knobs.config import Config
 from ..results.burst import BurstResult, ProfileCapture
 from ..results.comparison import Comparison
 from ..results.history import RunHistory
-from ..search.tuner import TuneResult, tune
-from ..views.figures import COMPARISONS, comparison_figures
+from ..results.tune import TuneResult
+from ..search.tuner import tune
+from ..views.figures import COMPARISONS, batch_size_figure, comparison_figures
 from ..views.headspace import ceilings_html
 from ..views.style import findings_html, themed
+from ..views.text import summary
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import HistoryArg, Length, PanelController, Tuner, length_kwargs
 from .controls import KNOBS_PX, KnobControls
@@ -239,7 +241,7 @@ class TuningPanel:
         self.set_config(Config())
 
     def wait(self, timeout: float | None = None) -> BurstResult | None:
-        """Block until the running action finishes and return the last run it finished (``panel.wait().summary()``
+        """Block until the running action finishes and return the last run it finished (``aw.summary(panel.wait())``
         after ``panel.run_burst()``); None when it finished no run (Load earlier runs, Find batch size) or when
         ``timeout`` passed first (``panel.running`` is then still True)."""
         return self.controller.last_run if self.controller.wait(timeout) else None
@@ -422,9 +424,9 @@ class TuningPanel:
         if search is None:
             self.batch_view.children, self.batch_view.layout.display = (), "none"
             return
-        figure = go.FigureWidget(search.figure())
+        figure = go.FigureWidget(batch_size_figure(search))
         self._fit_figure(figure)
-        self.batch_view.children = (figure, w.HTML(f"<pre style='font-size: 0.85em;'>{html.escape(search.summary())}"
+        self.batch_view.children = (figure, w.HTML(f"<pre style='font-size: 0.85em;'>{html.escape(summary(search))}"
                                                    "</pre>"))
         self.batch_view.layout.display = None
 

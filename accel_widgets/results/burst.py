@@ -1,14 +1,17 @@
-"""What a burst measured: raw step and telemetry records, plus the statistics derived from them.
+"""What a burst measured: raw step and telemetry records, plus the outcomes derived from them.
 
 A ``BurstResult`` stores only raw data (every step of every rank, every telemetry sample, one summary
-per rank); the headline numbers are computed from it, so a result loaded back from JSON gives exactly
-the same numbers as the live one, and ranks merge by concatenation.
+per rank); its headline outcomes (throughput, step time, where the step went, peak memory, compile time, model
+FLOP/s, whether it trained) are computed from it, so a result loaded back from JSON gives exactly the same numbers
+as the live one, and ranks merge by concatenation. Every other reading is a function of a result, in the layer that
+needs it: whether it can rank a knob (:mod:`.reliability`), how it used the machine
+(:mod:`accel_widgets.analysis.usage`), how it compares (:mod:`accel_widgets.analysis.compare`), how it reads in
+words (:mod:`accel_widgets.views.text`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -20,22 +23,11 @@ from ..knobs import CodePaths, Facts
 from ..knobs.base import Part
 from ..knobs.compiling import CompileReport
 from ..knobs.config import Config
-from ..metrics.energy import counter_energy_j, integrated_energy_j, value_at
-from ..metrics.flops import peak_flops
+from ..metrics.energy import EnergyScope
 from ..metrics.stats import Summary, summarize
-from ..metrics.thresholds import THRESHOLDS
 
 #: "diverged": the burst finished and has its numbers, but a loss went NaN/inf, so it did not train.
 Status = Literal["ok", "diverged", "failed", "stopped", "timeout"]
-
-#: NVML's utilisation is the share of the past sample period a kernel ran, that period 1/6 s to 1 s by the
-#: product: the longest is assumed, so a reading kept for the window never reaches back into warm-up.
-NVML_UTILISATION_PERIOD_S = 1.0
-#: NVML's power is averaged over the past second on GA10x (compute capability 8.6) and newer, Hopper
-#: included; GA100 (8.0) and older report it instantaneously.
-NVML_POWER_PERIOD_S = 1.0
-#: A window needs this many averaging periods for its settled readings to say anything (below: "too short").
-MIN_PERIODS_PER_WINDOW = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,13 +46,6 @@ class StepRecord:
     warmup: bool = False
     tokens: int | None = None  # real tokens (attention mask) this rank's step trained on, when known
 
-
-#: Programs that draw web pages (as telemetry labels them): their load during a burst is usually a live view.
-BROWSERS = frozenset({"chromium", "chrome", "google-chrome", "headless_shell", "firefox", "msedge", "brave", "opera",
-                      "safari", "vivaldi"})
-
-#: What a telemetry sample's power and energy readings cover (see :class:`TelemetrySample`).
-EnergyScope = Literal["gpu", "mig", "cpu_package"]
 
 
 @dataclass(frozen=True)
@@ -195,23 +180,6 @@ class RankSummary:
 
 
 @dataclass(frozen=True)
-class Reliability:
-    """Whether a run's numbers can rank a knob. Step times that spread past half their median, or a machine
-    shared with other load past a quarter of its CPU (:mod:`~accel_widgets.metrics.thresholds`), measure the neighbours
-    as much as the knob: such a run is marked, kept out of rankings and offered a re-measure against its baseline.
-    ``reasons`` say why, with the numbers; none means reliable."""
-
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def reliable(self) -> bool:
-        return not self.reasons
-
-    def text(self) -> str:
-        return "; ".join(self.reasons)
-
-
-@dataclass(frozen=True)
 class ErrorInfo:
     """Why a burst did not finish: the root-cause rank, its message and its own traceback."""
 
@@ -223,7 +191,8 @@ class ErrorInfo:
 
 @dataclass
 class BurstResult:
-    """Everything one burst measured. Numbers are properties derived from the raw records."""
+    """Everything one burst measured, and its headline outcomes as properties derived from the raw records; every
+    other reading of it is a function elsewhere (the module's docstring says where)."""
 
     workload: str
     config: Config
@@ -254,15 +223,6 @@ class BurstResult:
         return [s for s in self.steps if not s.warmup and (rank is None or s.rank == rank)]
 
     @property
-    def batch_size(self) -> int | None:
-        """Samples per micro-batch on one rank, as the burst trained them: a step's samples over its micro-batches
-        (None before a step, or without the owners' facts)."""
-        first = next((s for s in self.steps if s.rank == 0), None)
-        if first is None or self.facts is None:
-            return None
-        return first.samples // self.facts.micro_batches
-
-    @property
     def samples_per_s(self) -> float | None:
         """Steady-state throughput summed over ranks (each rank: its samples over its own window)."""
         rates = [r.measured_samples / r.measured_s for r in self.ranks if r.measured_s > 0]
@@ -290,24 +250,19 @@ class BurstResult:
         times = self.step_times()
         return summarize(times) if times else None
 
-    def _share(self, attribute: str) -> float | None:
-        measured = self.measured_steps()
-        total = sum(s.total_s for s in measured)
-        return sum(getattr(s, attribute) for s in measured) / total if total > 0 else None
-
     @property
     def data_wait_share(self) -> float | None:
         """Share of measured step time spent blocked on the data loader."""
-        return self._share("data_s")
+        return _share(self.measured_steps(), "data_s")
 
     @property
     def h2d_share(self) -> float | None:
         """Share of measured step time spent copying batches to the device."""
-        return self._share("h2d_s")
+        return _share(self.measured_steps(), "h2d_s")
 
     @property
     def compute_share(self) -> float | None:
-        return self._share("compute_s")
+        return _share(self.measured_steps(), "compute_s")
 
     @property
     def peak_memory_bytes(self) -> int | None:
@@ -316,37 +271,6 @@ class BurstResult:
     @property
     def memory_kind(self) -> str | None:
         return self.ranks[0].memory_kind if self.ranks else None
-
-    @property
-    def peak_reserved_bytes(self) -> int | None:
-        """The CUDA caching allocator's reserved peak on the busiest rank (the memory the device really held for the
-        burst); None on a CPU or for a result recorded before it was."""
-        reserved = [r.peak_reserved_bytes for r in self.ranks if r.peak_reserved_bytes is not None]
-        return max(reserved) if reserved and len(reserved) == len(self.ranks) else None
-
-    @property
-    def model_state_bytes(self) -> int | None:
-        """Parameters, gradients and optimizer state the busiest rank held: what FSDP divides by the ranks (DDP keeps
-        all of it on every rank). Counted from the tensors, so on a CPU it shows what RSS hides under the heap's
-        caching. None for a result recorded before it was."""
-        counted = [r.model_state_bytes for r in self.ranks if r.model_state_bytes is not None]
-        return max(counted) if counted and len(counted) == len(self.ranks) else None
-
-    @property
-    def allocator_expandable(self) -> bool | None:
-        """Whether every rank's CUDA allocator had expandable segments, read from the allocator itself (what the
-        expandable_segments knob asked for, or a setting of the user's own): False when any rank's were fixed, None
-        where no rank could say."""
-        read = [r.allocator_expandable for r in self.ranks if r.allocator_expandable is not None]
-        return all(read) if read else None
-
-    @property
-    def allocator_slack_share(self) -> float | None:
-        """The share of the reserved peak the allocator never handed out at once: ``1 - allocated / reserved`` (peaks
-        of the same rank). Reserved memory that was never allocated at the same time is held in blocks too small or
-        too scattered for what came next (fragmentation); expandable segments shrink it. None off CUDA."""
-        shares = [1 - r.peak_memory_bytes / r.peak_reserved_bytes for r in self.ranks if r.peak_reserved_bytes]
-        return max(shares) if shares and len(shares) == len(self.ranks) else None
 
     @property
     def first_step_s(self) -> float | None:
@@ -363,13 +287,6 @@ class BurstResult:
     def compile_report(self) -> CompileReport | None:
         """What torch.compile did, over the ranks (:meth:`CompileReport.merged`); None where nothing was compiled."""
         return CompileReport.merged([r.compile_report for r in self.ranks if r.compile_report is not None])
-
-    @property
-    def straggler_rank(self) -> int | None:
-        """The rank with the lowest throughput, when there are several."""
-        if len(self.ranks) < 2:
-            return None
-        return min(self.ranks, key=lambda r: r.measured_samples / r.measured_s if r.measured_s else 0).rank
 
     def losses(self, rank: int = 0) -> list[float | None]:
         return [s.loss for s in self.steps if s.rank == rank]
@@ -417,84 +334,6 @@ class BurstResult:
         start, end = window
         return [t for t in self.telemetry if start <= t.t <= end]
 
-    def settled_telemetry(self, period_s: float, source: str = "nvml") -> list[TelemetrySample]:
-        """The measured window's samples from ``source`` whose trailing average of ``period_s`` lies inside the
-        window: read at least one period after it began (a reading averages the time before it was taken)."""
-        window = self.measured_window()
-        samples = [t for t in self.measured_telemetry() if t.source == source]
-        return samples if window is None else [t for t in samples if t.t >= window[0] + period_s]
-
-    def too_short_for(self, period_s: float) -> bool:
-        """Whether the measured window is shorter than ``MIN_PERIODS_PER_WINDOW`` averaging periods."""
-        window = self.measured_window()
-        return window is not None and window[1] - window[0] < MIN_PERIODS_PER_WINDOW * period_s
-
-    @property
-    def mean_utilisation_pct(self) -> float | None:
-        """Mean device utilisation over the measured window (GPUs that do not report it left out); None when
-        the window is too short to read NVML's trailing averages (:attr:`utilisation_note` says so).
-
-        GPU readings count from one averaging period into the window; the workers' CPU share (psutil) is
-        a delta over the sampler's own tick, which the window already bounds."""
-        if self._utilisation_too_short():
-            return None
-        gpus = self.settled_telemetry(NVML_UTILISATION_PERIOD_S)
-        values = [t.util_pct for t in [*gpus, *self.settled_telemetry(0.0, "psutil")] if t.util_pct is not None]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def utilisation_note(self) -> str:
-        """How :attr:`mean_utilisation_pct` was read, or why it was not, then what GPM says of the chip inside that
-        time (:meth:`activity_text`): the table's hover and the summary's line."""
-        window = self.measured_window()
-        activity = f"; {text}" if (text := self.activity_text()) else ""
-        if self._utilisation_too_short() and window is not None:
-            return (f"too short to read: NVML's utilisation averages the last {NVML_UTILISATION_PERIOD_S:g} s, and "
-                    f"the measured window is {window[1] - window[0]:.1f} s (measure at least "
-                    f"{MIN_PERIODS_PER_WINDOW * NVML_UTILISATION_PERIOD_S:g} s){activity}")
-        if self.mean_utilisation_pct is None:
-            return f"no utilisation readings in the measured window{activity}"
-        if any(t.source == "nvml" for t in self.telemetry):
-            return (f"NVML's readings taken at least {NVML_UTILISATION_PERIOD_S:g} s into the measured window "
-                    f"(each averages the time before it was read){activity}")
-        return "the workers' CPU use as a share of the machine's cores (psutil)"
-
-    def mean_activity_pct(self, field: str) -> float | None:
-        """The mean of one GPM metric (``"sm_active_pct"``, ``"sm_occupancy_pct"``, ``"tensor_active_pct"``,
-        ``"dram_bw_pct"``) over the measured window, every GPU's readings together: each reading covers the time
-        since its device's previous sample, so a reading counts only when that whole interval lies in the window.
-        None where the GPUs have no GPM (before Hopper, a MIG instance) or no interval fits the window."""
-        window = self.measured_window()
-        if window is None:
-            return None
-        values = [value for samples in _by_device(self.telemetry).values()
-                  for before, after in itertools.pairwise(samples)
-                  if (value := getattr(after, field)) is not None and before.t >= window[0] and after.t <= window[1]]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def mean_sm_active_pct(self) -> float | None:
-        """The share of the GPUs' SMs busy over the measured window (GPM; DCGM's "SM active")."""
-        return self.mean_activity_pct("sm_active_pct")
-
-    @property
-    def mean_tensor_active_pct(self) -> float | None:
-        """The share of the measured window the tensor cores were busy (GPM): low with high utilisation, the math
-        runs off them (fp32, or elementwise work)."""
-        return self.mean_activity_pct("tensor_active_pct")
-
-    def activity_text(self) -> str:
-        """``SM active 61%, tensor cores active 12%, SM occupancy 25%, DRAM bandwidth 35% (NVML GPM)``; "" without."""
-        named = (("SM active", "sm_active_pct"), ("tensor cores active", "tensor_active_pct"),
-                 ("SM occupancy", "sm_occupancy_pct"), ("DRAM bandwidth", "dram_bw_pct"))
-        parts = [f"{name} {value:.0f}%" for name, field in named
-                 if (value := self.mean_activity_pct(field)) is not None]
-        return f"{', '.join(parts)} (NVML GPM)" if parts else ""
-
-    def _utilisation_too_short(self) -> bool:
-        nvml = any(t.source == "nvml" and t.util_pct is not None for t in self.measured_telemetry())
-        return nvml and self.too_short_for(NVML_UTILISATION_PERIOD_S)
-
     @property
     def profile(self) -> ProfileCapture | None:
         """Rank 0's profiler capture, when the burst was run with ``profile_steps``."""
@@ -508,63 +347,9 @@ class BurstResult:
         return sum(rates) if rates and len(rates) == len(self.ranks) else None
 
     @property
-    def mfu(self) -> float | None:
-        """Model FLOPs utilisation: the share of the measured time the GPUs would need at their dense peak,
-        each FLOP at the peak of the math it ran in (:attr:`mfu_basis`), ``sum(flops_i / peak_i) / time``
-        over the GPUs in use; None on a CPU, on a GPU not in the peak table, or for math without a peak.
-
-        A result stored before FLOPs were counted per op charges all of them the matmuls' math."""
-        achieved = self.achieved_flops_per_s
-        if achieved is None or self.environment.get("device_kind") != "cuda":
-            return None
-        shares = self._flop_shares()
-        device = str(self.environment.get("device_name", ""))
-        peaks = [peak_flops(device, key.partition(":")[2]) for key in shares]
-        if not all(peaks):
-            return None
-        busy = sum(achieved * share / (peak or math.inf) for share, peak in zip(shares.values(), peaks, strict=True))
-        return busy / self.gpus_used if self.gpus_used else None
-
-    @property
-    def mfu_basis(self) -> str:
-        """Which math MFU charged the FLOPs at: "FLOPs: 98% convs in tf32, 2% matmuls in fp32"; "" without FLOPs."""
-        shares = sorted(self._flop_shares().items(), key=lambda item: -item[1])
-        parts = [f"{share:.0%} {'ops' if op == 'all' else op + 's'} in {math_}"
-                 for (op, _, math_), share in ((key.partition(":"), share) for key, share in shares)]
-        return f"FLOPs: {', '.join(parts)}" if parts else ""
-
-    def _flop_shares(self) -> dict[str, float]:
-        """Each ``"<op class>:<math>"``'s share of the achieved FLOP/s, over every rank's counts."""
-        rates: dict[str, float] = {}
-        for r in self.ranks:
-            if not r.flops_per_sample or r.measured_s <= 0:
-                continue
-            split = r.flops_by_math or ({f"all:{self.facts.math}": r.flops_per_sample} if self.facts else {})
-            for key, flops in split.items():
-                rates[key] = rates.get(key, 0.0) + flops * r.measured_samples / r.measured_s
-        total = sum(rates.values())
-        return {key: rate / total for key, rate in rates.items()} if total > 0 else {}
-
-    @property
-    def gpus_used(self) -> int:
-        """GPUs the burst trained on (the parallel knob's account: every visible GPU for DataParallel)."""
-        return self.facts.gpus if self.facts is not None else 0
-
-    @property
     def code_paths(self) -> CodePaths | None:
         """The code paths the step ran, as rank 0 recorded them (None: not recorded, e.g. a result from before)."""
         return self.ranks[0].code_paths if self.ranks else None
-
-    @property
-    def random_data(self) -> bool | None:
-        """Whether two reads of the same item differ (random augmentation), as rank 0 found; None: not checked."""
-        return self.ranks[0].random_data if self.ranks else None
-
-    @property
-    def keyed_data(self) -> bool | None:
-        """Whether two reads of an item under one key agree (its draws keyed to the item, so the batches do not
-        depend on the loader's workers), as rank 0 found; None: not checked (a result from before keys)."""
-        return self.ranks[0].keyed_data if self.ranks else None
 
     @property
     def stream(self) -> StreamReading | None:
@@ -575,246 +360,6 @@ class BurstResult:
     def cache(self) -> CacheInfo | None:
         """What rank 0's data cache did (None: the config caches nothing)."""
         return self.ranks[0].cache if self.ranks else None
-
-    @property
-    def read_amplification(self) -> float | None:
-        """Items read from the stream per item trained on, over every rank (1.0: each item read once; 4.0: each
-        read by four readers, three of which dropped it). None for map-style data or before any item was kept."""
-        readings = [r.stream for r in self.ranks if r.stream is not None]
-        kept = sum(reading.items_kept for reading in readings)
-        return sum(reading.items_read for reading in readings) / kept if kept else None
-
-    @property
-    def loader_cpu_pct(self) -> float | None:
-        """Mean share of the machine's CPU used by DataLoader worker processes over the measured window."""
-        values = [t.loader_util_pct for t in self.measured_telemetry() if t.loader_util_pct is not None]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def iowait_pct(self) -> float | None:
-        """Mean share of the machine's CPU time spent waiting on I/O over the measured window."""
-        values = [t.iowait_pct for t in self.measured_telemetry() if t.iowait_pct is not None]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def foreign_cpu_pct(self) -> float | None:
-        """Mean CPU share (of the machine) that processes other than the burst's and its caller's used while it
-        measured: what :meth:`other_processes` names."""
-        gaps = [t.host_util_pct - workers - (t.caller_util_pct or 0.0) for t in self.measured_telemetry()
-                if t.host_util_pct is not None and (workers := _workers_pct(t)) is not None]
-        return max(0.0, sum(gaps) / len(gaps)) if gaps else None
-
-    @property
-    def caller_cpu_pct(self) -> float | None:
-        """Mean CPU share (of the machine) of the process that launched the burst while it measured: the event
-        pump and telemetry, and in a notebook whatever else the kernel did meanwhile (a panel drawing the burst)."""
-        values = [t.caller_util_pct for t in self.measured_telemetry() if t.caller_util_pct is not None]
-        return sum(values) / len(values) if values else None
-
-    def other_processes(self) -> list[tuple[str, float]]:
-        """Who else used the CPU while the burst measured: each program's mean use in % of one core, largest
-        first (``[("chromium", 44.0), ("jupyter-server", 10.0)]``). Programs are read once a second, each reading
-        covering the second before it: a shorter window takes the reading after it; empty where there is none."""
-        readings = [t.other_processes for t in self.measured_telemetry() if t.other_processes is not None]
-        window = self.measured_window()
-        if not readings and window is not None:  # a window under a second: the reading that covers its end
-            later = [t for t in self.telemetry if t.other_processes is not None and t.t >= window[1]]
-            readings = [min(later, key=lambda t: t.t).other_processes] if later else []
-        totals: dict[str, float] = {}
-        for reading in readings:
-            for program, pct in reading.items():
-                totals[program] = totals.get(program, 0.0) + pct
-        return sorted(((program, pct / len(readings)) for program, pct in totals.items()), key=lambda item: -item[1])
-
-    @property
-    def reliability(self) -> Reliability:
-        """Whether this run's numbers can rank a knob (:class:`Reliability`): a step spread or other load past
-        the thresholds says no. A run without measured steps has nothing to judge and no reasons."""
-        step = self.step_time
-        reasons = []
-        if step is not None and step.n >= THRESHOLDS.min_steps_for_spread and (
-                step.relative_iqr >= THRESHOLDS.unreliable_relative_iqr):
-            reasons.append(f"step times spread {step.relative_iqr:.0%} of their median (IQR "
-                           f"{step.iqr * 1e3:.3g} ms around {step.median * 1e3:.3g} ms)")
-        other = (self.foreign_cpu_pct or 0.0) + (self.caller_cpu_pct or 0.0)
-        if step is not None and other >= THRESHOLDS.unreliable_other_load_pct:
-            reasons.append(f"other load took {other:.0f}% of the machine ({self.load_attribution()})")
-        return Reliability(tuple(reasons))
-
-    def load_attribution(self) -> str:
-        """Whose CPU the burst shared, in words: the programs above the notice level, then the caller."""
-        named = [f"{program} {pct:.0f}%" for program, pct in self.other_processes()
-                 if pct >= THRESHOLDS.process_notice_core_pct]
-        parts = [", ".join(named) + " of a core"] if named else []
-        cores = self.environment.get("cpu_count") or 1
-        if self.caller_cpu_pct is not None:
-            parts.append(f"the calling process {self.caller_cpu_pct * cores:.0f}% of a core")
-        return "; ".join(parts) or "not attributed"
-
-    @property
-    def energy_j(self) -> float | None:
-        """Joules the devices used over the measured window, summed over every GPU in use (or the CPU
-        packages); None where it was not measured (:attr:`energy_note` says why)."""
-        return self._energy()[0]
-
-    @property
-    def energy_note(self) -> str:
-        """What :attr:`energy_j` covers and how it was read, or why there is none: the table's hover."""
-        return self._energy()[1]
-
-    @property
-    def joules_per_sample(self) -> float | None:
-        """Energy per trained sample over the measured window: the measured steps' energy over their samples."""
-        energy, samples = self.energy_j, sum(s.samples for s in self.measured_steps())
-        return energy / samples if energy is not None and samples > 0 else None
-
-    @property
-    def samples_per_joule(self) -> float | None:
-        per_sample = self.joules_per_sample
-        return 1.0 / per_sample if per_sample else None
-
-    @property
-    def mean_power_w(self) -> float | None:
-        """Mean power over the measured window: :attr:`energy_j` over the window's length."""
-        energy, window = self.energy_j, self.measured_window()
-        return energy / (window[1] - window[0]) if energy is not None and window and window[1] > window[0] else None
-
-    def _energy(self) -> tuple[float | None, str]:
-        """(joules over the measured window, what they cover or why there are none), from every device's
-        readings on both sides of the window: each device's energy counter where it spans the window, else
-        its power readings integrated; no number unless every device in use has one."""
-        window = self.measured_window()
-        if window is None:
-            return None, "energy not measured: no measured steps"
-        scopes = {t.energy_scope for t in self.telemetry}
-        if "mig" in scopes:
-            return None, "energy not measured: NVML reports power for the whole GPU, not per MIG instance"
-        if not scopes - {None}:
-            return None, "energy not measured here (no NVML, RAPL not readable)"
-        total, methods, devices = 0.0, set[str](), _by_device(self.telemetry)
-        for device, samples in devices.items():
-            counter = [(t.t, t.energy_j) for t in samples if t.energy_j is not None]
-            joules = counter_energy_j(counter, *window)
-            method = "NVML's energy counter"
-            if joules is None:
-                joules, method = self._power_energy_j(samples, window)
-            if joules is None:
-                return None, method or f"energy not measured: {device}'s readings do not cover the measured window"
-            total += joules
-            methods.add(method)
-        if scopes == {"cpu_package"}:
-            return total, ("CPU packages' energy (RAPL) over the measured window: the whole package, every "
-                           "process on it, not only the burst")
-        gpus = f", summed over {len(devices)} GPUs" if len(devices) > 1 else ""
-        return total, f"GPU energy over the measured window{gpus}, from {' and '.join(sorted(methods))}"
-
-    def _power_energy_j(self, samples: list[TelemetrySample], window: tuple[float, float]) -> tuple[float | None, str]:
-        """(joules from one GPU's power readings, how): integrated where NVML reports power instantaneously;
-        where it reports a trailing average (:func:`power_period_s`), the readings settled inside the window
-        averaged over its length; none from a window under two periods (the method says "too short")."""
-        nvml = any(t.source == "nvml" for t in samples)
-        period = power_period_s(self.environment.get("capability")) if nvml else 0.0
-        power = [(t.t, t.power_w) for t in samples if t.power_w is not None]
-        if not period:
-            return integrated_energy_j(power, *window), "NVML's power readings integrated"
-        start, end = window
-        if value_at(power, start) is None or value_at(power, end) is None:
-            return None, ""
-        if end - start < MIN_PERIODS_PER_WINDOW * period:
-            return None, (f"energy not measured: too short to read, NVML's power averages the last {period:g} s "
-                          f"and the measured window is {end - start:.1f} s")
-        settled = [w for t, w in power if start + period <= t <= end]
-        return (sum(settled) / len(settled) * (end - start) if settled else None,
-                f"NVML's power readings ({period:g} s averages) settled in the window, times its length")
-
-    def scaling_efficiency(self, single_rank: BurstResult) -> float | None:
-        """Throughput per rank relative to a 1-rank burst of the same config (1.0 = perfect scaling)."""
-        mine, theirs = self.samples_per_s, single_rank.samples_per_s
-        return mine / (self.world_size * theirs) if mine and theirs else None
-
-    def speedup_over(self, baseline: BurstResult) -> float | None:
-        mine, theirs = self.samples_per_s, baseline.samples_per_s
-        return mine / theirs if mine and theirs else None
-
-    def memory_ratio_over(self, baseline: BurstResult) -> float | None:
-        """Peak memory per rank (the busiest rank's) over ``baseline``'s, when both measured it the same way: what
-        FSDP saves against DDP, activation checkpointing against none. None when either lacks it."""
-        mine, theirs = self.peak_memory_bytes, baseline.peak_memory_bytes
-        if not mine or not theirs or self.memory_kind != baseline.memory_kind:
-            return None
-        return mine / theirs
-
-    # -- text ---------------------------------------------------------------------------------
-    def summary(self) -> str:
-        """A few lines a person reads: throughput, step time with spread, where the time went."""
-        head = f"{self.label or self.config.label()} [{self.workload}] {self.status}"
-        why = f": {self.error.message}" if not self.ok and self.error is not None else ""
-        if why and self.status != "diverged":
-            return head + why
-        lines = [head + why]  # a diverged run says why, then shows the numbers it measured
-        if self.samples_per_s is not None:
-            tokens = f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens_per_s else ""
-            lines.append(f"  throughput  {self.samples_per_s:,.1f} samples/s{tokens}")
-        if self.step_time is not None:
-            st = self.step_time
-            noise = "  (noisy: IQR/median >= 10%)" if st.noisy else ""
-            noise = "  (unreliable, see below)" if not self.reliability.reliable else noise
-            lines.append(f"  step        {st.median * 1e3:.2f} ms median, IQR {st.iqr * 1e3:.2f} ms, n={st.n}{noise}")
-        shares = [(n, v) for n, v in (("data wait", self.data_wait_share), ("h2d copy", self.h2d_share),
-                                      ("compute", self.compute_share)) if v is not None]
-        if shares:
-            lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
-        lines.extend(self._compile_lines())
-        if self.achieved_flops_per_s is not None:
-            mfu = f", MFU {self.mfu:.1%} ({self.mfu_basis}, each at its peak)" if self.mfu is not None else ""
-            lines.append(f"  model math  {self.achieved_flops_per_s / 1e12:,.3f} TFLOP/s{mfu}")
-        if self.peak_memory_bytes is not None:
-            lines.append(f"  peak mem    {self._memory_text()}")
-        if self.cache is not None:
-            frozen = f"; {self.cache.frozen_text()}" if self.cache.frozen_item is not None else ""
-            lines.append(f"  data cache  {self.cache.summary()}{frozen}")
-        if self.telemetry:
-            util, activity = self.mean_utilisation_pct, self.activity_text()
-            if util is None:
-                lines.append(f"  util        {self.utilisation_note}")
-            else:
-                lines.append(f"  util        {util:.0f}%" + (f"; {activity}" if activity else ""))
-        if self.joules_per_sample is not None:
-            lines.append(f"  energy      {self.joules_per_sample:.3g} J/sample, {self.samples_per_joule:.3g} samples/J")
-        if not self.reliability.reliable:
-            lines.append(f"  unreliable  {self.reliability.text()}: re-measure it against the baseline "
-                         "(aw.remeasure: an interval and a verdict) or on a quiet machine")
-        lines.extend(f"  warning     {w}" for w in self.warnings)
-        return "\n".join(lines)
-
-    def _memory_text(self) -> str:
-        """"812 MiB (rss), per rank: the busiest of 2", with the CUDA allocator's reserved peak where it is known."""
-        text = f"{(self.peak_memory_bytes or 0) / 2**20:,.0f} MiB ({self.memory_kind})"
-        if len(self.ranks) > 1:
-            sharded = ", parameters sharded" if self.facts is not None and self.facts.sharded else ""
-            text += f" per rank: the busiest of {len(self.ranks)}{sharded}"
-        reserved, slack = self.peak_reserved_bytes, self.allocator_slack_share
-        if reserved is not None and slack is not None:
-            text += f"; reserved {reserved / 2**20:,.0f} MiB ({slack:.0%} of it never allocated at once)"
-        if self.allocator_expandable is not None:
-            text += f"; {'expandable' if self.allocator_expandable else 'fixed'} allocator segments"
-        if self.model_state_bytes is not None:
-            text += f"; model state {self.model_state_bytes / 2**20:,.0f} MiB (weights, gradients, optimizer)"
-        return text
-    def _compile_lines(self) -> list[str]:
-        """The summary's word on compiling: its cost, what was compiled, then every graph break and recompile listed."""
-        report, lines = self.compile_report, []
-        if self.compile_s is not None:
-            lines.append(f"  compile     {self.compile_s:.1f} s (first step {self.first_step_s:.1f} s)"
-                         + (f"; {report.text()}" if report is not None else ""))
-        elif report is not None:
-            lines.append(f"  compile     {report.text()}")
-        if report is None:
-            return lines
-        lines.append(f"  compiled    {report.scope}")
-        lines.extend(f"  graph break {found.text()}" for found in report.graph_breaks)
-        lines.extend(f"  recompiled  {found.text()}" for found in report.recompile_reasons)
-        return lines
 
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -841,14 +386,10 @@ class BurstResult:
         return cls.from_dict(json.loads(text))
 
 
-def power_period_s(capability: str | None) -> float:
-    """NVML's power averaging period for a GPU of compute capability ``capability`` ("9.0"): 1 s from GA10x
-    (8.6) on, 0 (instantaneous) up to GA100 (8.0); the 1 s of current GPUs where it is not known."""
-    try:
-        major, minor = (int(part) for part in str(capability).split(".")[:2])
-    except ValueError:
-        return NVML_POWER_PERIOD_S
-    return NVML_POWER_PERIOD_S if (major, minor) > (8, 0) else 0.0
+def _share(steps: list[StepRecord], part: str) -> float | None:
+    """The share of ``steps``' time that went to ``part`` (a step record's ``data_s``, ``h2d_s`` or ``compute_s``)."""
+    total = sum(s.total_s for s in steps)
+    return sum(getattr(s, part) for s in steps) / total if total > 0 else None
 
 
 def _json_safe(value: Any) -> Any:
@@ -877,21 +418,6 @@ def _rank_from_dict(data: dict[str, Any]) -> RankSummary:
     if data.get("compile_report") is not None:
         data = {**data, "compile_report": CompileReport.from_dict(data["compile_report"])}
     return RankSummary(**data)
-
-
-def _workers_pct(sample: TelemetrySample) -> float | None:
-    """The burst's own processes' share of the machine (psutil samples stored before it had a field of its own
-    carry it as their utilisation)."""
-    if sample.workers_util_pct is not None:
-        return sample.workers_util_pct
-    return sample.util_pct if sample.source == "psutil" else None
-
-
-def _by_device(samples: list[TelemetrySample]) -> dict[str, list[TelemetrySample]]:
-    groups: dict[str, list[TelemetrySample]] = {}
-    for sample in samples:
-        groups.setdefault(sample.device, []).append(sample)
-    return groups
 
 
 def _spell(value: float) -> str:

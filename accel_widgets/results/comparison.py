@@ -17,6 +17,7 @@ from ..knobs.config import Config
 from ..metrics.sequential import Interval, Verdict, block_log_ratio, interval, verdict
 from ..metrics.thresholds import THRESHOLDS
 from .burst import BurstResult
+from .reliability import load_attribution, other_load_pct
 
 #: The normal distribution's IQR in standard deviations: a step-time IQR over this is the steps' spread as an SD.
 IQR_PER_SD = 1.349
@@ -145,7 +146,7 @@ class Comparison:
         between = statistics.pstdev(ratios)
         within = math.sqrt(statistics.fmean(self._within_variance(block) for block in self.counted))
         windows = [self.windows[i] for block in self.counted for i in (*block.reference, *block.subject)]
-        loads = [load for w in windows if (load := _other_load(w)) is not None]
+        loads = [load for w in windows if (load := other_load_pct(w)) is not None]
         clocks = [c for w in windows if (c := _mean_clock(w)) is not None]
         clock_spread = statistics.pstdev(clocks) / statistics.fmean(clocks) if len(clocks) >= 2 else None
         limits: dict[str, int] = {}
@@ -176,13 +177,6 @@ class Comparison:
         return [self.windows[i] for block in self.blocks for i in block.subject]
 
 
-def _other_load(window: BurstResult) -> float | None:
-    """The share of the machine that processes outside the measurement took during the window (% of it)."""
-    if window.foreign_cpu_pct is None and window.caller_cpu_pct is None:
-        return None
-    return (window.foreign_cpu_pct or 0.0) + (window.caller_cpu_pct or 0.0)
-
-
 def _mean_clock(window: BurstResult) -> float | None:
     clocks = [t.sm_clock_mhz for t in window.measured_telemetry() if t.sm_clock_mhz]
     return statistics.fmean(clocks) if clocks else None
@@ -191,7 +185,7 @@ def _mean_clock(window: BurstResult) -> float | None:
 def too_loaded(window: BurstResult) -> str:
     """Why a window's block cannot count, from what the machine did besides it (never from its speed, which would
     bias the comparison): other load past the unreliable threshold. "" when it can."""
-    load = _other_load(window)
+    load = other_load_pct(window)
     if load is not None and load >= THRESHOLDS.unreliable_other_load_pct:
-        return f"other load took {load:.0f}% of the machine ({window.load_attribution()})"
+        return f"other load took {load:.0f}% of the machine ({load_attribution(window)})"
     return ""

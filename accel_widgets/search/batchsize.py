@@ -27,19 +27,18 @@ with micro-batches that fit, and reports the fastest.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
 
 import psutil
 from torch.utils.data import IterableDataset
 
 from ..analysis.estimate import estimate
+from ..analysis.usage import peak_reserved_bytes
 from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
@@ -48,13 +47,18 @@ from ..knobs.config import Config
 from ..knobs.plan import resolve
 from ..knobs.rules import ConfigError, check_config
 from ..metrics.thresholds import THRESHOLDS
-from ..metrics.units import MISSING, significant
+from ..metrics.units import bytes_text
+from ..results.batchsize import (
+    MEMORY_FAILURES,
+    BatchSizeSearch,
+    BatchTry,
+    Failure,
+    Stage,
+    TargetBatch,
+    TargetTry,
+)
 from ..results.burst import BurstResult, TelemetrySample
-from ..views.style import COLOURS, PALETTE
 from .bursts import Bursts
-
-if TYPE_CHECKING:
-    from plotly.graph_objects import Figure
 
 #: Without a cap on a CPU, the burst may use this share of the RAM available when the search starts: room
 #: for the notebook and the rest of the machine, and far from the point where the OOM killer chooses.
@@ -70,280 +74,9 @@ TARGET_CANDIDATES = 3
 #: torch's CPU allocator raises a plain RuntimeError (not OutOfMemoryError) when malloc fails.
 CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
 
-Failure = Literal["memory_cap", "oom", "crash", "error", "stopped"]
-#: Failures that mean "this size does not fit": the search goes on below it. Any other ends the search.
-MEMORY_FAILURES: tuple[Failure, ...] = ("memory_cap", "oom", "crash")
-Stage = Literal["grow", "shrink", "refine"]
-
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class BatchTry:
-    """One batch size tried: whether it fit, why not, and what it measured.
-
-    ``failure`` is None when it fit; "memory_cap" (over the cap), "oom" (the allocator refused), "crash"
-    (a rank was killed, e.g. by the OOM killer) mean it does not fit; "error" (the workload failed for
-    another reason) and "stopped" (the caller's stop) end the search without a verdict on memory.
-    ``peak_memory_bytes`` is the most the try was seen to use: on a CPU the ranks' RSS summed (the larger of
-    the live telemetry's peak and the ranks' own peak after the burst; for a burst stopped at the cap, what it
-    had reached then, a lower bound); on a GPU the allocator's peak of the busiest rank, and ``reserved_bytes``
-    what its caching allocator held (what the device really gave the burst). Throughput and step times are None
-    for a try that did not finish. ``within_margin``: it fit and left the search's margin of the memory free.
-    ``setting`` is what the try ran under beyond the search's config ("activation_checkpointing='blocks'", made
-    to make room), "" for the config itself.
-    """
-
-    batch_size: int
-    fits: bool
-    stage: Stage
-    failure: Failure | None = None
-    why_not: str = ""
-    samples_per_s: float | None = None
-    peak_memory_bytes: int | None = None
-    step_median_s: float | None = None
-    step_iqr_s: float | None = None
-    reserved_bytes: int | None = None
-    within_margin: bool = False
-    setting: str = ""
-
-
-@dataclass(frozen=True)
-class TargetTry:
-    """One way of reaching a target global batch: ``micro_batch`` samples per rank and micro-batch, accumulated over
-    ``accumulation`` micro-batches, under ``setting`` (as in :class:`BatchTry`); its measured samples/s, or why
-    it has none."""
-
-    micro_batch: int
-    accumulation: int
-    setting: str = ""
-    samples_per_s: float | None = None
-    why_not: str = ""
-
-    def text(self) -> str:
-        under = f" with {self.setting}" if self.setting else ""
-        rate = (f"{significant(self.samples_per_s)} samples/s" if self.samples_per_s is not None
-                else f"not measured: {self.why_not}")
-        return f"{self.micro_batch:,} x {self.accumulation}{under}: {rate}"
-
-
-@dataclass(frozen=True)
-class TargetBatch:
-    """How to train a global batch of ``target`` samples over ``ranks`` ranks: ``tries`` are the ways measured
-    (micro-batch x accumulation, largest micro-batches first), ``note`` why there are none."""
-
-    target: int
-    ranks: int
-    tries: tuple[TargetTry, ...] = ()
-    note: str = ""
-
-    @property
-    def best(self) -> TargetTry | None:
-        """The fastest way measured."""
-        measured = [t for t in self.tries if t.samples_per_s is not None]
-        return max(measured, key=lambda t: t.samples_per_s or 0.0) if measured else None
-
-    def summary(self) -> str:
-        ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
-        head = f"target global batch {self.target:,} = micro-batch x grad_accum_steps{ranks}: "
-        best = self.best
-        if best is None:
-            return head + (self.note or "no way of reaching it fit")
-        tried = "; ".join(t.text() for t in self.tries)
-        return head + f"fastest {best.micro_batch:,} x {best.accumulation} ({tried})"
-
-
-@dataclass(frozen=True)
-class BatchSizeSearch:
-    """Every try of a batch-size search, in the order run, and what they say.
-
-    ``batch_scope`` says what a batch size means for ``config`` (per DDP rank, per micro-batch...).
-    ``cap_bytes`` is the memory cap the tries were held to (None: none, a GPU's own memory is the limit) and
-    ``cap_note`` where it came from; ``memory_kind`` what ``peak_memory_bytes`` measures ("rss" or
-    "cuda_allocator"). ``margin`` is the share of ``limit_bytes`` (the cap, else the GPU's memory as CUDA reports
-    it) a size must leave free to count. ``room_config`` is the config sizes that did not fit were tried again
-    under (activation checkpointing), None when none was. ``stopped_reason`` says why the search ended; ``target``
-    how a target global batch is reached fastest, when one was asked for. ``estimated``: the largest size the
-    estimate on fake tensors (:func:`~accel_widgets.analysis.estimate.estimate`) said fits, where the search started;
-    ``estimate_note`` why there is none.
-    """
-
-    workload: str
-    config: Config
-    device: str
-    memory_kind: Literal["rss", "cuda_allocator"]
-    cap_bytes: int | None
-    cap_note: str
-    batch_scope: str
-    tries: tuple[BatchTry, ...] = ()
-    stopped_reason: str = ""
-    wall_s: float = 0.0
-    margin: float = 0.0
-    limit_bytes: int | None = None
-    target: TargetBatch | None = None
-    room_config: Config | None = None
-    estimated: int | None = None
-    estimate_note: str = ""
-
-    @property
-    def estimate_error(self) -> float | None:
-        """How far the estimate's largest batch was from the search's answer, as a share of the answer (+0.09: the
-        estimate said 9% more); None without both."""
-        found = self.largest_within_margin
-        if self.estimated is None or not found:
-            return None
-        return self.estimated / found - 1
-
-    @property
-    def largest_fitting(self) -> int | None:
-        """The largest batch size of the config itself that ran without running out of memory (the margin aside),
-        None when none did."""
-        return max((t.batch_size for t in self.tries if t.fits and not t.setting), default=None)
-
-    @property
-    def largest_within_margin(self) -> int | None:
-        """The answer: the largest batch size of the config itself that fit and left the margin free."""
-        return max((t.batch_size for t in self.tries if t.within_margin and not t.setting), default=None)
-
-    @property
-    def room_setting(self) -> str:
-        """What the search tried to make room for larger sizes ("activation_checkpointing=blocks"), "" if nothing."""
-        return self.room_config.label(self.config) if self.room_config is not None else ""
-
-    @property
-    def largest_with_room(self) -> int | None:
-        """The largest batch size that fit within the margin under :attr:`room_setting`, None without one."""
-        return max((t.batch_size for t in self.tries if t.within_margin and t.setting), default=None)
-
-    @property
-    def memory_limited(self) -> bool:
-        """Whether memory is what limits this config's speed: the search ended on a size that did not fit, and the
-        fastest size that fits is the largest (samples/s still rose when the memory ran out)."""
-        largest = self.largest_within_margin
-        return largest is not None and self.fastest == largest and any(
-            not t.within_margin and not t.setting and t.failure != "stopped" for t in self.tries)
-
-    def room_changes(self) -> dict[str, Any]:
-        """The knob values that make room where memory is the limit: the setting's config and the largest batch size
-        that then fit; empty when the search found no larger one."""
-        size = self.largest_with_room
-        if self.room_config is None or size is None or not self.memory_limited or (
-                size <= (self.largest_within_margin or 0)):
-            return {}
-        return {**self.room_config.diff(self.config), "batch_size": size}
-
-    @property
-    def fastest(self) -> int | None:
-        """The batch size of the config itself with the highest samples/s among those within the margin (short
-        bursts: sizes within a few % are a tie)."""
-        best = self.fastest_try()
-        return best.batch_size if best is not None else None
-
-    def fastest_try(self) -> BatchTry | None:
-        measured = [t for t in self.tries if t.within_margin and not t.setting and t.samples_per_s is not None]
-        return max(measured, key=lambda t: t.samples_per_s or 0.0) if measured else None
-
-    def curve(self, setting: str = "") -> list[BatchTry]:
-        """The tries under ``setting`` that fit, by batch size: samples/s against batch size."""
-        return sorted((t for t in self.tries if t.fits and t.setting == setting), key=lambda t: t.batch_size)
-
-    def summary(self) -> str:
-        """What a person reads: the answer, the cap and the margin, then one line per try in batch-size order."""
-        best = self.fastest_try()
-        fastest = MISSING if best is None else f"{best.batch_size:,} ({significant(best.samples_per_s or 0)} samples/s)"
-        largest = MISSING if self.largest_fitting is None else f"{self.largest_fitting:,}"
-        answer = f"largest that fits {largest}"
-        if self.margin:
-            within = MISSING if self.largest_within_margin is None else f"{self.largest_within_margin:,}"
-            answer = f"largest that fits with {self.margin:.0%} of the memory left {within} (at all: {largest})"
-        cap = ("no memory cap" if self.cap_bytes is None
-               else f"memory cap {_bytes_text(self.cap_bytes)} ({self.cap_note})")
-        lines = [f"batch size {self.batch_scope}: {answer}, fastest {fastest}",
-                 f"{self.device}, {cap}; {len(self.tries)} tries in {self.wall_s:.1f} s; {self.stopped_reason}"]
-        if self.margin and self.limit_bytes is not None:
-            lines.append(f"margin: a size fits when its peak leaves {self.margin:.0%} of "
-                         f"{_bytes_text(self.limit_bytes)} free (peak <= {_bytes_text(self._margin_line())})")
-        if self.room_setting:
-            room = MISSING if self.largest_with_room is None else f"{self.largest_with_room:,}"
-            lines.append(f"with {self.room_setting}: largest that fits {room}")
-        if self.target is not None:
-            lines.append(self.target.summary())
-        lines.append(self._estimate_line())
-        lines.append(f"{'batch':>9}  {'fits':<4}  {'samples/s':>10}  {'step ms ± IQR':>15}  {'peak mem':>9}")
-        lines += [_try_line(t, self) for t in sorted(self.tries, key=lambda t: (t.setting, t.batch_size))]
-        return "\n".join(lines)
-
-    def _estimate_line(self) -> str:
-        """Where the search started and how far the estimate was from what it found."""
-        if self.estimated is None:
-            start = f"started at {self.tries[0].batch_size:,} " if self.tries else ""
-            return f"{start}(no estimate: {self.estimate_note})"
-        error = self.estimate_error
-        off = (f"; it found {self.largest_within_margin:,}: the estimate was {abs(error):.0%} "
-               f"{'high' if error > 0 else 'low'}" if error is not None else "")
-        return f"started at the estimate, {self.estimated:,} (a step traced on fake tensors){off}"
-
-    def _margin_line(self) -> int:
-        return int((self.limit_bytes or 0) * (1 - self.margin))
-
-    def figure(self) -> Figure:
-        """samples/s against batch size (log2 axis), the sizes that did not fit marked at the bottom, peak
-        memory on the right axis with the cap, and the largest fit annotated. Traces carry ``meta["kind"]``."""
-        from plotly.subplots import make_subplots
-
-        figure = make_subplots(specs=[[{"secondary_y": True}]])
-        figure.update_layout(template="plotly_white", height=380, hovermode="closest",
-                             title={"text": f"{self.workload}: samples/s by batch size"},
-                             margin={"l": 60, "r": 60, "t": 60, "b": 45}, legend={"x": 1.08, "y": 1})
-        for trace, on_memory_axis in _traces(self):
-            figure.add_trace(trace, secondary_y=on_memory_axis)
-        sizes = [t.batch_size for t in self.tries] or [1]
-        ticks = [1 << k for k in range(min(sizes).bit_length() - 1, max(sizes).bit_length())]
-        per = "per DDP rank, " if self.config.ranks > 1 else ""
-        figure.update_xaxes(type="log", title_text=f"batch size ({per}log2 axis)", tickvals=ticks,
-                            ticktext=[f"{v:,}" for v in ticks])
-        figure.update_yaxes(title_text="samples/s", rangemode="tozero", secondary_y=False)
-        figure.update_yaxes(title_text=f"peak memory (MiB, {self.memory_kind})", rangemode="tozero", showgrid=False,
-                            secondary_y=True)
-        if self.cap_bytes is not None:
-            figure.add_hline(y=self.cap_bytes / 2**20, line={"dash": "dash", "color": COLOURS["error"]},
-                             secondary_y=True)
-            figure.add_annotation(text=f"cap {_bytes_text(self.cap_bytes)}", xref="paper", x=0, yref="y2",
-                                  y=self.cap_bytes / 2**20, xanchor="left", yanchor="bottom", showarrow=False,
-                                  font={"color": COLOURS["error"]})
-        if self.margin and self.limit_bytes is not None:
-            figure.add_hline(y=self._margin_line() / 2**20, line={"dash": "dot", "color": COLOURS["warning"]},
-                             secondary_y=True)
-            figure.add_annotation(text=f"{self.margin:.0%} margin", xref="paper", x=1, yref="y2",
-                                  y=self._margin_line() / 2**20, xanchor="right", yanchor="top", showarrow=False,
-                                  font={"color": COLOURS["warning"]})
-        if self.largest_fitting is not None:
-            figure.add_vline(x=self.largest_fitting, line={"dash": "dot", "color": COLOURS["ok"]})
-            figure.add_annotation(text=f"largest fit {self.largest_fitting:,}", x=math.log10(self.largest_fitting),
-                                  yref="paper", y=1, yanchor="bottom", showarrow=False, font={"color": COLOURS["ok"]})
-        return figure
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), **kwargs)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BatchSizeSearch:
-        tries = tuple(BatchTry(**t) for t in data.get("tries", ()))
-        target = data.get("target")
-        if target is not None:
-            target = TargetBatch(**{**target, "tries": tuple(TargetTry(**t) for t in target.get("tries", ()))})
-        room = data.get("room_config")
-        return cls(**{**data, "config": Config.from_dict(data["config"]), "tries": tries, "target": target,
-                      "room_config": Config.from_dict(room) if room is not None else None})
-
-    @classmethod
-    def from_json(cls, text: str) -> BatchSizeSearch:
-        return cls.from_dict(json.loads(text))
 
 
 def find_batch_size(
@@ -520,7 +253,7 @@ def _memory_cap(memory_cap: int | float | str | None, config: Config,
     available = psutil.virtual_memory().available
     if memory_cap is None:
         return config, int(available * DEFAULT_CPU_SHARE), (f"default: {DEFAULT_CPU_SHARE:.0%} of the "
-                                                            f"{_bytes_text(available)} RAM available at the start")
+                                                            f"{bytes_text(available)} RAM available at the start")
     cap, note = _cap_bytes(memory_cap, available, "the RAM available at the start")
     return config, cap, f"RSS of the burst's processes; {note}"
 
@@ -545,7 +278,7 @@ def _gpu_cap(memory_cap: int | float | str | None, config: Config,
     try:
         capped = system.with_memory_cap(config, fraction)
     except KnobValueError as exc:
-        raise ValueError(f"memory_cap={memory_cap!r} is {fraction:.2%} of the GPU's {_bytes_text(memory)}: {exc}") \
+        raise ValueError(f"memory_cap={memory_cap!r} is {fraction:.2%} of the GPU's {bytes_text(memory)}: {exc}") \
             from None
     return capped, cap, f"{note}, as memory_fraction={fraction:.3g}"
 
@@ -565,7 +298,7 @@ def _enforced_cap(cap: int | None, note: str, config: Config, cuda_total: int | 
     if cap is None or share is None or cuda_total is None:
         return cap, note
     enforced = int(share * cuda_total)
-    return enforced, f"{note}; enforced on CUDA's total of {_bytes_text(cuda_total)}"
+    return enforced, f"{note}; enforced on CUDA's total of {bytes_text(cuda_total)}"
 
 
 def _cap_bytes(memory_cap: int | float | str, whole: int, whole_name: str) -> tuple[int, str]:
@@ -577,10 +310,10 @@ def _cap_bytes(memory_cap: int | float | str, whole: int, whole_name: str) -> tu
         if not 0 < memory_cap <= 1:
             raise ValueError(f"memory_cap={memory_cap!r}: a float is a share of {whole_name}, in (0, 1]; pass "
                              "bytes as an int or a size text ('2GiB')")
-        return int(memory_cap * whole), f"{memory_cap:.0%} of {whole_name} ({_bytes_text(whole)})"
+        return int(memory_cap * whole), f"{memory_cap:.0%} of {whole_name} ({bytes_text(whole)})"
     if memory_cap < 1:
         raise ValueError(f"memory_cap={memory_cap}: bytes must be >= 1")
-    return memory_cap, f"memory_cap={_bytes_text(memory_cap)}"
+    return memory_cap, f"memory_cap={bytes_text(memory_cap)}"
 
 
 # -- the search ---------------------------------------------------------------------------------------------
@@ -754,7 +487,7 @@ def _target_try(size: int, accumulation: int, base: Config, reach: _Reach) -> Ta
     outcome = _measure(reach.workload, candidate, reach.bursts, reach.limits,
                        f"target batch: {size} x {accumulation}", "refine")
     if not outcome.within_margin:
-        why = outcome.why_not or f"over the margin: peak {_bytes_text(outcome.peak_memory_bytes or 0)}"
+        why = outcome.why_not or f"over the margin: peak {bytes_text(outcome.peak_memory_bytes or 0)}"
         return TargetTry(size, accumulation, setting, why_not=why)
     return TargetTry(size, accumulation, setting, outcome.samples_per_s)
 
@@ -784,7 +517,7 @@ def _judge(size: int, stage: Stage, result: BurstResult, watch: _Watch, limits: 
         kind: Failure = "crash" if result.error.kind == "crash" else "error"
         return BatchTry(size, False, stage, kind, message, peak_memory_bytes=peak)
     step = result.step_time
-    reserved = result.peak_reserved_bytes
+    reserved = peak_reserved_bytes(result)
     return BatchTry(size, True, stage, samples_per_s=result.samples_per_s, peak_memory_bytes=peak,
                     step_median_s=step.median if step else None, step_iqr_s=step.iqr if step else None,
                     reserved_bytes=reserved, within_margin=limits.within_margin(reserved or peak))
@@ -797,49 +530,3 @@ def _peak(result: BurstResult, watch: _Watch) -> int | None:
         return result.peak_memory_bytes
     ranks = sum(r.peak_memory_bytes for r in result.ranks)
     return max(ranks, watch.peak) or None
-
-
-# -- text and figure ------------------------------------------------------------------------------------------
-def _bytes_text(value: int) -> str:
-    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:,.0f} MiB"
-
-
-def _try_line(t: BatchTry, search: BatchSizeSearch) -> str:
-    under = f"  (with {t.setting})" if t.setting else ""
-    if not t.fits:
-        return f"{t.batch_size:>9,}  {'no':<4}  {t.why_not}{under}"
-    rate = MISSING if t.samples_per_s is None else significant(t.samples_per_s)
-    if not t.within_margin:
-        peak = t.reserved_bytes or t.peak_memory_bytes or 0
-        return (f"{t.batch_size:>9,}  {'no':<4}  ran ({rate} samples/s), but its peak {_bytes_text(peak)} leaves less "
-                f"than {search.margin:.0%} of {_bytes_text(search.limit_bytes or 0)} free{under}")
-    step = (MISSING if t.step_median_s is None
-            else f"{t.step_median_s * 1e3:.3g} ± {(t.step_iqr_s or 0) * 1e3:.2g}")
-    memory = MISSING if t.peak_memory_bytes is None else _bytes_text(t.peak_memory_bytes)
-    return f"{t.batch_size:>9,}  {'yes':<4}  {rate:>10}  {step:>15}  {memory:>9}{under}"
-
-
-def _traces(search: BatchSizeSearch) -> list[tuple[Any, bool]]:
-    """(trace, on the memory axis) of the figure: the throughput curve (and the one under the setting that made
-    room), the sizes that did not fit, peak memory."""
-    import plotly.graph_objects as go
-
-    curve = search.curve()
-    failed = sorted((t for t in search.tries if t.failure in MEMORY_FAILURES), key=lambda t: t.batch_size)
-    measured = sorted((t for t in search.tries if t.peak_memory_bytes is not None), key=lambda t: t.batch_size)
-    roomy = search.curve(search.room_setting) if search.room_setting else []
-    room = [(go.Scatter(x=[t.batch_size for t in roomy], y=[t.samples_per_s for t in roomy], mode="lines+markers",
-                        name=f"with {search.room_setting}", line={"color": PALETTE[2], "dash": "dash"},
-                        meta={"kind": "samples_per_s_with_room"},
-                        hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False)] if roomy else []
-    return [*room,
-        (go.Scatter(x=[t.batch_size for t in curve], y=[t.samples_per_s for t in curve], mode="lines+markers",
-                    name="samples/s", line={"color": PALETTE[0]}, meta={"kind": "samples_per_s"},
-                    hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False),
-        (go.Scatter(x=[t.batch_size for t in failed], y=[0] * len(failed), mode="markers", name="does not fit",
-                    marker={"symbol": "x", "size": 11, "color": COLOURS["error"]}, text=[t.why_not for t in failed],
-                    meta={"kind": "does_not_fit"}, hovertemplate="batch %{x:,}: %{text}<extra></extra>"), False),
-        (go.Scatter(x=[t.batch_size for t in measured], y=[(t.peak_memory_bytes or 0) / 2**20 for t in measured],
-                    mode="markers", name="peak memory", marker={"symbol": "diamond-open", "color": "#777"},
-                    meta={"kind": "peak_memory"}, hovertemplate="batch %{x:,}: %{y:,.0f} MiB<extra></extra>"), True),
-    ]

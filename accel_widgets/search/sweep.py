@@ -12,12 +12,10 @@ against another.
 from __future__ import annotations
 
 import itertools
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..engine.launcher import Engine, run_burst
 from ..engine.request import DEFAULT_TIMEOUT_S, check_burst_request
@@ -26,269 +24,13 @@ from ..inputs.workload import Workload
 from ..knobs import KNOBS, KnobValueError
 from ..knobs.config import Config
 from ..knobs.rules import ConfigError, check_config
-from ..metrics.stats import summarize
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
-from ..views.comparison import interval_text, outcome_text, verdict_text
+from ..results.sweep import SweepPoint, SweepResult
 from ..views.progress import ProgressSeries, result_line
+from ..views.text import summary
 from .bursts import Bursts, Contender
 from .compare import DEFAULT_BUDGET_S, DEFAULT_MIN_EFFECT, _check, measure_pairs
-
-if TYPE_CHECKING:
-    import pandas as pd
-    from plotly.graph_objects import Figure
-
-Metric = Literal["samples_per_s", "speedup"]
-METRIC_TITLES: dict[Metric, str] = {"samples_per_s": "samples/s", "speedup": "speed-up"}
-#: The verdict column of the point whose config is the base: it is the reference, not measured against itself.
-BASE = "base"
-
-
-@dataclass
-class SweepPoint:
-    """One point of the grid: the swept knobs' values, the config they make, its windows (the first burst, then the
-    comparison's) and its comparison against the sweep's base (None for the base itself, or before one ran)."""
-
-    values: dict[str, Any]
-    config: Config
-    results: list[BurstResult] = field(default_factory=list)
-    comparison: Comparison | None = None
-
-    @property
-    def label(self) -> str:
-        """``batch_size=32, num_workers=2``: the swept knobs only (the rest is the sweep's base)."""
-        return ", ".join(f"{name}={value}" for name, value in self.values.items())
-
-    @property
-    def ok(self) -> bool:
-        """Every window ran and finished ok: only then is the point's number a clean measurement."""
-        return bool(self.results) and all(r.ok for r in self.results)
-
-    @property
-    def status(self) -> str:
-        """"ok", "not run" (the sweep was stopped first), or the status of the first window that was not ok."""
-        if not self.results:
-            return "not run"
-        return next((r.status for r in self.results if not r.ok), "ok")
-
-    @property
-    def error(self) -> str:
-        """The first line of the first failing window's error ("" when none failed)."""
-        failed = next((r for r in self.results if not r.ok and r.error is not None), None)
-        return failed.error.message.strip().splitlines()[0] if failed and failed.error.message.strip() else ""
-
-    @property
-    def samples_per_s(self) -> float | None:
-        """Median throughput over the windows that finished ok (robust to one disturbed window)."""
-        rates = [r.samples_per_s for r in self.results if r.ok and r.samples_per_s is not None]
-        return statistics.median(rates) if rates else None
-
-    def step_times(self) -> list[float]:
-        """Measured step times of the windows that finished ok, pooled."""
-        return [t for r in self.results if r.ok for t in r.step_times()]
-
-
-@dataclass
-class SweepResult:
-    """A finished (or stopped) sweep: its points in grid order, and each config's first burst in the order they ran
-    (``results``; the base's first when the base is no point of the grid). Every later window is in the points'
-    comparisons.
-
-    Speed-ups are against ``base``, the config the grid's values are set on: each point's comes from the comparison
-    engine, within ``budget_s`` of measuring after the first bursts. A point whose config is the base is the
-    reference (1.0, verdict "base").
-    """
-
-    workload: str
-    knobs: list[str]
-    points: list[SweepPoint]
-    results: list[BurstResult]
-    base: Config
-    budget_s: float
-    stopped: bool = False
-
-    @property
-    def compared(self) -> dict[int, Comparison]:
-        """Each compared point's comparison by the index of its config's first burst in ``results``: what the
-        comparison table takes (``comparison_rows(swept.results, compared=swept.compared)``)."""
-        found = {point.config: point.comparison for point in self.points if point.comparison is not None}
-        return {index: found[result.config] for index, result in enumerate(self.results) if result.config in found}
-
-    def speedup(self, point: SweepPoint) -> float | None:
-        """The point's samples/s over the base's, from its comparison's blocks (1.0 for the base itself)."""
-        if point.config == self.base:
-            return 1.0 if point.samples_per_s is not None else None
-        return point.comparison.ratio if point.comparison is not None else None
-
-    def verdict(self, point: SweepPoint) -> str | None:
-        """"faster", "slower", "same", "undecided" against the base; "base" for the base; None when not compared."""
-        if point.config == self.base:
-            return BASE if point.results else None
-        comparison = point.comparison
-        return comparison.verdict if comparison is not None and not comparison.error else None
-
-    def rows(self) -> list[dict[str, Any]]:
-        """One plain dict per point: the knob values, then the numbers (None where unknown). ``speedup_low`` and
-        ``speedup_high`` bound the speed-up (95%, anytime-valid) once enough blocks did."""
-        rows = []
-        for point in self.points:
-            times = point.step_times()
-            step = summarize(times) if times else None
-            found = point.comparison.interval if point.comparison is not None else None
-            bounded = found is not None and found.bounded
-            rows.append({
-                **point.values,
-                "samples_per_s": point.samples_per_s,
-                "speedup": self.speedup(point),
-                "speedup_low": found.low if bounded else None,
-                "speedup_high": found.high if bounded else None,
-                "verdict": self.verdict(point),
-                "step_ms_median": step.median * 1e3 if step is not None else None,
-                "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
-                "runs": len(point.results),
-                "status": point.status,
-                "error": point.error,
-            })
-        return rows
-
-    def frame(self) -> pd.DataFrame:
-        """The rows as a pandas DataFrame, one row per point (pandas is imported here, not with the package)."""
-        import pandas as pd
-
-        columns = [*self.knobs, "samples_per_s", "speedup", "speedup_low", "speedup_high", "verdict",
-                   "step_ms_median", "step_ms_iqr", "runs", "status", "error"]
-        return pd.DataFrame(self.rows(), columns=columns)
-
-    def point_text(self, point: SweepPoint) -> str:
-        """What the point measured against the base, in words: ``faster: 1.45× [1.30–1.62]``, ``same within ±3%``,
-        ``base``, ``failed: <why>`` (its own burst), ``not compared: <why>`` (the base's), ``not run``."""
-        if point.status != "ok" and point.error:
-            return f"{point.status}: {point.error}"
-        if point.config == self.base:
-            return BASE if point.results else "not run"
-        if point.comparison is None:
-            return "not run" if not point.results else "not compared"
-        return outcome_text(point.comparison)
-
-    def summary(self) -> str:
-        """Lines a person reads: what was swept against what, then each point's samples/s and verdict."""
-        head = (f"sweep of {' × '.join(self.knobs)} on {self.workload} against {self.base.label()}, "
-                f"{len(self.points)} points{', stopped' if self.stopped else ''}")
-        lines = [head]
-        for point in self.points:
-            rate = f"{point.samples_per_s:,.1f} samples/s, " if point.samples_per_s is not None else ""
-            lines.append(f"  {point.label}: {rate}{self.point_text(point)}")
-        return "\n".join(lines)
-
-    def figure(self, metric: Metric = "samples_per_s") -> Figure:
-        """The metric over the grid: a line for one knob, a heatmap for two, parallel coordinates for more. The
-        speed-up's line has the interval as whiskers and every cell or point its verdict on hover."""
-        if metric not in METRIC_TITLES:
-            raise ValueError(f"metric={metric!r} is invalid: use one of {', '.join(METRIC_TITLES)}")
-        rows = self.rows()
-        values = [row[metric] for row in rows]
-        if len(self.knobs) == 1:
-            return self._line(metric, values, rows)
-        if len(self.knobs) == 2:
-            return self._heatmap(metric, values)
-        return self._parallel_coordinates(metric, values)
-
-    def _cell_text(self, metric: Metric, point: SweepPoint, value: float | None) -> str:
-        """A cell's text: the number, and for the speed-up its interval or verdict (``1.45×<br>[1.30–1.62]``,
-        ``same ±3%``, ``base``)."""
-        if metric != "speedup" or value is None:
-            return _metric_text(metric, value)
-        if point.config == self.base:
-            return BASE
-        comparison = point.comparison
-        if comparison is None:
-            return "–"
-        if comparison.verdict == "same":
-            return verdict_text(comparison)
-        return interval_text(comparison).replace(" [", "<br>[").replace(" (", "<br>(")
-
-    def _line(self, metric: Metric, values: list[float | None], rows: list[dict[str, Any]]) -> Figure:
-        import plotly.graph_objects as go
-
-        name = self.knobs[0]
-        x = [str(p.values[name]) for p in self.points]
-        error_y = None
-        if metric == "speedup":
-            high = [row["speedup_high"] - v if row["speedup_high"] is not None and v is not None else None
-                    for row, v in zip(rows, values, strict=True)]
-            low = [v - row["speedup_low"] if row["speedup_low"] is not None and v is not None else None
-                   for row, v in zip(rows, values, strict=True)]
-            error_y = {"type": "data", "symmetric": False, "array": high, "arrayminus": low}
-        hover = [f"{p.label}: {self.point_text(p)}" for p in self.points]
-        figure = go.Figure(go.Scatter(x=x, y=values, mode="lines+markers", name=METRIC_TITLES[metric],
-                                      error_y=error_y, hovertext=hover, hoverinfo="text+y"))
-        figure.update_layout(title=f"{METRIC_TITLES[metric]} by {name}" + (f" against {self.base.label()} (95% "
-                                                                            "interval)" if error_y else ""),
-                             xaxis={"title": name, "type": "category"}, yaxis_title=METRIC_TITLES[metric],
-                             height=360)
-        return figure
-
-    def _heatmap(self, metric: Metric, values: list[float | None]) -> Figure:
-        """Rows: the first knob's values; columns: the second's. A point that did not finish is left blank."""
-        import plotly.graph_objects as go
-
-        rows, columns = self.knobs
-        row_values = _unique(p.values[rows] for p in self.points)
-        column_values = _unique(p.values[columns] for p in self.points)
-        key = [(str(p.values[rows]), str(p.values[columns])) for p in self.points]
-        cell = dict(zip(key, values, strict=True))
-        said = {k: self._cell_text(metric, p, v) for k, p, v in zip(key, self.points, values, strict=True)}
-        hover = {k: f"{p.label}: {self.point_text(p)}" for k, p in zip(key, self.points, strict=True)}
-        grid = [[(str(r), str(c)) for c in column_values] for r in row_values]
-        z = [[cell.get(k) for k in line] for line in grid]
-        text = [[said.get(k, "–") for k in line] for line in grid]
-        figure = go.Figure(go.Heatmap(z=z, x=[str(c) for c in column_values], y=[str(r) for r in row_values],
-                                      text=text, texttemplate="%{text}", colorscale="Blues",
-                                      customdata=[[hover.get(k, "") for k in line] for line in grid],
-                                      hovertemplate="%{customdata}<extra></extra>",
-                                      colorbar={"title": METRIC_TITLES[metric]}))
-        figure.update_layout(title=f"{METRIC_TITLES[metric]}: {rows} × {columns}", height=360,
-                             xaxis={"title": columns, "type": "category"}, yaxis={"title": rows, "type": "category"})
-        return figure
-
-    def _parallel_coordinates(self, metric: Metric, values: list[float | None]) -> Figure:
-        """One axis per knob and one for the metric; categorical knobs (strings, bools, None) become ticks."""
-        import plotly.graph_objects as go
-
-        dimensions = [_dimension(name, [p.values[name] for p in self.points]) for name in self.knobs]
-        measured = [v if v is not None else float("nan") for v in values]
-        dimensions.append({"label": METRIC_TITLES[metric], "values": measured})
-        figure = go.Figure(go.Parcoords(line={"color": measured, "colorscale": "Blues", "showscale": True},
-                                        dimensions=dimensions))
-        figure.update_layout(title=f"{METRIC_TITLES[metric]} over {', '.join(self.knobs)}", height=420)
-        return figure
-
-
-def _unique(values: Iterable[Any]) -> list[Any]:
-    """The distinct values in first-seen order, told apart by how they are shown (1 and True are two)."""
-    seen: dict[str, Any] = {}
-    for value in values:
-        seen.setdefault(str(value), value)
-    return list(seen.values())
-
-
-def _metric_text(metric: Metric, value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value:.2f}x" if metric == "speedup" else f"{value:,.0f}"
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _dimension(name: str, values: list[Any]) -> dict[str, Any]:
-    """A parcoords axis: numbers as they are; anything else as evenly spaced ticks named by their values."""
-    if all(_numeric(v) for v in values):
-        return {"label": name, "values": values}
-    ticks = [str(c) for c in _unique(values)]
-    return {"label": name, "values": [ticks.index(str(v)) for v in values], "tickvals": list(range(len(ticks))),
-            "ticktext": ticks}
 
 
 def grid_points(grid: Mapping[str, Sequence[Any]], base: Config | None = None) -> list[SweepPoint]:
@@ -385,7 +127,7 @@ def sweep(
             display.end()
     result.stopped = bursts.stopped()
     if display is not None:
-        print("\n".join(result.summary().splitlines()[1:]), flush=True)
+        print("\n".join(summary(result).splitlines()[1:]), flush=True)
     return result
 
 

@@ -53,13 +53,13 @@ import psutil
 from ..analysis.guard import (
     NOISE_RESEEDS,
     GuardVerdict,
-    NoiseBand,
     cached_noise,
     check_training,
     find_baseline,
     keep_noise,
     noise_band,
 )
+from ..analysis.usage import peak_reserved_bytes
 from ..engine.launcher import Engine, run_burst
 from ..engine.outcome import BurstError
 from ..inputs.device import DeviceInfo, probe_device
@@ -73,6 +73,8 @@ from ..results.burst import BurstResult
 from ..results.comparison import Comparison
 from ..results.headspace import Headspace
 from ..results.history import RunHistory, workload_fingerprint
+from ..results.noise import NoiseBand
+from ..results.tune import TuneResult, TuneStep
 from ..views.comparison import outcome_text
 from .bursts import Bursts, Contender
 from .compare import WINDOW_S, measure_pairs, window_steps
@@ -94,75 +96,6 @@ HOLD_SHARE = 0.25
 #: What a first compiled burst is assumed to cost on top of an eager one before any has run: a cold inductor
 #: compile of a small model took 16 s on a 2-core CPU here, ~25 s for ResNet-18 / GPT-124M on an H200.
 COMPILE_ALLOWANCE_S = 20.0
-
-
-@dataclass(frozen=True)
-class TuneStep:
-    """One decision: a knob value tried (or skipped) against the best config at that point.
-
-    ``comparison`` is the duel's measurement by the comparison engine (None when the value was skipped, failed its
-    first burst or was rejected by the guard before any comparison); ``results`` are the step's windows in run
-    order: the candidate's first burst, then the comparison's windows of both configs.
-    """
-
-    knob: str
-    value: Any
-    accepted: bool
-    reason: str
-    results: list[BurstResult] = field(default_factory=list)
-    comparison: Comparison | None = None
-
-    @property
-    def speedup(self) -> float | None:
-        """The candidate's samples/s over the best config's, from the comparison's blocks (None without any)."""
-        return self.comparison.ratio if self.comparison is not None else None
-
-
-@dataclass
-class TuneResult:
-    """The best config found, every decision on the way (``decisions``) and every window run (``bursts``).
-
-    ``confirmation`` is the pick measured against the starting config by the comparison engine after the search, and
-    :attr:`speedup` its ratio; ``best_samples_per_s`` and ``baseline_samples_per_s`` are medians over its windows
-    (over all windows of those configs when it has none; ``None`` when none finished). ``noise`` is the band the guard
-    judged a candidate by, when one needed it (its reseeded baseline bursts count in ``wall_s`` and the budget, but
-    are not in ``bursts``: they trained on other data).
-    """
-
-    best: Config
-    best_samples_per_s: float | None
-    baseline_samples_per_s: float | None
-    decisions: list[TuneStep]
-    bursts: list[BurstResult]
-    wall_s: float
-    stopped_reason: str
-    noise: NoiseBand | None = None
-    confirmation: Comparison | None = None
-
-    @property
-    def speedup(self) -> float | None:
-        """What the pick gains over the starting config: the final comparison's ratio; 1.0 when the pick is the
-        start; None when that comparison could not run (stopped, no time left)."""
-        if self.confirmation is not None:
-            return self.confirmation.ratio
-        return 1.0 if not any(s.accepted for s in self.decisions) else None
-
-    def summary(self) -> str:
-        """Lines a person reads: the result, then each decision (+ marks the kept ones)."""
-        rates = ", ".join(f"{name} {rate:,.1f} samples/s" for name, rate in
-                          (("baseline", self.baseline_samples_per_s), ("best", self.best_samples_per_s))
-                          if rate is not None)
-        if self.confirmation is not None:
-            measured = f"{outcome_text(self.confirmation)} against the start"
-        elif self.speedup is not None:
-            measured = "no knob beat the starting config"
-        else:
-            measured = "its speed-up over the start not measured"
-        measured += f"; {rates}" if rates else ""
-        head = (f"best: {self.best.label()} ({measured}), {len(self.bursts)} bursts in {self.wall_s:.1f} s; "
-                f"{self.stopped_reason}")
-        return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
-                                  for s in self.decisions)])
 
 
 def tune(
@@ -329,7 +262,7 @@ def _can_hold(first: BurstResult, device: DeviceInfo) -> bool:
     """Whether a config's ranks may stay open while the search goes on: their memory (as its first burst measured it)
     is at most ``HOLD_SHARE`` of the GPU's, or on a CPU of the memory available besides them. Unknown memory is not
     held."""
-    held = first.peak_reserved_bytes or first.peak_memory_bytes
+    held = peak_reserved_bytes(first) or first.peak_memory_bytes
     if not held:
         return False
     if first.memory_kind == "cuda_allocator" and device.gpus:

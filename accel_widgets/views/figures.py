@@ -1,5 +1,6 @@
 """Figures read at a glance: speed-ups per workload, the ladder as a waterfall, where the step goes, utilisation
-per run, and the workshop's folklore against what its comparisons measured.
+per run, the workshop's folklore against what its comparisons measured, and a search's records: samples/s by batch
+size (:func:`batch_size_figure`), a sweep's grid (:func:`sweep_figure`).
 
 Each takes the comparison rows (:func:`~accel_widgets.analysis.compare.comparison_rows`) and, where it needs raw
 steps or telemetry, the results they came from, so the report, the panel and a notebook draw the same
@@ -18,17 +19,22 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..analysis.compare import Row, comparison_rows, with_comparison
+from ..analysis.usage import mean_activity_pct, mean_utilisation_pct
 from ..metrics.sequential import Interval
+from ..metrics.units import bytes_text
+from ..results.batchsize import MEMORY_FAILURES, BatchSizeSearch
 from ..results.burst import BurstResult
 from ..results.comparison import Comparison
+from ..results.sweep import BASE, SweepPoint, SweepResult
 from .comparison import interval_text, verdict_text
 from .style import COLOURS, PALETTE, STEP_PART_COLOURS, UNRELIABLE, VERDICT_MARKS, run_colour, run_name, shorten
 from .table import same_within_pct, speedup_reading
+from .text import point_text
 from .timeline import has_activity, utilisation_title
 
 if TYPE_CHECKING:
@@ -112,7 +118,7 @@ def speedup_figure(rows: Sequence[Row]) -> Figure:
     Workloads hundreds of times apart in samples/s share one axis this way, since a speed-up has no unit.
     Whiskers: the comparison's interval (:func:`speedup_whiskers`), the verdict's mark beside the number; a run
     not compared reads "1 burst". A noisy run's bar is hatched and labelled "~ noisy"; an unreliable run's
-    (other load, a stalling machine: :attr:`~accel_widgets.results.burst.BurstResult.reliability`) is cross-hatched,
+    (other load, a stalling machine: :func:`~accel_widgets.results.reliability.reliability`) is cross-hatched,
     faded and labelled "⚠ unreliable", so it never reads as a plain speed-up.
     """
     from plotly.subplots import make_subplots
@@ -301,7 +307,8 @@ def utilisation_figure(results: Sequence[BurstResult], rows: Sequence[Row]) -> F
 
 def _panel_title(row: Row, result: BurstResult, several: bool) -> str:
     name = run_name(int(row["run"]), str(row["label"]), str(row["workload"]) if several else None)
-    mean, sm, tensor = result.mean_utilisation_pct, result.mean_sm_active_pct, result.mean_tensor_active_pct
+    mean = mean_utilisation_pct(result)
+    sm, tensor = mean_activity_pct(result, "sm_active_pct"), mean_activity_pct(result, "tensor_active_pct")
     parts = [f"mean {mean:.0f}%" if mean is not None else "", f"SM {sm:.0f}%" if sm is not None else "",
              f"tensor {tensor:.0f}%" if tensor is not None else ""]
     return " · ".join([shorten(name, _TITLE_CHARS), *filter(None, parts)])
@@ -487,3 +494,196 @@ def step_distributions(lessons: Sequence[Lesson]) -> Figure:
                          legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
                          margin={"l": 60, "r": 20, "t": 80, "b": 60})
     return figure
+
+
+# -- a batch-size search ----------------------------------------------------------------------------------------------
+def batch_size_figure(search: BatchSizeSearch) -> Figure:
+    """samples/s against batch size (log2 axis), the sizes that did not fit marked at the bottom, peak memory on the
+    right axis with the cap and the margin, and the largest fit annotated. Traces carry ``meta["kind"]``."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(specs=[[{"secondary_y": True}]])
+    figure.update_layout(template="plotly_white", height=380, hovermode="closest",
+                         title={"text": f"{search.workload}: samples/s by batch size"},
+                         margin={"l": 60, "r": 60, "t": 60, "b": 45}, legend={"x": 1.08, "y": 1})
+    for trace, on_memory_axis in _batch_traces(search):
+        figure.add_trace(trace, secondary_y=on_memory_axis)
+    sizes = [t.batch_size for t in search.tries] or [1]
+    ticks = [1 << k for k in range(min(sizes).bit_length() - 1, max(sizes).bit_length())]
+    per = "per DDP rank, " if search.config.ranks > 1 else ""
+    figure.update_xaxes(type="log", title_text=f"batch size ({per}log2 axis)", tickvals=ticks,
+                        ticktext=[f"{v:,}" for v in ticks])
+    figure.update_yaxes(title_text="samples/s", rangemode="tozero", secondary_y=False)
+    figure.update_yaxes(title_text=f"peak memory (MiB, {search.memory_kind})", rangemode="tozero", showgrid=False,
+                        secondary_y=True)
+    _memory_lines(figure, search)
+    if search.largest_fitting is not None:
+        figure.add_vline(x=search.largest_fitting, line={"dash": "dot", "color": COLOURS["ok"]})
+        figure.add_annotation(text=f"largest fit {search.largest_fitting:,}", x=math.log10(search.largest_fitting),
+                              yref="paper", y=1, yanchor="bottom", showarrow=False, font={"color": COLOURS["ok"]})
+    return figure
+
+
+def _memory_lines(figure: Figure, search: BatchSizeSearch) -> None:
+    """The cap and the margin's line on the memory axis, each labelled, where the search had them."""
+    if search.cap_bytes is not None:
+        figure.add_hline(y=search.cap_bytes / 2**20, line={"dash": "dash", "color": COLOURS["error"]},
+                         secondary_y=True)
+        figure.add_annotation(text=f"cap {bytes_text(search.cap_bytes)}", xref="paper", x=0, yref="y2",
+                              y=search.cap_bytes / 2**20, xanchor="left", yanchor="bottom", showarrow=False,
+                              font={"color": COLOURS["error"]})
+    allowed = search.peak_allowed_bytes
+    if search.margin and allowed is not None:
+        figure.add_hline(y=allowed / 2**20, line={"dash": "dot", "color": COLOURS["warning"]}, secondary_y=True)
+        figure.add_annotation(text=f"{search.margin:.0%} margin", xref="paper", x=1, yref="y2", y=allowed / 2**20,
+                              xanchor="right", yanchor="top", showarrow=False, font={"color": COLOURS["warning"]})
+
+
+def _batch_traces(search: BatchSizeSearch) -> list[tuple[Any, bool]]:
+    """(trace, on the memory axis) of the figure: the throughput curve (and the one under the setting that made
+    room), the sizes that did not fit, peak memory."""
+    import plotly.graph_objects as go
+
+    curve = search.curve()
+    failed = sorted((t for t in search.tries if t.failure in MEMORY_FAILURES), key=lambda t: t.batch_size)
+    measured = sorted((t for t in search.tries if t.peak_memory_bytes is not None), key=lambda t: t.batch_size)
+    roomy = search.curve(search.room_setting) if search.room_setting else []
+    room = [(go.Scatter(x=[t.batch_size for t in roomy], y=[t.samples_per_s for t in roomy], mode="lines+markers",
+                        name=f"with {search.room_setting}", line={"color": PALETTE[2], "dash": "dash"},
+                        meta={"kind": "samples_per_s_with_room"},
+                        hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False)] if roomy else []
+    return [*room,
+        (go.Scatter(x=[t.batch_size for t in curve], y=[t.samples_per_s for t in curve], mode="lines+markers",
+                    name="samples/s", line={"color": PALETTE[0]}, meta={"kind": "samples_per_s"},
+                    hovertemplate="batch %{x:,}: %{y:,.4g} samples/s<extra></extra>"), False),
+        (go.Scatter(x=[t.batch_size for t in failed], y=[0] * len(failed), mode="markers", name="does not fit",
+                    marker={"symbol": "x", "size": 11, "color": COLOURS["error"]}, text=[t.why_not for t in failed],
+                    meta={"kind": "does_not_fit"}, hovertemplate="batch %{x:,}: %{text}<extra></extra>"), False),
+        (go.Scatter(x=[t.batch_size for t in measured], y=[(t.peak_memory_bytes or 0) / 2**20 for t in measured],
+                    mode="markers", name="peak memory", marker={"symbol": "diamond-open", "color": "#777"},
+                    meta={"kind": "peak_memory"}, hovertemplate="batch %{x:,}: %{y:,.0f} MiB<extra></extra>"), True),
+    ]
+
+
+# -- a sweep ----------------------------------------------------------------------------------------------------------
+#: What a sweep's figure can show over its grid.
+SweepMetric = Literal["samples_per_s", "speedup"]
+SWEEP_METRICS: dict[SweepMetric, str] = {"samples_per_s": "samples/s", "speedup": "speed-up"}
+
+
+def sweep_figure(swept: SweepResult, metric: SweepMetric = "samples_per_s") -> Figure:
+    """``metric`` over a sweep's grid: a line for one knob, a heatmap for two, parallel coordinates for more. The
+    speed-up's line has the interval as whiskers and every cell or point its verdict on hover."""
+    if metric not in SWEEP_METRICS:
+        raise ValueError(f"metric={metric!r} is invalid: use one of {', '.join(SWEEP_METRICS)}")
+    rows = swept.rows()
+    values = [row[metric] for row in rows]
+    if len(swept.knobs) == 1:
+        return _sweep_line(swept, metric, values, rows)
+    if len(swept.knobs) == 2:
+        return _sweep_heatmap(swept, metric, values)
+    return _sweep_parallel_coordinates(swept, metric, values)
+
+
+def _sweep_cell_text(swept: SweepResult, metric: SweepMetric, point: SweepPoint, value: float | None) -> str:
+    """A cell's text: the number, and for the speed-up its interval or verdict (``1.45×<br>[1.30–1.62]``,
+    ``same ±3%``, ``base``)."""
+    if metric != "speedup" or value is None:
+        return _sweep_metric_text(metric, value)
+    if point.config == swept.base:
+        return BASE
+    comparison = point.comparison
+    if comparison is None:
+        return "–"
+    if comparison.verdict == "same":
+        return verdict_text(comparison)
+    return interval_text(comparison).replace(" [", "<br>[").replace(" (", "<br>(")
+
+
+def _sweep_line(swept: SweepResult, metric: SweepMetric, values: list[float | None],
+                rows: list[dict[str, Any]]) -> Figure:
+    """One knob: the metric by its values, the speed-up with its interval as whiskers."""
+    import plotly.graph_objects as go
+
+    name = swept.knobs[0]
+    x = [str(p.values[name]) for p in swept.points]
+    error_y = None
+    if metric == "speedup":
+        high = [row["speedup_high"] - v if row["speedup_high"] is not None and v is not None else None
+                for row, v in zip(rows, values, strict=True)]
+        low = [v - row["speedup_low"] if row["speedup_low"] is not None and v is not None else None
+               for row, v in zip(rows, values, strict=True)]
+        error_y = {"type": "data", "symmetric": False, "array": high, "arrayminus": low}
+    hover = [f"{p.label}: {point_text(swept, p)}" for p in swept.points]
+    figure = go.Figure(go.Scatter(x=x, y=values, mode="lines+markers", name=SWEEP_METRICS[metric],
+                                  error_y=error_y, hovertext=hover, hoverinfo="text+y"))
+    figure.update_layout(title=f"{SWEEP_METRICS[metric]} by {name}" + (f" against {swept.base.label()} (95% "
+                                                                        "interval)" if error_y else ""),
+                         xaxis={"title": name, "type": "category"}, yaxis_title=SWEEP_METRICS[metric],
+                         height=360)
+    return figure
+
+
+def _sweep_heatmap(swept: SweepResult, metric: SweepMetric, values: list[float | None]) -> Figure:
+    """Two knobs. Rows: the first knob's values; columns: the second's. A point that did not finish is left blank."""
+    import plotly.graph_objects as go
+
+    rows, columns = swept.knobs
+    row_values = _unique(p.values[rows] for p in swept.points)
+    column_values = _unique(p.values[columns] for p in swept.points)
+    key = [(str(p.values[rows]), str(p.values[columns])) for p in swept.points]
+    cell = dict(zip(key, values, strict=True))
+    said = {k: _sweep_cell_text(swept, metric, p, v) for k, p, v in zip(key, swept.points, values, strict=True)}
+    hover = {k: f"{p.label}: {point_text(swept, p)}" for k, p in zip(key, swept.points, strict=True)}
+    grid = [[(str(r), str(c)) for c in column_values] for r in row_values]
+    z = [[cell.get(k) for k in line] for line in grid]
+    text = [[said.get(k, "–") for k in line] for line in grid]
+    figure = go.Figure(go.Heatmap(z=z, x=[str(c) for c in column_values], y=[str(r) for r in row_values],
+                                  text=text, texttemplate="%{text}", colorscale="Blues",
+                                  customdata=[[hover.get(k, "") for k in line] for line in grid],
+                                  hovertemplate="%{customdata}<extra></extra>",
+                                  colorbar={"title": SWEEP_METRICS[metric]}))
+    figure.update_layout(title=f"{SWEEP_METRICS[metric]}: {rows} × {columns}", height=360,
+                         xaxis={"title": columns, "type": "category"}, yaxis={"title": rows, "type": "category"})
+    return figure
+
+
+def _sweep_parallel_coordinates(swept: SweepResult, metric: SweepMetric, values: list[float | None]) -> Figure:
+    """Three knobs or more: one axis per knob and one for the metric; categorical knobs (strings, bools, None) become
+    ticks."""
+    import plotly.graph_objects as go
+
+    dimensions = [_dimension(name, [p.values[name] for p in swept.points]) for name in swept.knobs]
+    measured = [v if v is not None else float("nan") for v in values]
+    dimensions.append({"label": SWEEP_METRICS[metric], "values": measured})
+    figure = go.Figure(go.Parcoords(line={"color": measured, "colorscale": "Blues", "showscale": True},
+                                    dimensions=dimensions))
+    figure.update_layout(title=f"{SWEEP_METRICS[metric]} over {', '.join(swept.knobs)}", height=420)
+    return figure
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    """The distinct values in first-seen order, told apart by how they are shown (1 and True are two)."""
+    seen: dict[str, Any] = {}
+    for value in values:
+        seen.setdefault(str(value), value)
+    return list(seen.values())
+
+
+def _sweep_metric_text(metric: SweepMetric, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}x" if metric == "speedup" else f"{value:,.0f}"
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _dimension(name: str, values: list[Any]) -> dict[str, Any]:
+    """A parcoords axis: numbers as they are; anything else as evenly spaced ticks named by their values."""
+    if all(_numeric(v) for v in values):
+        return {"label": name, "values": values}
+    ticks = [str(c) for c in _unique(values)]
+    return {"label": name, "values": [ticks.index(str(v)) for v in values], "tickvals": list(range(len(ticks))),
+            "ticktext": ticks}

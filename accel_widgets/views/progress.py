@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Literal
 
+from ..analysis.compare import speedup
 from ..engine.request import DEFAULT_STEPS
 from ..knobs import compiling
 from ..knobs.config import Config
@@ -156,9 +157,9 @@ def result_line(result: BurstResult, baseline: BurstResult | None) -> str:
     if not result.ok:
         message = result.error.message if result.error else result.status
         return f"  {name:<10} {result.status}: {message.splitlines()[0]}"
-    speedup = result.speedup_over(baseline) if baseline is not None and baseline.ok else None
+    lone = speedup(result, baseline) if baseline is not None and baseline.ok else None
     # One burst against one: said so, the comparison's interval and verdict follow once it has measured.
-    ratio = f"{speedup:5.2f}x (1 burst)" if speedup is not None else f"{'-':>6}{'':10}"
+    ratio = f"{lone:5.2f}x (1 burst)" if lone is not None else f"{'-':>6}{'':10}"
     step = result.step_time
     step_text = f"{step.median * 1e3:8.2f} ms/step" if step is not None else ""
     return f"  {name:<10} {result.samples_per_s:10,.1f} samples/s {ratio} {step_text}"

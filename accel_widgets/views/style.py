@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ..analysis.diagnosis import Finding, Severity
 
 
-#: A finished run whose numbers cannot rank a knob (:attr:`~accel_widgets.results.burst.BurstResult.reliability`): its
+#: A finished run whose numbers cannot rank a knob (:func:`~accel_widgets.results.reliability.reliability`): its
 #: status and its speed-up carry this mark in every face.
 UNRELIABLE = "⚠ unreliable"
 

@@ -9,7 +9,10 @@ import pytest
 from accel_widgets import Config, ErrorInfo
 from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
 from accel_widgets.analysis.guard import GuardVerdict
+from accel_widgets.analysis.usage import energy
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.results.reliability import foreign_cpu_pct, load_attribution, other_processes, reliability
+from accel_widgets.views.text import summary
 from tests.panel.fakes import synthetic_result
 from tests.results.test_burst import compile_report
 
@@ -120,13 +123,13 @@ def test_noisy_steps_say_re_run_and_name_the_foreign_load() -> None:
 
 def test_a_spread_past_half_the_median_or_a_shared_machine_is_an_unreliable_measurement() -> None:
     spread = synthetic_result(jitter=0.3)  # steps alternate 35 and 65 ms: IQR 60% of the median
-    assert spread.reliability.reasons == ("step times spread 60% of their median (IQR 30 ms around 50 ms)",)
+    assert reliability(spread).reasons == ("step times spread 60% of their median (IQR 30 ms around 50 ms)",)
     finding = by_title(diagnose(spread), "Unreliable measurement")
     assert finding.severity == "warn" and "Re-measure" in finding.detail and "Noisy step times" not in titles(
         diagnose(spread))
     shared = synthetic_result(util=50, foreign=30)
-    assert not shared.reliability.reliable and "other load took 30% of the machine" in shared.reliability.text()
-    assert synthetic_result(util=50, foreign=20).reliability.reliable
+    assert not reliability(shared).reliable and "other load took 30% of the machine" in reliability(shared).text()
+    assert reliability(synthetic_result(util=50, foreign=20)).reliable
 
 
 def test_the_load_is_attributed_and_a_browser_drawing_live_plots_is_named() -> None:
@@ -136,9 +139,9 @@ def test_the_load_is_attributed_and_a_browser_drawing_live_plots_is_named() -> N
                                                                                       "jupyter-server": 10.0,
                                                                                       "sshd": 1.0})
                         for t in result.telemetry]
-    assert result.other_processes() == [("chromium", 44.0), ("jupyter-server", 10.0), ("sshd", 1.0)]
-    assert result.foreign_cpu_pct == pytest.approx(25.0)  # 70% busy: 40 the burst's, 5 the caller's
-    assert result.load_attribution() == "chromium 44%, jupyter-server 10% of a core; the calling process 10% of a core"
+    assert other_processes(result) == [("chromium", 44.0), ("jupyter-server", 10.0), ("sshd", 1.0)]
+    assert foreign_cpu_pct(result) == pytest.approx(25.0)  # 70% busy: 40 the burst's, 5 the caller's
+    assert load_attribution(result) == "chromium 44%, jupyter-server 10% of a core; the calling process 10% of a core"
     finding = by_title(diagnose(result), "Unreliable measurement")
     assert "other load took 30% of the machine (chromium 44%, jupyter-server 10% of a core" in finding.detail
     assert "The browser used 44% of a core while the burst ran" in finding.detail
@@ -325,7 +328,7 @@ def test_a_faster_run_that_costs_more_energy_says_so() -> None:
 def test_no_energy_finding_where_either_run_was_not_measured() -> None:
     measured = with_energy(synthetic_result(step_s=0.05), watts=200.0)
     unmeasured = synthetic_result(Config(precision="bf16"), step_s=0.025)  # CPU telemetry without RAPL
-    assert unmeasured.energy_j is None
+    assert energy(unmeasured).joules is None
     assert "Energy per sample" not in titles(diagnose(unmeasured, measured, verdict=GuardVerdict("ok")))
     assert "Energy per sample" not in titles(diagnose(measured, unmeasured, verdict=GuardVerdict("ok")))
 
@@ -352,7 +355,7 @@ def test_expandable_segments_asked_for_but_fixed_in_the_allocator_is_a_warning()
     assert finding.detail.startswith("expandable_segments=True did not act: the CUDA allocator's segments were fixed")
     grew = dataclasses.replace(result, ranks=[dataclasses.replace(result.ranks[0], allocator_expandable=True)])
     assert "Expandable segments not in effect" not in titles(diagnose(grew))
-    assert "expandable allocator segments" in grew.summary()
+    assert "expandable allocator segments" in summary(grew)
 
 
 def test_findings_carry_the_symptom_a_ladder_can_be_asked_to_address() -> None:

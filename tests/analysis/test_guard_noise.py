@@ -22,9 +22,9 @@ from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.guard import (
     NOISE_MARGIN,
     SMOOTHING_WINDOW,
-    NoiseBand,
     cached_noise,
     check_training,
+    deviation_at,
     find_baseline,
     noise_band,
     tolerance,
@@ -33,7 +33,9 @@ from accel_widgets.data.cache import cache_dataset, first_random_item
 from accel_widgets.engine.training import build_loop
 from accel_widgets.knobs.plan import resolve
 from accel_widgets.results.history import RunHistory, workload_fingerprint
+from accel_widgets.results.noise import NoiseBand
 from accel_widgets.search.tuner import measure_noise
+from accel_widgets.views.text import summary
 from tests.analysis.test_guard import HugeActivations, falling, result
 from tests.devices import cpu_device
 from tests.workloads import CLASSES, FEATURES, TinyNet, tensors
@@ -155,7 +157,8 @@ def keyed_runs() -> Iterator[dict[str, Any]]:
 
 def test_on_keyed_augmented_data_loading_knobs_train_exactly_as_the_baseline_and_pass_without_a_band(keyed_runs):
     base = keyed_runs["base"]
-    assert base.random_data and base.keyed_data  # two draws of an item differ; two under one key agree
+    rank = base.ranks[0]
+    assert rank.random_data and rank.keyed_data  # two draws of an item differ; two under one key agree
     for name in LOADING:
         run = keyed_runs[name]
         assert run.losses() == base.losses(), name  # fp32, step for step: equal, not close
@@ -196,7 +199,7 @@ def test_an_augmentation_no_key_reaches_moves_with_loader_workers_and_needs_the_
     assert 0.02 < noise.spread < 0.2  # about 5%: a batch of 64 augmented items moves the loss that much
 
     assert workers.losses() != base.losses()  # each worker's copy of the generator draws its own
-    assert workers.random_data and not workers.keyed_data  # two reads under one key differ
+    assert workers.ranks[0].random_data and not workers.ranks[0].keyed_data  # two reads under one key differ
     alone = check_training(workers, base)  # the precision's tolerance alone would be a false alarm: no verdict
     assert alone.status == "cannot_tell" and alone.beyond_tolerance
     (reason,) = alone.reasons
@@ -211,7 +214,7 @@ def test_an_augmentation_no_key_reaches_moves_with_loader_workers_and_needs_the_
 
     broken = check_training(own_generator_runs["lr x10"], base, noise)
     assert broken.status == "changes_training" and broken.beyond_tolerance
-    assert broken.max_relative_deviation > 2 * NOISE_MARGIN * noise.deviation_at(SMOOTHING_WINDOW)
+    assert broken.max_relative_deviation > 2 * NOISE_MARGIN * deviation_at(noise, SMOOTHING_WINDOW)
     assert f"{NOISE_MARGIN:g}x the" in broken.reasons[0] and "a baseline with reseeded data moves" in broken.reasons[0]
 
 
@@ -235,7 +238,7 @@ def test_the_band_is_the_widest_reseed_rescaled_to_one_batch_and_averages_down()
     base = result(falling())
     band = noise_band(base, {1: result(scaled(falling(), 1.03)), 2: result(scaled(falling(), 0.98))})
     assert band == NoiseBand(pytest.approx(0.03 * math.sqrt(SMOOTHING_WINDOW)), 40, (1, 2))
-    assert [band.deviation_at(i) for i in (0, 3, 4, 100)] == pytest.approx(
+    assert [deviation_at(band, i) for i in (0, 3, 4, 100)] == pytest.approx(
         [0.03 * math.sqrt(5), 0.03 * math.sqrt(5 / 4), 0.03, 0.03])
     assert NoiseBand.from_dict(band.to_dict()) == band
 
@@ -368,7 +371,7 @@ def test_a_run_on_frozen_augmentation_is_marked_and_never_a_baseline():
     frozen = INPROCESS(workload, Config(data_cache="memory"), steps=4)
     assert frozen.cache is not None and frozen.cache.frozen_item == 0 and frozen.warnings == []
     reason = frozen.cache.frozen_text()
-    assert "froze random augmentation" in frozen.summary()
+    assert "froze random augmentation" in summary(frozen)
     for baseline in (base, None):
         verdict = check_training(frozen, baseline)
         assert verdict.status == "changes_training"

@@ -7,6 +7,7 @@ import pytest
 
 from accel_widgets import BurstOptions, Config, WorkerError, run_burst
 from accel_widgets.analysis.diagnosis import diagnose
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.workloads import (
     MatmulStack,
@@ -33,7 +34,7 @@ def test_a_compiled_burst_reports_compile_time_apart_and_keeps_its_kernels_in_th
     report = result.compile_report
     assert (report.scope, report.graphs, report.graph_break_count, report.recompiles) == ("the whole model", 1, 0, 0)
     assert 0 < report.compile_s < result.first_step_s
-    assert "  compile     " in result.summary() and "1 graph, no graph breaks, no recompiles" in result.summary()
+    assert "  compile     " in summary(result) and "1 graph, no graph breaks, no recompiles" in summary(result)
     assert loss_fell(result.losses()), result.losses()
     cache = Path(private_cache_dir) / "inductor"
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
@@ -81,8 +82,8 @@ def test_a_graph_break_and_a_new_shape_every_step_are_counted_and_said():
                                           "forward", 'print("batch of", x.shape[0])')
     assert {r.reason.split(". expected")[0] for r in report.recompile_reasons} == {
         "tensor 'x' size mismatch at index 0"}
-    summary = result.summary()
-    assert f"graph break {found.text()}" in summary and "recompiled  1x in forward (workloads.py:" in summary
+    text = summary(result)
+    assert f"graph break {found.text()}" in text and "recompiled  1x in forward (workloads.py:" in text
     findings = {f.title: f for f in diagnose(result)}
     assert findings["Graph breaks"].detail.startswith(f"compile broke the graph 2x at {found.where()} (`print(")
     assert findings["Recompiles"].detail.startswith("recompiled 2x in 6 steps because tensor 'x' size mismatch")

@@ -3,6 +3,9 @@
 import pytest
 
 from accel_widgets import BurstEngine, BurstOptions, Config
+from accel_widgets.analysis.compare import memory_ratio, speedup
+from accel_widgets.analysis.usage import model_state_bytes
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.workloads import wide_workload
 
@@ -30,7 +33,7 @@ def test_fsdp_trains_as_ddp_does_with_half_the_state_per_rank():
     assert fsdp.environment["model_wrappers"][0] == "FSDPWideBlocks" and fsdp.facts.sharded
     for rank in (0, 1):
         assert fsdp.losses(rank) == pytest.approx(ddp.losses(rank), rel=1e-5)
-    assert fsdp.model_state_bytes / ddp.model_state_bytes == pytest.approx(0.5, abs=0.01)
-    assert ddp.model_state_bytes > 190 * 2**20  # 12.6M parameters x 4 bytes x (weights, gradients, 2 moments)
-    assert fsdp.memory_ratio_over(ddp) is not None and fsdp.speedup_over(ddp) is not None
-    assert "per rank: the busiest of 2, parameters sharded" in fsdp.summary()
+    assert model_state_bytes(fsdp) / model_state_bytes(ddp) == pytest.approx(0.5, abs=0.01)
+    assert model_state_bytes(ddp) > 190 * 2**20  # 12.6M parameters x 4 bytes x (weights, gradients, 2 moments)
+    assert memory_ratio(fsdp, ddp) is not None and speedup(fsdp, ddp) is not None
+    assert "per rank: the busiest of 2, parameters sharded" in summary(fsdp)

@@ -24,9 +24,12 @@ from accel_widgets import (
     run_burst,
 )
 from accel_widgets.analysis.diagnosis import diagnose
+from accel_widgets.analysis.usage import loader_cpu_pct
 from accel_widgets.engine import launcher
 from accel_widgets.engine.ranks import EXIT_GRACE_S
 from accel_widgets.results.burst import BurstPhase, ProfileCapture
+from accel_widgets.results.reliability import foreign_cpu_pct, reliability
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.workloads import (
     BreaksTheProfiler,
@@ -219,7 +222,7 @@ def test_a_loss_that_goes_nan_ends_diverged_with_its_numbers():
     assert result.error.kind == "diverged"
     assert result.error.message.startswith("loss is NaN from step 3 (3 of 6 steps not finite): training diverged.")
     assert result.samples_per_s > 0 and result.step_time.n == 4
-    assert result.summary().startswith("baseline [tiny] diverged: loss is NaN from step 3")
+    assert summary(result).startswith("baseline [tiny] diverged: loss is NaN from step 3")
     assert "Training diverged" in [f.title for f in diagnose(result)]
 
 
@@ -270,10 +273,10 @@ def test_foreign_cpu_load_during_a_burst_makes_it_unreliable_and_is_named():
     finally:
         hog.kill()
         hog.wait()
-    assert result.foreign_cpu_pct > 20
-    assert not result.reliability.reliable
-    assert "python -c" in result.reliability.text(), result.reliability.text()  # the hog, by what it runs
-    assert "unreliable" in result.summary()
+    assert foreign_cpu_pct(result) > 20
+    assert not reliability(result).reliable
+    assert "python -c" in reliability(result).text(), reliability(result).text()  # the hog, by what it runs
+    assert "unreliable" in summary(result)
 
 
 def test_profile_capture_writes_a_trace_naming_the_models_operators(tmp_path):
@@ -317,10 +320,10 @@ def test_host_telemetry_attributes_cpu_to_the_loader_workers():
     from accel_widgets import demo_workload
 
     result = run_burst(demo_workload("image"), Config(num_workers=2), seconds=1.5)
-    assert result.loader_cpu_pct > 5  # per-item augmentation runs in the loader worker processes
+    assert loader_cpu_pct(result) > 5  # per-item augmentation runs in the loader worker processes
     sample = result.telemetry[-1]
     assert len(sample.cpu_per_core_pct) >= 1 and sample.iowait_pct is not None
-    assert BurstResult.from_json(result.to_json()).loader_cpu_pct == result.loader_cpu_pct
+    assert loader_cpu_pct(BurstResult.from_json(result.to_json())) == loader_cpu_pct(result)
 
 
 def test_fast_steps_streaming_in_wake_the_caller_per_tick_not_per_message():

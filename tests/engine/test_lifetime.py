@@ -37,6 +37,7 @@ from accel_widgets.engine.launcher import inductor_cache_dir
 from accel_widgets.engine.outcome import _crash_message
 from accel_widgets.engine.process import running
 from accel_widgets.engine.ranks import Collected, remove_orphaned_burst_dirs
+from accel_widgets.views.text import summary
 from tests.workloads import FailAt, ForksInForward, StuckItemDataset, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +228,7 @@ def _assert_ended_and_named(pids: list[int], warnings: list[str]) -> None:
 def test_processes_forked_in_forward_die_with_the_burst_and_are_named(knobs, tmp_path):
     pid_file = tmp_path / "pids"
     result = run_burst(tiny_workload(ForksInForward(str(pid_file))), Config(**knobs), steps=3)
-    assert result.ok, result.summary()
+    assert result.ok, summary(result)
     _assert_ended_and_named(_forked_pids(pid_file), result.warnings)
 
 

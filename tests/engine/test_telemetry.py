@@ -25,8 +25,10 @@ import psutil
 import pytest
 
 from accel_widgets import BurstResult, Config, StepRecord
+from accel_widgets.analysis.usage import energy
 from accel_widgets.engine.telemetry import MACHINE_SCAN_S, THREAD_NAME, HostCpu, TelemetrySampler
 from accel_widgets.results.burst import TelemetrySample
+from accel_widgets.results.reliability import caller_cpu_pct, other_processes
 from tests.measured import H200_FP32_ACTIVITY
 
 BUSY = "while True: pass"
@@ -458,9 +460,10 @@ def test_gpu_counters_in_the_samples_give_the_bursts_joules_per_sample() -> None
     steps += [StepRecord(0, k, 0.25 * (k + 1), 0.0, 0.0, 0.25, 0.25, 10, 1.0) for k in range(1, 4)]
     result = BurstResult(workload="w", config=Config(), status="ok", steps=steps, telemetry=sampler.samples)
     assert result.measured_window() == (0.25, 1.0)
-    assert result.energy_j == pytest.approx(300.0)
-    assert result.joules_per_sample == pytest.approx(10.0)
-    assert "summed over 2 GPUs" in result.energy_note
+    used = energy(result)
+    assert used.joules == pytest.approx(300.0)
+    assert used.joules_per_sample == pytest.approx(10.0)
+    assert "summed over 2 GPUs" in used.note
 
 
 def _rapl_tree(root: Path, energy_uj: int = 1_000_000) -> Path:
@@ -597,8 +600,8 @@ def test_other_programs_are_named_and_the_caller_is_told_apart() -> None:
     assert statistics.median(callers) > 15.0  # a spinning thread of this process: ~50% of a 2-core machine
     result = BurstResult("w", Config(), "ok", telemetry=samples, steps=[
         StepRecord(0, i, samples[0].t + 0.5 * (i + 1), 0.0, 0.0, 0.5, 0.5, 8) for i in range(4)])
-    assert dict(result.other_processes())["python -c"] > 50.0
-    assert result.caller_cpu_pct == pytest.approx(statistics.fmean(
+    assert dict(other_processes(result))["python -c"] > 50.0
+    assert caller_cpu_pct(result) == pytest.approx(statistics.fmean(
         s.caller_util_pct for s in result.measured_telemetry() if s.caller_util_pct is not None))
 
 

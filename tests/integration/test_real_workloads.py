@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 from accel_widgets import BurstOptions, BurstResult, CodePaths, Config, WorkerError, Workload, run_burst
 from accel_widgets.knobs.data import RankShard, loader_notes
+from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.workloads import TinyNet, conv_workload, tensors, tiny_workload
 
@@ -54,7 +55,7 @@ def bert_workload(model=tiny_bert, **changes) -> Workload:
 @pytest.mark.slow
 def test_a_hugging_face_model_trains_on_dict_batches_with_its_own_loss_and_real_tokens():
     result = run_burst(bert_workload(), Config(), steps=6, options=BurstOptions(device=cpu_device()))
-    assert result.ok, result.summary()
+    assert result.ok, summary(result)
     losses = result.losses()
     assert all(torch.isfinite(torch.tensor(losses)))
     assert result.ranks[0].measured_tokens == 6 * 16 * REAL_TOKENS  # padding is not counted
@@ -202,6 +203,6 @@ def test_clipping_works_with_a_fused_optimizer_under_ddp():
 ], ids=lambda value: value if isinstance(value, str) else "")
 def test_a_burst_records_the_code_paths_its_step_ran(name, workload, paths):
     result = run_burst(workload(), Config(), steps=2, options=BurstOptions(device=cpu_device()))
-    assert result.ok, result.summary()
+    assert result.ok, summary(result)
     assert result.code_paths == paths
     assert BurstResult.from_json(result.to_json()).code_paths == paths

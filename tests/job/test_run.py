@@ -86,7 +86,7 @@ def augmented_reference(config: Config, steps: int) -> list[float]:
     burst = run_burst(augmented_job_workload(), config, steps=steps - 2,
                       options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert burst.ok, burst.error
-    assert burst.random_data and burst.keyed_data
+    assert burst.ranks[0].random_data and burst.ranks[0].keyed_data
     return burst.losses(rank=0)
 
 

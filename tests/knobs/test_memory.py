@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from accel_widgets import BurstOptions, Config, run_burst
+from accel_widgets.analysis.compare import memory_ratio
 from accel_widgets.demos.lm import TinyGPT, lm_loss
 from accel_widgets.engine import worker
 from accel_widgets.engine.request import BurstRequest
@@ -77,7 +78,7 @@ def test_checkpointing_lowers_a_bursts_peak_and_trains_the_same():
     assert blocks.losses() == off.losses() and len(off.losses()) == 2
     saved = off.peak_memory_bytes - blocks.peak_memory_bytes
     assert saved > 40 * 2**20, (off.peak_memory_bytes, blocks.peak_memory_bytes)  # measured here: 82-95 MiB
-    assert blocks.memory_ratio_over(off) == blocks.peak_memory_bytes / off.peak_memory_bytes
+    assert memory_ratio(blocks, off) == blocks.peak_memory_bytes / off.peak_memory_bytes
 
 
 # -- expandable segments ---------------------------------------------------------------------------------------------

@@ -29,8 +29,10 @@ from accel_widgets.panel.plots import (
 )
 from accel_widgets.panel.state import PanelState
 from accel_widgets.panel.view import COMPARE_TABS, KNOBS_BESIDE_PX, KNOBS_MAX_PX
+from accel_widgets.results.reliability import reliability
 from accel_widgets.search.ladder import classic_ladder
 from accel_widgets.views.style import run_colour
+from accel_widgets.views.text import summary
 from accel_widgets.views.timeline import timeline
 from tests.panel.fakes import CPU, GPU1, WARMUP, FakeEngine, sample, synthetic_result
 from tests.panel.reading import ChartPage, chart_rows, table_text, traces
@@ -482,7 +484,7 @@ def test_wait_returns_the_run_the_action_finished_last() -> None:
     assert panel.wait() is None  # nothing ran yet
     panel.run_burst()
     burst = panel.wait(timeout=30)
-    assert burst is panel.runs[-1] and burst.ok and burst.summary().startswith("baseline [tiny] ok")
+    assert burst is panel.runs[-1] and burst.ok and summary(burst).startswith("baseline [tiny] ok")
     panel.run_ladder()
     last_rung = panel.wait(timeout=30)
     assert last_rung is panel.runs[-1] and last_rung.label == classic_ladder(tiny_workload(), CPU)[-1].name
@@ -545,7 +547,7 @@ def test_a_real_short_burst_fills_the_panel() -> None:
     assert result.ok, result.error
     assert len(chart_rows(panel.plots.chart, 0, "step")) == 5
     # A real burst on a shared machine can be unreliable (other load): then the table says so, not "ok".
-    assert table_text(panel.table)[0][-1] == ("ok" if result.reliability.reliable else "⚠ unreliable")
+    assert table_text(panel.table)[0][-1] == ("ok" if reliability(result).reliable else "⚠ unreliable")
     assert "finished" in status(panel)
 
 

@@ -22,7 +22,8 @@ from accel_widgets.panel.table import RunsTable
 from accel_widgets.results.burst import BurstResult
 from accel_widgets.results.comparison import Block, Comparison
 from accel_widgets.results.history import RunHistory
-from accel_widgets.search.tuner import TuneResult, TuneStep, tune
+from accel_widgets.results.tune import TuneResult, TuneStep
+from accel_widgets.search.tuner import tune
 from tests.measured import as_measured
 from tests.panel.fakes import CPU, FakeEngine, synthetic_result
 from tests.panel.reading import ChartPage, cell, chart_rows, header_text, table_text

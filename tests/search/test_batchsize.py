@@ -38,6 +38,8 @@ from accel_widgets import (
 from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.knobs.rules import ConfigError
 from accel_widgets.search.batchsize import DEFAULT_CPU_SHARE, batch_scope, parse_memory_size
+from accel_widgets.views.figures import batch_size_figure
+from accel_widgets.views.text import summary
 from tests.workloads import TinyNet, WideBlocks, tensors
 
 CPU = DeviceInfo(cpu_count=8, cpu_name="Fake CPU")
@@ -187,7 +189,7 @@ def test_even_a_batch_of_one_over_the_cap_is_reported():
     assert engine.sizes() == [4, 2, 1]
     assert result.largest_fitting is None and result.fastest is None
     assert result.stopped_reason == "even a batch of 1 does not fit"
-    assert "largest that fits –" in result.summary()
+    assert "largest that fits –" in summary(result)
 
 
 def test_the_dataset_and_max_batch_size_bound_the_growth():
@@ -407,7 +409,7 @@ def test_the_result_round_trips_through_json_and_reads_as_text():
     again = BatchSizeSearch.from_json(result.to_json())
     assert again == result and isinstance(again.tries[0], BatchTry) and again.config == Config(num_workers=2)
     assert json.loads(result.to_json())["tries"][4]["failure"] == "memory_cap"
-    text = result.summary().splitlines()
+    text = summary(result).splitlines()
     assert text[0] == "batch size per step: largest that fits 672, fastest 672 (8,705 samples/s)"
     assert text[1].startswith("CPU (Fake CPU), memory cap 1,000 MiB (RSS of the burst's processes; memory_cap=")
     assert "9 tries in" in text[1] and text[1].endswith("704 does not fit; 672 does")
@@ -420,7 +422,7 @@ def test_the_result_round_trips_through_json_and_reads_as_text():
 def test_the_figure_draws_samples_per_s_by_batch_size_with_failures_and_the_cap():
     pytest.importorskip("plotly")
     result, _ = search(FakeEngine())
-    figure = result.figure()
+    figure = batch_size_figure(result)
     traces = {t.meta["kind"]: t for t in figure.data}
     assert list(traces["samples_per_s"].x) == [64, 128, 256, 512, 640, 672]
     assert list(traces["samples_per_s"].y) == pytest.approx([FakeEngine.rate(b) for b in (64, 128, 256, 512, 640, 672)])
@@ -504,7 +506,7 @@ def test_the_margin_brackets_the_largest_size_that_leaves_it_free():
     over = next(t for t in result.tries if t.batch_size == 640)
     assert over.fits and not over.within_margin and over.samples_per_s is not None
     assert result.fastest == 576  # the sizes that leave the margin free are the ones to use
-    text = result.summary().splitlines()
+    text = summary(result).splitlines()
     assert text[0].startswith("batch size per step: largest that fits with 10% of the memory left 576 (at all: 640)")
     assert text[2] == "margin: a size fits when its peak leaves 10% of 1,000 MiB free (peak <= 900 MiB)"
     assert any(line.startswith("      640  no    ran (") and "leaves less than 10% of 1,000 MiB free" in line
@@ -545,7 +547,7 @@ def test_on_an_h200_the_margin_is_judged_on_the_reserved_peak_against_cudas_tota
     assert result.limit_bytes == H200_CUDA_TOTAL and result.cap_bytes is None
     edge = next(t for t in result.tries if t.batch_size == 1280)
     assert edge.reserved_bytes == int(H200Engine.memory(1280) * 1.05) > 0.9 * H200_CUDA_TOTAL
-    assert "peak <= 125.87 GiB" in result.summary()
+    assert "peak <= 125.87 GiB" in summary(result)
 
 
 def blocks_workload() -> Workload:
@@ -594,11 +596,11 @@ def test_where_the_next_size_does_not_fit_activation_checkpointing_is_tried_and_
                                     "not fit; 2,728 does"
     assert result.memory_limited  # samples/s still rose when the memory ran out
     assert result.room_changes() == {"activation_checkpointing": "blocks", "batch_size": 2728}
-    assert "with activation_checkpointing=blocks: largest that fits 2,728" in result.summary()
+    assert "with activation_checkpointing=blocks: largest that fits 2,728" in summary(result)
     again = BatchSizeSearch.from_json(result.to_json())
     assert again == result and again.room_config == Config(activation_checkpointing="blocks")
     if _plotly():
-        traces = {t.meta["kind"]: t for t in result.figure().data}
+        traces = {t.meta["kind"]: t for t in batch_size_figure(result).data}
         assert list(traces["samples_per_s_with_room"].x) == [704, 1408, 2112, 2464, 2640, 2728]
 
     nothing, _ = search(Checkpointable(), wl=blocks_workload(), make_room=False)
@@ -626,7 +628,7 @@ def test_a_target_batch_is_reached_by_the_fastest_micro_batch_and_accumulation_m
     measured = engine.calls[-3:]
     assert [(c.batch_size, c.grad_accum_steps, c.activation_checkpointing) for c in measured] == [
         (1024, 1, "blocks"), (512, 2, "off"), (256, 4, "off")]
-    assert result.summary().splitlines()[3].startswith("target global batch 1,024 = micro-batch x grad_accum_steps: "
+    assert summary(result).splitlines()[3].startswith("target global batch 1,024 = micro-batch x grad_accum_steps: "
                                                        "fastest 512 x 2 (1,024 x 1 with activation_checkpointing")
     assert BatchSizeSearch.from_json(result.to_json()).target == target
 
@@ -653,5 +655,5 @@ def test_the_search_starts_at_the_estimate_and_says_how_far_it_was():
     assert result.largest_within_margin is not None and result.estimate_error == pytest.approx(
         result.estimated / result.largest_within_margin - 1)
     assert f"started at the estimate, {result.estimated:,} (a step traced on fake tensors); it found " \
-           f"{result.largest_within_margin:,}: the estimate was" in result.summary()
+           f"{result.largest_within_margin:,}: the estimate was" in summary(result)
     assert BatchSizeSearch.from_json(result.to_json()).estimated == result.estimated

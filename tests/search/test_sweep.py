@@ -13,8 +13,11 @@ import pytest
 import accel_widgets as aw
 from accel_widgets import BurstRequestError, Config, ConfigError, KnobValueError
 from accel_widgets.results.burst import BurstResult
+from accel_widgets.results.sweep import SweepPoint, SweepResult
 from accel_widgets.search.compare import DEFAULT_MIN_EFFECT
-from accel_widgets.search.sweep import SweepPoint, SweepResult, grid_points
+from accel_widgets.search.sweep import grid_points
+from accel_widgets.views.figures import sweep_figure
+from accel_widgets.views.text import point_text, summary
 from tests.search.machines import Machine, noisy
 from tests.workloads import tiny_workload
 
@@ -114,14 +117,14 @@ def test_the_points_are_interleaved_so_a_drift_of_the_machine_cancels() -> None:
 def test_a_point_within_noise_reads_same_and_a_noisy_one_undecided_when_the_budget_runs_out() -> None:
     result = sweep(Machine(noisy({}, sd=0.005)), {"pin_memory": [False, True]})
     assert result.frame()["verdict"].tolist() == ["base", "same"]
-    assert re.fullmatch(r"same within ±[1-5]%", result.point_text(result.points[1]))
+    assert re.fullmatch(r"same within ±[1-5]%", point_text(result, result.points[1]))
 
     machine = Machine(noisy({Config(pin_memory=True): 1.03}, sd=0.15))
     result = sweep(machine, {"pin_memory": [False, True]}, budget_s=40.0)
     point = result.points[1]
     assert point.comparison is not None and point.comparison.stopped.startswith("budget")
     assert result.frame()["verdict"].tolist() == ["base", "undecided"]
-    assert result.point_text(point).startswith(f"undecided after {len(point.comparison.counted)} blocks: ")
+    assert point_text(result, point).startswith(f"undecided after {len(point.comparison.counted)} blocks: ")
 
 
 @pytest.mark.parametrize("budget", [10.0, 30.0, 90.0])
@@ -145,7 +148,7 @@ def test_a_failing_point_is_kept_with_its_error_and_the_sweep_goes_on() -> None:
     assert frame["error"].tolist() == ["", "RuntimeError: boom", ""]
     assert frame["samples_per_s"].isna().tolist() == [False, True, False]
     assert [result.verdict(p) for p in result.points] == ["base", None, "faster"]
-    assert result.point_text(result.points[1]) == "failed: RuntimeError: boom"
+    assert point_text(result, result.points[1]) == "failed: RuntimeError: boom"
     assert frame["speedup"].tolist()[2] == pytest.approx(3.0, rel=0.01)
 
 
@@ -156,7 +159,7 @@ def test_a_stop_ends_the_sweep_and_the_points_left_read_not_run() -> None:
     assert len(machine.calls) == 1 and result.stopped
     assert [p.status for p in result.points] == ["ok", "not run", "not run"]
     assert all(p.comparison is None for p in result.points)
-    assert result.point_text(result.points[1]) == "not run"
+    assert point_text(result, result.points[1]) == "not run"
 
 
 def test_with_progress_each_first_burst_ends_in_its_result_line_and_the_verdicts_follow(
@@ -173,20 +176,21 @@ def test_with_progress_each_first_burst_ends_in_its_result_line_and_the_verdicts
 
 def test_the_summary_says_what_each_point_measured_against_the_base() -> None:
     result = sweep(Machine(by_workers), {"num_workers": [1]})
-    head, line = result.summary().splitlines()
+    head, line = summary(result).splitlines()
     assert head == "sweep of num_workers on tiny against baseline, 1 points"
     assert re.fullmatch(r"  num_workers=1: [\d,.]+ samples/s, faster: 2\.\d\d× \[\d\.\d\d–\d\.\d\d\]", line)
 
 
 def test_one_knob_is_a_line_with_the_interval_as_whiskers_two_a_heatmap_more_parallel_coordinates() -> None:
-    line = sweep(Machine(by_workers), {"num_workers": [0, 1]}).figure("speedup")
+    line = sweep_figure(sweep(Machine(by_workers), {"num_workers": [0, 1]}), "speedup")
     (trace,) = line.data
     assert trace.type == "scatter" and list(trace.x) == ["0", "1"] and trace.y[0] == 1.0
     assert trace.y[1] == pytest.approx(2.0, rel=0.01)
     assert trace.error_y.array[0] is None and 0 < trace.error_y.array[1] < 0.5 and trace.error_y.arrayminus[1] > 0
     assert trace.hovertext[0] == "num_workers=0: base" and trace.hovertext[1].startswith("num_workers=1: faster: 2.")
 
-    heatmap = sweep(Machine(by_workers), {"num_workers": [0, 1, 2], "pin_memory": [False, True]}).figure("speedup")
+    two = sweep(Machine(by_workers), {"num_workers": [0, 1, 2], "pin_memory": [False, True]})
+    heatmap = sweep_figure(two, "speedup")
     assert heatmap.data[0].type == "heatmap"
     z = [value for row in heatmap.data[0].z for value in row]
     assert z[0] == 1.0 and z == pytest.approx([1.0, 2.0, 2.0, 4.0, 3.0, 6.0], rel=0.02)
@@ -196,7 +200,7 @@ def test_one_knob_is_a_line_with_the_interval_as_whiskers_two_a_heatmap_more_par
     assert heatmap.data[0].customdata[0][1].startswith("num_workers=0, pin_memory=True: faster: 2.")
 
     grid = {"num_workers": [0, 1], "pin_memory": [False, True], "precision": ["fp32", "bf16"]}
-    parallel = sweep(Machine(by_workers), grid).figure()
+    parallel = sweep_figure(sweep(Machine(by_workers), grid))
     assert parallel.data[0].type == "parcoords"
     workers, pinned, precision, metric = parallel.data[0].dimensions
     assert list(workers.values) == [0, 0, 0, 0, 1, 1, 1, 1] and workers.tickvals is None
@@ -209,10 +213,10 @@ def test_a_point_that_did_not_finish_leaves_its_cell_blank() -> None:
     result = SweepResult("tiny", ["num_workers", "pin_memory"],
                          [SweepPoint({"num_workers": 0, "pin_memory": False}, Config(num_workers=0, pin_memory=False))],
                          [], Config(num_workers=4), 60.0)
-    assert [list(row) for row in result.figure().data[0].z] == [[None]]
-    assert [list(row) for row in result.figure("speedup").data[0].text] == [["–"]]
+    assert [list(row) for row in sweep_figure(result).data[0].z] == [[None]]
+    assert [list(row) for row in sweep_figure(result, "speedup").data[0].text] == [["–"]]
     with pytest.raises(ValueError, match="metric='mfu' is invalid"):
-        result.figure("mfu")  # type: ignore[arg-type]
+        sweep_figure(result, "mfu")  # type: ignore[arg-type]
 
 
 def test_a_small_real_sweep() -> None:

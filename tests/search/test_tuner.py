@@ -23,7 +23,9 @@ from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.knobs import GROUPS, KNOBS, compiling
 from accel_widgets.metrics.sequential import min_blocks
 from accel_widgets.results.comparison import Comparison
-from accel_widgets.search.tuner import FINAL_BUDGET_SHARE, MIN_GAIN, TuneResult, TuneStep, tune
+from accel_widgets.results.tune import TuneResult, TuneStep
+from accel_widgets.search.tuner import FINAL_BUDGET_SHARE, MIN_GAIN, tune
+from accel_widgets.views.text import summary
 from tests.search.machines import Machine
 from tests.workloads import tiny_workload
 
@@ -101,8 +103,8 @@ def test_a_real_gain_is_kept_on_faster_and_the_headline_is_a_comparison_against_
     assert result.speedup == confirmation.ratio == pytest.approx(1.3, rel=0.01)
     assert result.baseline_samples_per_s == pytest.approx(1000, rel=0.02)
     assert result.best_samples_per_s == pytest.approx(1300, rel=0.02)
-    assert result.summary().startswith("best: num_workers=1 (faster: 1.")
-    assert f"+ num_workers=1: {step.reason}" in result.summary()
+    assert summary(result).startswith("best: num_workers=1 (faster: 1.")
+    assert f"+ num_workers=1: {step.reason}" in summary(result)
     assert len(result.bursts) == len(machine.calls)  # every window, each a burst of this engine
 
 
@@ -231,11 +233,11 @@ def test_the_budget_is_honoured_within_ten_percent_when_compiled_bursts_take_ten
     for budget in (40.0, 90.0, 150.0):
         machine.now, machine.calls = 0.0, []
         result, _ = run(machine, engine=engine, knobs=[*SUBSET, "compile_mode"], budget_s=budget)
-        assert machine.now <= budget * 1.1 and result.wall_s == machine.now, result.summary()
-        assert result.stopped_reason.startswith("budget"), result.summary()
+        assert machine.now <= budget * 1.1 and result.wall_s == machine.now, summary(result)
+        assert result.stopped_reason.startswith("budget"), summary(result)
         assert "(the rest is kept to measure the pick against the start)" in result.stopped_reason
         if result.best != Config():
-            assert result.confirmation is not None, result.summary()
+            assert result.confirmation is not None, summary(result)
 
 
 def test_a_duel_gets_an_equal_share_of_what_is_left_among_the_duels_ahead() -> None:
@@ -257,7 +259,7 @@ def test_stop_ends_the_search_and_no_headline_is_measured() -> None:
     assert result.stopped_reason.startswith("stopped")
     assert result.best == Config(num_workers=1) and len(result.decisions) == 1
     assert len(machine.calls) == len(result.decisions[0].results) + 1  # the start, then that duel: nothing after
-    assert result.confirmation is None and result.speedup is None and "not measured" in result.summary()
+    assert result.confirmation is None and result.speedup is None and "not measured" in summary(result)
 
 
 def test_a_stop_inside_a_duel_ends_it_after_the_running_window() -> None:
@@ -507,15 +509,15 @@ def test_a_real_duel_runs_on_held_ranks_within_the_budget() -> None:
     took = time.perf_counter() - started
     # Nothing starts that would end past the budget at the pace measured; a window that started runs to its end, so
     # a host that turned slower meanwhile passes the budget by at most that window.
-    assert took <= budget * 1.1 + max(b.wall_s or 0.0 for b in result.bursts), result.summary()
+    assert took <= budget * 1.1 + max(b.wall_s or 0.0 for b in result.bursts), summary(result)
     duels = [s for s in result.decisions if s.comparison is not None and s.comparison.counted]
     if not duels:  # on a loaded host windows last 3 s each and blocks beside other load are left out
-        assert "budget" in result.summary(), result.summary()
-        pytest.skip(f"this shared host was too slow for a block in {budget:g} s: {result.summary()}")
+        assert "budget" in summary(result), summary(result)
+        pytest.skip(f"this shared host was too slow for a block in {budget:g} s: {summary(result)}")
     (duel,) = duels
-    assert all(r.ok and r.workload == "tiny" for r in duel.results), result.summary()
+    assert all(r.ok and r.workload == "tiny" for r in duel.results), summary(result)
     assert [r.label for r in duel.results[:2]] == ["tune: batch_size=4", "tune: baseline · repeat"]
-    assert not duel.accepted and duel.comparison.verdict != "faster", result.summary()
+    assert not duel.accepted and duel.comparison.verdict != "faster", summary(result)
     assert result.best == Config() and result.speedup == 1.0 and result.confirmation is None
 
 

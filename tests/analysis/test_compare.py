@@ -1,0 +1,33 @@
+"""One result against another: the lone speed-up, memory per rank, scaling over ranks and the straggler."""
+
+import pytest
+
+from accel_widgets import Config
+from accel_widgets.analysis.compare import memory_ratio, scaling_efficiency, speedup, straggler_rank
+from tests.analysis.test_usage import _cuda_rank
+from tests.results.test_burst import _rank, make_result
+
+
+def test_speedup_is_samples_per_s_over_the_baselines():
+    fast, slow = make_result(), make_result(ranks=[_rank(0, 96, 0.6), _rank(1, 96, 1.0)])
+    assert speedup(fast, slow) == pytest.approx(2.0, rel=0.01)
+    assert speedup(fast, make_result(ranks=[])) is None  # no throughput to divide by
+
+
+def test_the_straggler_is_the_slowest_rank():
+    assert straggler_rank(make_result()) == 1
+    assert straggler_rank(make_result(ranks=[_rank(0, 96, 0.3)])) is None  # one rank: nobody to wait for
+
+
+def test_scaling_efficiency_is_throughput_per_rank_against_one_rank():
+    double, single = make_result(), make_result(world_size=1, ranks=[_rank(0, 96, 0.3)])
+    assert scaling_efficiency(double, single) == pytest.approx((96 / 0.3 + 96 / 0.5) / (2 * 96 / 0.3))
+    assert scaling_efficiency(single, single) == pytest.approx(1.0)
+
+
+def test_memory_per_rank_compares_only_what_was_measured_the_same_way():
+    ddp = make_result(ranks=[_cuda_rank(0, 80_000, 90_000, 64_000), _cuda_rank(1, 80_000, 90_000, 64_000)])
+    fsdp = make_result(ranks=[_cuda_rank(0, 48_000, 52_000, 32_000), _cuda_rank(1, 50_000, 52_000, 32_000)],
+                       config=Config(parallel="fsdp", world_size=2))
+    assert memory_ratio(fsdp, ddp) == pytest.approx(50_000 / 80_000)
+    assert memory_ratio(fsdp, make_result()) is None  # RSS against the allocator's peak: not comparable
