@@ -29,6 +29,8 @@ CONFIG_NAMES = {"config", "c", "base", "current", "best", "candidate", "start", 
 #: (file, knob): why that file may name the knob although it does not own it.
 ALLOWED: dict[tuple[str, str], str] = {
     ("search/batchsize.py", "batch_size"): "the batch-size search varies the batch size: it is its subject",
+    ("results/batchsize.py", "batch_size"): "the batch-size search's record: each try's batch size is its subject",
+    ("views/text.py", "batch_size"): "a batch-size search's words name the sizes it tried",
     ("metrics/flops.py", "tf32"): "the math a FLOP ran in, named as NVIDIA's peak tables name it, not the knob",
     ("data/streams.py", "num_workers"): "torch's WorkerInfo.num_workers, which a stream that splits itself reads",
     ("results/history.py", "batch_size"): "the workload's own batch size in its fingerprint, not the knob",
