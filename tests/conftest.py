@@ -57,41 +57,18 @@ def _machine_lock() -> int | None:
 
 
 _MACHINE_LOCK = _machine_lock()
-_ALL_CORES = frozenset(os.sched_getaffinity(0))
-
-
-def _one_core_per_worker() -> None:
-    """Under pytest-xdist, each worker process runs on a core of its own, and what it starts inherits that core.
-
-    A burst gives each rank as many intra-op threads as its caller may use cores; two workers' ranks at two threads
-    each on two cores spend their time preempting each other (the suite ran only 15% faster on two workers than on
-    one). Pinned, a worker's bursts train one thread a rank. The preloaded forkserver started unpinned (at the
-    package's import, above), so ranks forked from it may still run on the other core when it is idle."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    cores = sorted(_ALL_CORES)
-    if worker.startswith("gw") and len(cores) > 1:
-        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
-
-
-_one_core_per_worker()
 
 
 @pytest.fixture(autouse=True)
 def machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test marked ``alone`` has the machine to itself under pytest-xdist (see :func:`_machine_lock`), every core
-    of it included."""
+    """A test marked ``alone`` has the machine to itself under pytest-xdist (see :func:`_machine_lock`)."""
     if _MACHINE_LOCK is None:
         yield
         return
-    alone = request.node.get_closest_marker("alone") is not None
-    fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-    pinned = os.sched_getaffinity(0)
-    if alone:
-        os.sched_setaffinity(0, _ALL_CORES)
+    fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, pinned)
         fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_UN)
 
 
