@@ -157,6 +157,7 @@ class _Lines:
         self.lines += [pad + row for row in rows]
 
     def add_blank(self) -> None:
+        """An empty line, as a template has them (``add`` writes no line for empty code)."""
         self.lines.append("")
 
     def text(self) -> str:
