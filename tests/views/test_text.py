@@ -3,8 +3,11 @@
 import pytest
 
 import accel_widgets as aw
-from accel_widgets import BatchSizeSearch, BatchTry, Config, ErrorInfo, SweepResult, TuneResult, TuneStep
+from accel_widgets import BatchSizeSearch, Config, SweepResult, TuneResult
+from accel_widgets.results.batchsize import BatchTry
+from accel_widgets.results.burst import ErrorInfo
 from accel_widgets.results.sweep import SweepPoint
+from accel_widgets.results.tune import TuneStep
 from accel_widgets.views.text import summary
 from tests.results.test_burst import compiled_result, make_diverged, make_result
 
