@@ -12,7 +12,7 @@ import html
 from collections.abc import Callable, Sequence
 from functools import singledispatch
 
-from ..analysis.diagnosis import Finding, diagnose
+from ..analysis.diagnosis import ENGINE_WARNING, Finding, diagnose
 from ..analysis.guard import GuardVerdict
 from ..analysis.usage import (
     activity_text,
@@ -255,10 +255,6 @@ def tune_summary(tuned: TuneResult) -> str:
 
 
 # -- a diagnosis's findings ------------------------------------------------------------------------------------------
-#: The title of a finding that repeats one of the engine's warnings, which the report and the CLI list on their own.
-ENGINE_WARNING = "Engine warning"
-
-
 def finding_sentence(finding: Finding) -> str:
     """A finding as its one sentence: the title, the numbers it read and the knob to try where it names one. Every face
     says a finding in these words, so a reading quoted from the CLI is the one the panel and the report show."""
