@@ -31,8 +31,8 @@ from ..results.tune import TuneResult
 from ..search.tuner import tune
 from ..views.figures import COMPARISONS, batch_size_figure, comparison_figures
 from ..views.headspace import ceilings_html
-from ..views.style import findings_html, themed
-from ..views.text import summary
+from ..views.style import themed
+from ..views.text import findings_html, summary
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import HistoryArg, Length, PanelController, Tuner, length_kwargs
 from .controls import KNOBS_PX, KnobControls

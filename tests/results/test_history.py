@@ -23,7 +23,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import accel_widgets.results.history as history
-from accel_widgets import Config, ErrorInfo, StepRecord, Workload
+from accel_widgets import Config, StepRecord, Workload
+from accel_widgets.results.burst import ErrorInfo
 from accel_widgets.results.history import (
     APPLICATION_ID,
     DEFAULT_HISTORY_FILE,
