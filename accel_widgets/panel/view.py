@@ -17,7 +17,6 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..analysis.compare import best_run
 from ..engine.forkserver import warm_up
 from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
@@ -279,7 +278,7 @@ class TuningPanel:
             self.plots.stream(state.runs)
             self.plots.settle(state.runs)
             self.table.render(state.rows, state.hidden)
-            self.recipe.render(best_run(state.rows))
+            self.recipe.render(state.rows)
             if state.action is None:
                 self._render_compare()
         elif part == "shown":
