@@ -39,7 +39,8 @@ from tests.workloads import LockedDataset, TinyNet, tensors, tiny_workload
 # Records 50 runs once told to start, so two copies write at the same moment (the file is created then too).
 WRITER = """
 import sys
-from accel_widgets import BurstResult, Config, RankSummary
+from accel_widgets import BurstResult, Config
+from accel_widgets.results.burst import RankSummary
 from accel_widgets.results.history import RunHistory
 
 path, who = sys.argv[1], sys.argv[2]
