@@ -24,9 +24,9 @@ from .data.streams import StreamReading
 from .demos import DEMO_NAMES, demo_workload
 from .engine.forkserver import warm_up
 from .engine.launcher import BurstEngine, IsolationWarning, WorkloadNotPicklable, run_burst
-from .engine.outcome import BurstError, BurstTimeout, WorkerCrashed, WorkerError, WorkerOutOfMemory
+from .engine.outcome import BurstError, BurstTimeout, ClusterError, WorkerCrashed, WorkerError, WorkerOutOfMemory
 from .engine.payload import UserCodeWarning
-from .engine.request import BurstOptions, BurstRequestError
+from .engine.request import BurstOptions, BurstRequestError, RayCluster
 from .inputs.device import DeviceInfo, probe_device
 from .inputs.workload import Workload
 from .job.export import export_script
@@ -80,6 +80,7 @@ __all__ = [
     "BurstResult",
     "BurstTimeout",
     "Ceiling",
+    "ClusterError",
     "CodePaths",
     "Comparison",
     "Config",
@@ -96,6 +97,7 @@ __all__ = [
     "KnobValueError",
     "Ladder",
     "RankSummary",
+    "RayCluster",
     "Recipe",
     "RunHistory",
     "StepRecord",

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -299,3 +302,16 @@ def test_burst_result_holds_outcomes_not_readings() -> None:
     assert len(members) <= BURST_RESULT_MEMBERS, (
         f"BurstResult has {len(members)} members, more than {BURST_RESULT_MEMBERS}: make the new reading a function of "
         f"a result (accel_widgets/analysis/usage.py, analysis/compare.py, views/text.py):\n{sorted(members)}")
+
+
+#: Optional dependencies the package's import must not pull in: each is imported only where it is used.
+OPTIONAL_ON_IMPORT = ("ray",)
+
+
+def test_import_pulls_in_no_optional_dependency() -> None:
+    """``import accel_widgets`` imports no optional extra (Ray comes with a cluster burst alone): a user without it
+    imports the package, and one with it does not pay its import time for a burst on their own machine."""
+    code = (f"import sys, accel_widgets; found = [m for m in {OPTIONAL_ON_IMPORT!r} if m in sys.modules]; "
+            "assert not found, found")
+    env = {**os.environ, "ACCEL_WIDGETS_PRESTART": "0"}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent, env=env)
