@@ -59,9 +59,6 @@ from .worker import BurstSpec, Seat, rank_main
 CLOCK_PROBES = 5
 #: Once a rank has ended, how long its last events get to arrive through the queue before its end is judged.
 LAST_EVENTS_S = 0.5
-#: A rank's actor imports this package, which would otherwise start a burst forkserver in it, as in a user's process
-#: (:func:`~accel_widgets.engine.forkserver.prestart_on_import`): a rank launches no bursts.
-ACTOR_RUNTIME_ENV = {"env_vars": {"ACCEL_WIDGETS_PRESTART": "0"}}
 #: How long teardown waits for killed actors to be gone before it returns.
 TEARDOWN_GRACE_S = 5.0
 
@@ -220,7 +217,6 @@ class ClusterRanks:
         actor_class = ray.remote(RankActor)
         self.actors = [actor_class.options(
             num_cpus=self.cluster.cpus_per_rank, num_gpus=self.cluster.gpus_per_rank, max_restarts=0,
-            runtime_env=ACTOR_RUNTIME_ENV,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
         ).remote() for rank in range(self.world_size)]
         self.placed = self._get([actor.where.remote() for actor in self.actors], "its actor did not start")

@@ -46,6 +46,9 @@ DDP = Config(parallel="ddp", world_size=2)
 #: The burst's own processes on a node: its ranks' actors and its event queue's (Ray names a process by its actor).
 BURST_PROCESS_MARKS = ("ray::RankActor", "ray::_QueueActor")
 GONE_WITHIN_S = 5.0
+#: A node without the daemons a test does not use (the dashboard, the log monitor; on the head, the autoscaler's
+#: monitor): each is a Python process importing Ray, 6-10 s of this machine's two cores at the cluster's start.
+LEAN_NODE = {"include_dashboard": False, "include_log_monitor": False}
 
 
 def _cluster_processes() -> list[psutil.Process]:
@@ -79,8 +82,8 @@ def cluster() -> Iterator[cluster_utils.Cluster]:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     outward, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
     started = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    started.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        "num_cpus": 1, "node_ip_address": "127.0.0.1", **LEAN_NODE, "no_monitor": True})
+    started.add_node(num_cpus=1, node_ip_address="127.0.0.1", **LEAN_NODE)
     ray.init(address=started.address, log_to_driver=False)
     conftest.MODULE_INFRASTRUCTURE.append(_infrastructure)
     try:
@@ -175,10 +178,10 @@ def test_ddp_ranks_on_two_nodes_train_as_locally_on_one_clock_and_name_the_strag
             listening.append(_listening([psutil.Process(), *_cluster_processes()]))
 
     try:
-        result = run_burst(tiny_workload(), DDP, steps=150, on_event=on_event, options=_options(cluster))
+        result = run_burst(tiny_workload(), DDP, steps=60, on_event=on_event, options=_options(cluster))
     finally:
         slowed.end()
-    local = run_burst(tiny_workload(), DDP, steps=150, options=BurstOptions(device=cpu_device()))
+    local = run_burst(tiny_workload(), DDP, steps=60, options=BurstOptions(device=cpu_device()))
 
     assert result.ok, result.error
     nodes = {summary.rank: summary.node for summary in result.ranks}
@@ -245,7 +248,7 @@ DRIVER = textwrap.dedent("""
 def test_a_driver_killed_leaves_nothing_of_its_burst(cluster):
     """Ray ends the actors and the placement group of a driver that dies: they are not detached."""
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, cluster.address], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+                              stderr=subprocess.DEVNULL, text=True, env={**os.environ, "ACCEL_WIDGETS_PRESTART": "0"})
     try:
         deadline, said = time.monotonic() + 45, ""
         while time.monotonic() < deadline and said != "stepping":
