@@ -32,6 +32,7 @@ from accel_widgets import (
     WorkerCrashed,
     diagnose,
     run_burst,
+    summary,
 )
 from accel_widgets.analysis.compare import straggler
 from tests import conftest
@@ -171,11 +172,16 @@ def test_ddp_ranks_on_two_nodes_train_as_locally_on_one_clock_and_name_the_strag
     slow = next(iter(cluster.worker_nodes))
     slowed = _Slowed(slow, [cluster.head_node])
 
+    servers: list[str] = []
+
     def on_event(event: object) -> None:
         if isinstance(event, BurstPhase) and event.phase == "step":
             slowed.start()
         if isinstance(event, StepRecord) and not event.warmup and event.rank == 0 and not listening:
-            listening.append(_listening([psutil.Process(), *_cluster_processes()]))
+            processes = _cluster_processes()
+            listening.append(_listening([psutil.Process(), *processes]))
+            servers.extend(_command(p) for p in processes if p.pid not in conftest.infrastructure_pids()
+                           and "multiprocessing.forkserver" in _command(p))
 
     try:
         result = run_burst(tiny_workload(), DDP, steps=60, on_event=on_event, options=_options(cluster))
@@ -197,6 +203,8 @@ def test_ddp_ranks_on_two_nodes_train_as_locally_on_one_clock_and_name_the_strag
     assert any(f.title == "Straggler" and f"rank {found.rank} on node {slow.node_id[:12]}" in f.detail
                for f in diagnose(result)), [f.detail for f in diagnose(result)]
     assert listening and all(_loopback(address) for address in listening[0]), listening
+    assert not servers, f"a rank's actor started a burst forkserver of its own: {servers}"
+    assert f"rank 0 on {nodes[0][:12]}, rank 1 on {nodes[1][:12]}" in summary(result)
 
 
 def test_stop_leaves_nothing_of_the_burst_on_either_node(cluster):
