@@ -54,7 +54,7 @@ class RayCluster:
     timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        _raise_for([_address_problem(self.address), _placement_problem(self.placement),
+        _raise_for([_address_problem(self.address), _choice_problem("placement", self.placement, PLACEMENTS),
                     _resource_problem("cpus_per_rank", self.cpus_per_rank, minimum=1.0),
                     _resource_problem("gpus_per_rank", self.gpus_per_rank, minimum=0.0),
                     _duration_problem("timeout_s", self.timeout_s, optional=False)])
@@ -92,7 +92,8 @@ class BurstOptions:
 
     def __post_init__(self) -> None:
         _raise_for([*_option_problems(self.warmup_steps, self.timeout_s, self.profile_steps),
-                    _freed_problem(self.freed), _isolation_problem(self.isolation), _cluster_problem(self)])
+                    _freed_problem(self.freed), _choice_problem("isolation", self.isolation, ISOLATIONS),
+                    _cluster_problem(self)])
 
     def over(self, base: BurstOptions) -> BurstOptions:
         """These options laid over ``base``: each field set here (away from its default) wins, the rest are ``base``'s;
@@ -174,10 +175,12 @@ def _freed_problem(freed: object) -> str:
             "config as it is")
 
 
-def _isolation_problem(isolation: object) -> str:
-    if isolation in ISOLATIONS:
+def _choice_problem(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """What is wrong with a value that must be one of ``choices``, or "" when it is."""
+    if value in choices:
         return ""
-    return f"isolation={isolation!r} is invalid: use {' or '.join(map(repr, ISOLATIONS))}"
+    named = [repr(choice) for choice in choices]
+    return f"{name}={value!r} is invalid: use {', '.join(named[:-1])} or {named[-1]}"
 
 
 def _cluster_problem(options: BurstOptions) -> str:
@@ -195,12 +198,6 @@ def _address_problem(address: object) -> str:
         return ""
     return (f"address={address!r} is invalid: use 'auto', 'ray://host:port' (Ray Client) or a cluster's GCS "
             "'host:port'")
-
-
-def _placement_problem(placement: object) -> str:
-    if placement in PLACEMENTS:
-        return ""
-    return f"placement={placement!r} is invalid: use {', '.join(map(repr, PLACEMENTS))}"
 
 
 def _resource_problem(name: str, value: object, *, minimum: float) -> str:

@@ -35,8 +35,10 @@ from accel_widgets import (
     summary,
 )
 from accel_widgets.analysis.compare import straggler
+from accel_widgets.engine.held import HeldBurst
 from tests import conftest
 from tests.devices import cpu_device
+from tests.engine.test_ddp import listening_addresses
 from tests.workloads import tiny_workload
 
 ray = pytest.importorskip("ray")
@@ -123,14 +125,6 @@ def _loopback(address: str) -> bool:
     return (ip.ipv4_mapped or ip).is_loopback if isinstance(ip, ipaddress.IPv6Address) else ip.is_loopback
 
 
-def _listening(processes: list[psutil.Process]) -> set[str]:
-    found = set()
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            found |= {c.laddr.ip for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN}
-    return found
-
-
 class _Slowed:
     """Once the ranks step, ``node`` shares core 1 with a CPU hog and every other node has core 0 to itself: started
     then, since a node pinned beside a hog would take most of the burst's time starting its actor."""
@@ -179,7 +173,7 @@ def test_ddp_ranks_on_two_nodes_train_as_locally_on_one_clock_and_name_the_strag
             slowed.start()
         if isinstance(event, StepRecord) and not event.warmup and event.rank == 0 and not listening:
             processes = _cluster_processes()
-            listening.append(_listening([psutil.Process(), *processes]))
+            listening.append(listening_addresses([psutil.Process(), *processes]))
             servers.extend(_command(p) for p in processes if p.pid not in conftest.infrastructure_pids()
                            and "multiprocessing.forkserver" in _command(p))
 
@@ -239,6 +233,7 @@ DRIVER = textwrap.dedent("""
     import ray
     from accel_widgets import BurstOptions, Config, RayCluster, StepRecord, run_burst
     from tests.devices import cpu_device
+from tests.engine.test_ddp import listening_addresses
     from tests.workloads import tiny_workload
 
     ray.init(address=sys.argv[1], log_to_driver=False)
@@ -283,3 +278,5 @@ def test_a_cluster_is_checked_before_anything_starts():
         RayCluster(cpus_per_rank=0)
     with pytest.raises(BurstRequestError, match="isolation='inprocess'"):
         BurstOptions(isolation="inprocess", cluster=RayCluster())
+    with pytest.raises(BurstRequestError, match="a held burst keeps its ranks on this machine"):
+        HeldBurst(tiny_workload(), DDP, steps=1, options=BurstOptions(cluster=RayCluster()))
