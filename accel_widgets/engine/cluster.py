@@ -120,7 +120,8 @@ class RankActor:
         remove_orphaned_burst_dirs()  # those of this node's ranks that were killed before they could remove theirs
         temp_dir = tempfile.mkdtemp(prefix=f"{BURST_DIR_PREFIX}{os.getpid()}-")
         cache_dir = str(cache_root())
-        rendezvous = Rendezvous(self._store, place.master[0]) if self._store is not None and place.master else None
+        # gloo's and NCCL's own sockets on this node's address, where its peers reach it
+        rendezvous = Rendezvous(self._store, ray.util.get_node_ip_address()) if self._store is not None else None
         seat = Seat(place, clock_origin, rendezvous, temp_dir, cache_dir, inductor_cache_dir(cache_dir))
         sampler = _node_sampler(clock_origin, node, events, watched)
         try:
