@@ -19,10 +19,8 @@ prestart_on_import(package_imported=False)  # first: a spawned server imports to
 
 from .analysis.diagnosis import Finding, diagnose
 from .analysis.estimate import Estimate, estimate
-from .analysis.guard import GuardVerdict, check_training, find_baseline
-from .data.streams import StreamReading
-from .demos import DEMO_NAMES, demo_workload
-from .engine.forkserver import warm_up
+from .analysis.guard import GuardVerdict, check_training
+from .demos import demo_workload
 from .engine.launcher import BurstEngine, IsolationWarning, WorkloadNotPicklable, run_burst
 from .engine.outcome import BurstError, BurstTimeout, ClusterError, WorkerCrashed, WorkerError, WorkerOutOfMemory
 from .engine.payload import UserCodeWarning
@@ -31,21 +29,21 @@ from .inputs.device import DeviceInfo, probe_device
 from .inputs.workload import Workload
 from .job.export import export_script
 from .job.recipe import Recipe, recipe
-from .knobs import GROUPS, KNOBS, CodePaths, Knob, KnobValueError
+from .knobs import KNOBS, Knob, KnobValueError
 from .knobs.config import Config
 from .knobs.rules import ConfigError, check_config
-from .metrics.stats import Summary, summarize
-from .results.batchsize import BatchSizeSearch, BatchTry
-from .results.burst import BurstPhase, BurstResult, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from .results.batchsize import BatchSizeSearch
+from .results.burst import BurstPhase, BurstResult, StepRecord
 from .results.comparison import Comparison
-from .results.headspace import Ceiling, Headspace
-from .results.history import HistoryError, RunHistory, StoredRun, workload_fingerprint
+from .results.headspace import Headspace
+from .results.history import HistoryError, RunHistory
+from .results.noise import NoiseBand
 from .results.sweep import SweepResult
-from .results.tune import TuneResult, TuneStep
+from .results.tune import TuneResult
 from .search.batchsize import find_batch_size
 from .search.compare import compare
 from .search.headspace import headspace
-from .search.ladder import Ladder, classic_ladder, run_ladder
+from .search.ladder import Ladder, Rung, classic_ladder, run_ladder
 from .search.remeasure import remeasure
 from .search.sweep import sweep
 from .search.tuner import measure_noise, tune
@@ -66,12 +64,11 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: The public face (docs/api.md, one line a name): what the README, the notebooks and the docs use, the types these
+#: functions return and the errors and warnings they raise. Everything else is imported from its room.
 __all__ = [
-    "DEMO_NAMES",
-    "GROUPS",
     "KNOBS",
     "BatchSizeSearch",
-    "BatchTry",
     "BurstEngine",
     "BurstError",
     "BurstOptions",
@@ -79,14 +76,11 @@ __all__ = [
     "BurstRequestError",
     "BurstResult",
     "BurstTimeout",
-    "Ceiling",
     "ClusterError",
-    "CodePaths",
     "Comparison",
     "Config",
     "ConfigError",
     "DeviceInfo",
-    "ErrorInfo",
     "Estimate",
     "Finding",
     "GuardVerdict",
@@ -96,18 +90,15 @@ __all__ = [
     "Knob",
     "KnobValueError",
     "Ladder",
-    "RankSummary",
+    "NoiseBand",
     "RayCluster",
     "Recipe",
     "RunHistory",
+    "Rung",
     "StepRecord",
-    "StoredRun",
-    "StreamReading",
-    "Summary",
     "SweepResult",
-    "TelemetrySample",
     "TuneResult",
-    "TuneStep",
+    "TuningPanel",
     "UserCodeWarning",
     "WorkerCrashed",
     "WorkerError",
@@ -123,7 +114,6 @@ __all__ = [
     "estimate",
     "export_script",
     "figures",
-    "find_baseline",
     "find_batch_size",
     "headspace",
     "measure_noise",
@@ -133,12 +123,9 @@ __all__ = [
     "report",
     "run_burst",
     "run_ladder",
-    "summarize",
     "summary",
     "sweep",
     "tune",
-    "warm_up",
-    "workload_fingerprint",
     "write_csv",
     "write_json",
 ]

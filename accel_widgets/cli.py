@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .analysis.compare import comparison_rows
+from .analysis.compare import RunRow, best_run, run_rows
+from .analysis.diagnosis import Finding
 from .analysis.estimate import Estimate, estimate
 from .demos import DEMO_NAMES, demo_workload
 from .engine.launcher import run_burst
@@ -41,7 +42,7 @@ from .views.comparison import comparison_sentence, interval_text, verdict_text
 from .views.estimate import estimate_line, estimate_lines
 from .views.headspace import headspace_lines
 from .views.progress import ProgressSeries, result_line
-from .views.text import summary
+from .views.text import finding_line, run_findings, summary
 
 DEFAULT_REPORT = "accel_widgets_report.html"
 #: Seconds each demo workload's rungs are measured again: a 5-rung ladder needs ~40 windows of ~0.8 s here before
@@ -166,7 +167,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             if step is not None and index > 1:
                 stepwise.append((f"#{offset + index} {ladder.rungs[index].name}",
                                  f"#{offset + index - 1} {ladder.rungs[index - 1].name}", step))
-    print("\n" + format_table(comparison_rows(results, compared=compared)))
+    rows = run_rows(results, compared=compared)
+    print("\n" + format_table([row.values for row in rows]))
+    readings = _best_rung_findings(rows)
+    if readings:
+        print("\nfindings of each workload's best rung (the report has every run's):\n" + "\n".join(readings))
     notes = [f"Each rung keeps the knobs of the rungs before it; {args.steps} measured steps in each rung's first "
              f"burst, then the rungs measured again, interleaved, for up to {args.budget:g} s per workload. A speed-up "
              "in brackets is its 95% anytime-valid interval against the workload's baseline."]
@@ -176,6 +181,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         print(f"json:   {write_json(results, args.json)}")
     return 0 if all(r.ok for r in results) else 1
+
+
+def _best_rung_findings(rows: Sequence[RunRow]) -> list[str]:
+    """Each workload's best rung (:func:`~accel_widgets.analysis.compare.best_run`) read as the report reads it, kept to
+    what to act on: its warnings and the findings that name a knob. How busy it kept the machine and the like are the
+    table's columns, and a workload with no rung to take says why in the table's lines already."""
+    lines = []
+    for workload in dict.fromkeys(row.values["workload"] for row in rows):
+        best = best_run([row for row in rows if row.values["workload"] == workload])
+        if best is None:
+            continue
+        acted = [f for f in run_findings(best.result, best.baseline, best.verdict) if f.severity == "warn" or f.knob]
+        if acted:
+            lines += [f"  #{best.run} {best.values['label']} [{workload}]", *_finding_lines(acted, "    ")]
+    return lines
+
+
+def _finding_lines(findings: Sequence[Finding], indent: str = "  ") -> list[str]:
+    return [indent + finding_line(finding) for finding in findings]
 
 
 def _demo_names(text: str | None) -> list[str]:
@@ -216,6 +240,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for op in result.profile.top_operators[:5]:
             times = f"self cpu {op.self_cpu_ms:8.2f} ms  device {op.self_device_ms:8.2f} ms"
             print(f"              {op.name:<40} {times}")
+    for line in _finding_lines(run_findings(result)):
+        print(line)
     if args.json:
         print(f"json: {write_json([result], args.json)}")
     return 0 if result.ok else 1
@@ -234,9 +260,10 @@ def _run_compared(args: argparse.Namespace, workload: Workload, config: Config) 
                              timeout_s=args.timeout, labels=["baseline", config.label()])
     results = [first for first in measured.firsts if first is not None]
     comparison = measured.comparisons[0]
-    for result in results:
-        print(summary(result))
-    print("\n" + format_table(comparison_rows(results, compared={1: comparison})))
+    rows = run_rows(results, compared={1: comparison})
+    for row in rows:  # each run read against the plain loop: the guard and the compile's payback too
+        print("\n".join([summary(row.result), *_finding_lines(run_findings(row.result, row.baseline, row.verdict))]))
+    print("\n" + format_table([row.values for row in rows]))
     print("\n" + comparison_sentence(comparison, f"#1 {config.label()}", "#0 baseline"))
     if args.json:
         print(f"json: {write_json(results, args.json)}")

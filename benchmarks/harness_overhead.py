@@ -67,6 +67,7 @@ from _common import (
 )
 
 import accel_widgets as aw
+from accel_widgets.engine.forkserver import warm_up
 from accel_widgets.results.reliability import foreign_cpu_pct
 
 GOAL = 0.98  # the old bar, still printed: the judgement is against the same-vs-same control's spread
@@ -367,7 +368,7 @@ def main() -> None:
     args = parser.parse_args()
 
     load_at_start = load_average()
-    aw.warm_up()  # the forkserver the engine and the forked loop fork from
+    warm_up()  # the forkserver the engine and the forked loop fork from
     threads = max(1, aw.probe_device().cpu_count)  # the engine's threads_per_rank for one rank
     gate = QuietGate(args.quiet_pct)
     results = []

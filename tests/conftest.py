@@ -44,10 +44,10 @@ multiprocessing.util.Finalize(None, shutil.rmtree, args=(_SESSION_TMP, True), ex
 def _machine_lock() -> int | None:
     """Under pytest-xdist, one file every worker of this run locks around each test (None in a plain run).
 
-    Most tests only need to finish; a test marked ``alone`` reads what a user would see of a burst (a browser drawing
-    it live, the runs table's marks), which another worker's bursts on these two cores would change. Such a test takes
-    the lock exclusively and the others share it, so it runs with the machine to itself while the rest run in
-    parallel."""
+    Most tests only need to finish. A few read what a user would see of a burst (a browser drawing it live, the runs
+    table's marks), which another worker's bursts on these two cores would change: while such a test runs its bursts
+    (:func:`alone`) it holds the lock exclusively, and every other test holds it shared, so those bursts run with the
+    machine to themselves while everything else runs in parallel."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run is None:
         return None
@@ -61,16 +61,40 @@ _MACHINE_LOCK = _machine_lock()
 
 
 @pytest.fixture(autouse=True)
-def machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test marked ``alone`` has the machine to itself under pytest-xdist (see :func:`_machine_lock`)."""
+def machine_share() -> Iterator[None]:
+    """Every test shares the machine under pytest-xdist; :func:`alone` takes it whole for a part of one test."""
     if _MACHINE_LOCK is None:
         yield
         return
-    fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+    fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_SH)
     try:
         yield
     finally:
         fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_UN)
+
+
+#: The :func:`alone` fixture's value: ``with alone():``.
+Alone = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+@pytest.fixture
+def alone() -> Alone:
+    """``with alone():`` the block runs with the machine to itself under pytest-xdist: the other workers finish the
+    test they are in and wait (see :func:`_machine_lock`). Only what a user would watch belongs in it: a server
+    starting or a page laid out shares the machine as any test does."""
+
+    @contextlib.contextmanager
+    def taken() -> Iterator[None]:
+        if _MACHINE_LOCK is None:
+            yield
+            return
+        fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_EX)  # converts this test's shared hold
+        try:
+            yield
+        finally:
+            fcntl.flock(_MACHINE_LOCK, fcntl.LOCK_SH)
+
+    return taken
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,14 +7,16 @@ import hides a dependency, it does not remove it. The one cycle allowed is type-
 are reached through the registry alone, never by an owner's name. The engine's seam stays narrow: ``run_burst`` takes
 what changes from burst to burst and one ``BurstOptions`` for the rest, and every driver names its engine by the one
 ``Engine`` protocol. Records hold outcomes: no record defines its own words or figures, and ``BurstResult`` stays
-small.
+small. And the public face (``accel_widgets.__all__``) is what the README, the docs and the notebooks use.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -302,6 +304,63 @@ def test_burst_result_holds_outcomes_not_readings() -> None:
     assert len(members) <= BURST_RESULT_MEMBERS, (
         f"BurstResult has {len(members)} members, more than {BURST_RESULT_MEMBERS}: make the new reading a function of "
         f"a result (accel_widgets/analysis/usage.py, analysis/compare.py, views/text.py):\n{sorted(members)}")
+
+
+#: Where the public face is used and documented: the README, the docs and the notebooks' cells.
+ROOT = PACKAGE.parent
+#: ``aw.X`` in that text: a use of the public face.
+FACE_USE = re.compile(r"\baw\.(\w+)")
+
+
+def public_names() -> list[str]:
+    """``accel_widgets.__all__``, read from the source: importing the package would start its forkserver."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    (value,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets)]
+    return list(ast.literal_eval(value))
+
+
+def documentation() -> dict[str, str]:
+    """Each documenting file's text by its path: the README, ``docs/*.md`` and every notebook's cells (not their
+    outputs, which echo whatever ran)."""
+    texts = {path: path.read_text() for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        texts[path] = "\n".join("".join(cell["source"]) for cell in json.loads(path.read_text())["cells"])
+    return {str(path.relative_to(ROOT)): text for path, text in texts.items()}
+
+
+def mentioned(name: str, text: str) -> bool:
+    """Whether ``text`` names ``name`` as code: ``aw.name``, or in backticks as Markdown spells code (a bare word like
+    "compare" or "summary" is English, not a use)."""
+    return re.search(rf"(\baw\.|`){re.escape(name)}\b", text) is not None
+
+
+def test_the_public_face_is_what_the_docs_use() -> None:
+    """``__all__`` holds what the README, the docs and the notebooks use (docs/api.md lists it, one line a name), and
+    they use no ``aw.X`` beyond it: a name nobody documents belongs in its room, and a use of one that is not exported
+    is a broken example. A room itself (``aw.views``) is reachable too."""
+    names, texts = public_names(), documentation()
+    unused = [name for name in names if not any(mentioned(name, text) for text in texts.values())]
+    assert not unused, ("in accel_widgets.__all__ but named nowhere in README.md, docs/*.md or notebooks/*.ipynb: "
+                        f"document them (docs/api.md) or import them from their rooms instead: {', '.join(unused)}")
+    rooms = {path.stem for path in PACKAGE.iterdir() if path.is_dir() or path.suffix == ".py"}
+    strays = sorted({f"{where}: aw.{name}" for where, text in texts.items() for name in FACE_USE.findall(text)
+                     if name not in names and name not in rooms and not name.startswith("__")})
+    assert not strays, "used as aw.X but not in accel_widgets.__all__: export them or import them from their rooms:\n" \
+        + "\n".join(strays)
+
+
+#: docs/api.md's list of the public face: one ``- `aw.X`: what it is`` line a name.
+LISTED = re.compile(r"^- `aw\.(\w+)`:", re.MULTILINE)
+
+
+def test_docs_api_lists_the_public_face_once_each() -> None:
+    """docs/api.md, where the README points for the public face, lists each name of ``__all__`` once, and no other."""
+    listed = LISTED.findall((ROOT / "docs" / "api.md").read_text())
+    names = public_names()
+    assert sorted(listed) == sorted(names), (f"docs/api.md lists {sorted(set(listed) - set(names))} beyond __all__ "
+                                             f"and misses {sorted(set(names) - set(listed))}")
+    assert len(listed) == len(set(listed)), "docs/api.md lists a name twice"
 
 
 #: Optional dependencies the package's import must not pull in: each is imported only where it is used.

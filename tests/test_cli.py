@@ -6,13 +6,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.cli import main
 from accel_widgets.inputs.workload import WorkloadReferenceError, load_workload
+from accel_widgets.results.burst import BurstResult
+from accel_widgets.search.ladder import Ladder, Rung
+from accel_widgets.views.text import finding_line, findings_html, run_findings
+from tests.panel.fakes import synthetic_result
+from tests.views.test_text import shown
 
 MODULE = textwrap.dedent("""
     import torch
@@ -169,3 +175,53 @@ def test_headspace_says_one_line_per_ceiling_and_writes_their_bars(workdir: Path
     assert out[0].startswith("Data free: ") and "can win at most" in out[0]
     assert out[1].startswith("Communication free: not measured: one process")
     assert out[2] == "report: h.html" and "Ceilings (1× to 4×, log)" in (workdir / "h.html").read_text()
+
+
+# -- findings: the sentences the panel and the report show ---------------------------------------------------------
+def test_run_prints_each_finding_in_the_words_of_the_panel(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``run`` prints the run's findings under its summary, each the line the panel's reading shows; the engine's
+    warnings once, as the summary's own lines (a recorded result: a real burst adds nothing here)."""
+    from accel_widgets import cli
+
+    result = synthetic_result(data_s=0.03, warnings=["only 10 measured steps"])
+    monkeypatch.setattr(cli, "run_burst", lambda *args, **kwargs: result)
+    assert main(["run", "--demo", "mlp", "--steps", "10"]) == 0
+    out = capsys.readouterr().out
+    panel = shown(findings_html(diagnose(result)))  # the panel's reading of a run that is its own baseline
+    findings = run_findings(result)
+    assert "Data-bound" in [f.title for f in findings]
+    assert out.splitlines()[-len(findings):] == [f"  {finding_line(f)}" for f in findings]
+    assert all(finding_line(f) in panel for f in findings)
+    assert out.count("only 10 measured steps") == 1
+
+
+def test_demo_prints_the_findings_of_each_workloads_best_rung_as_the_report_words_them(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """After the table, the demo says what the best rung could act on (its warnings, the findings that name a knob), in
+    the sentences of the report's diagnosis; not the other rungs', not the notes the table's columns say already."""
+    from accel_widgets import cli
+
+    measured: list[BurstResult] = []
+
+    def ladder(workload: object, rungs: list[Rung], *, on_result: Callable[[Rung, BurstResult], None],
+               **kwargs: object) -> Ladder:
+        for index, rung in enumerate(rungs):  # the baseline waits on data; every rung after it runs twice as fast
+            measured.append(synthetic_result(rung.config, data_s=0.03 if index == 0 else 0.001,
+                                             step_s=0.05 if index == 0 else 0.025, label=rung.name))
+            on_result(rung, measured[-1])
+        return Ladder(rungs, list(measured), {})
+
+    monkeypatch.setattr(cli, "run_ladder", ladder)
+    report = tmp_path / "demo.html"
+    assert main(["demo", "--workloads", "mlp", "--no-compile", "--steps", "10", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    said = out.split("findings of each workload's best rung (the report has every run's):\n")[1].split("\n\n")[0]
+    best, baseline = measured[1], measured[0]  # the first of the fastest rungs
+    findings = run_findings(best, baseline)
+    acted = [f for f in findings if f.severity == "warn" or f.knob]
+    assert acted and len(acted) < len(findings)
+    assert said.splitlines() == [f"  #1 {best.label} [fake]", *(f"    {finding_line(f)}" for f in acted)]
+    assert "Data-bound" not in said  # the baseline's reading is in the report, not here
+    shown_report = shown(report.read_text())
+    assert all(finding_line(f) in shown_report for f in acted)

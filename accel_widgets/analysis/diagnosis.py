@@ -56,6 +56,11 @@ Severity = Literal["warn", "info", "good"]
 _ORDER: dict[Severity, int] = {"warn": 0, "info": 1, "good": 2}
 
 
+#: The title of the findings that repeat the engine's warnings (``BurstResult.warnings``): a face that lists those
+#: warnings on their own leaves these out.
+ENGINE_WARNING = "Engine warning"
+
+
 #: What can limit a step: the parts a headspace can free, the copy, and the computing itself.
 Limit = Literal["data", "copy", "compute", "communication", "host"]
 
@@ -151,7 +156,7 @@ def _engine_warnings(result: BurstResult, here: _Here) -> list[Finding]:
     speed it buys is the cache's trade (the guard marks such a run as changing training)."""
     frozen = [_advised("warn", "Cache froze augmentation", detail, "frozen_augmentation", here)
               for detail in frozen_augmentation(result)]
-    return frozen + [Finding("warn", "Engine warning", warning) for warning in result.warnings]
+    return frozen + [Finding("warn", ENGINE_WARNING, warning) for warning in result.warnings]
 
 
 def _advised(severity: Severity, title: str, head: str, symptom: Symptom, here: _Here, tail: str = "",

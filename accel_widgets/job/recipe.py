@@ -3,6 +3,7 @@
 :func:`recipe` writes a config as code in one of four styles. Every knob's part comes from its owner
 (:mod:`accel_widgets.knobs`: each owner's ``recipe`` says, per knob and style, the line, the keyword or that there is
 no equivalent and what to do instead); this module only lays the parts out, each line with its knob's one-line why.
+The plain PyTorch module is written as templates that read as the code they make, with named slots the parts fill.
 
 ``pytorch`` is a module with no accel_widgets import that defines ``train(model, dataset, loss_fn, make_optimizer,
 steps, seed=0) -> list[float]``. It is seeded and stepped as a burst is -- the weights built under ``seed``, the data
@@ -17,15 +18,17 @@ hand its sampler the epoch); Hugging Face's Trainer builds its own sampler, so i
 from __future__ import annotations
 
 import importlib
+import re
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..data.keyed import KEYED_READING_CODE, KEYED_READING_IMPORTS
 from ..inputs.workload import Workload
 from ..knobs import KNOBS, OWNERS
 from ..knobs.base import (
+    RECIPE_SLOTS,
     STYLES,
     Code,
     Construct,
@@ -123,6 +126,11 @@ def _why(part: Code | Setting | Flag) -> str:
     return head + ("." if dot and not head.endswith(".") else "")
 
 
+def _knob_why(part: Code | Setting | Flag) -> str:
+    """A part's why led by its knob: where lines of many knobs sit together."""
+    return f"{part.knob}: {_why(part)}"
+
+
 def _value_code(part: Setting) -> str:
     return part.code or repr(part.value)
 
@@ -147,6 +155,10 @@ class _Lines:
             self.lines += textwrap.wrap(why, LINE_WIDTH, initial_indent=f"{pad}# ", subsequent_indent=f"{pad}# ")
         self._last_why = why or self._last_why
         self.lines += [pad + row for row in rows]
+
+    def add_blank(self) -> None:
+        """An empty line, as a template has them (``add`` writes no line for empty code)."""
+        self.lines.append("")
 
     def text(self) -> str:
         return "\n".join(self.lines)
@@ -180,12 +192,24 @@ _KEYED_WHY = "each item's random draws keyed to the item: the same batches with 
 
 
 # -- plain PyTorch -------------------------------------------------------------------------------------------------
+# The plain module's code is written as templates: Python laid out as it is generated, each line at its indent under
+# every block it is in (train's under "with backend_flags():"). A template's line is one of:
+# - code, its why as a trailing comment (kept there where it fits, else written above); a comment line on its own is
+#   the why of the line under it;
+# - "{slot}": the slot's rows at the line's indent, none where no knob fills it; "{slot} or CODE": CODE there instead;
+# - "with {slot}:": the slot's rows as the context managers of one with; where there are none, the line goes and
+#   the block under it moves out by 4;
+# - code with "{word}"s in it: a word the config picks (a loop variable's name).
+# A slot is a RecipeSlot, the knobs' lines there, or a name of the fillers below the templates that lay out more than
+# one slot's lines (the backward with its loss scale, the loss read); a name nothing fills is a KeyError at once.
+
 _HELPERS = '''def to_device(batch, device):
     """Every tensor of a batch (a tensor, or a tuple, list or dict of them) on the device the step runs on."""
     if isinstance(batch, torch.Tensor):
-{to_device}        return batch.to(device{to_kwargs})
+        {to_device}
+        return batch.to(device{to_kwargs})
     if isinstance(batch, dict):
-        return {{key: to_device(value, device) for key, value in batch.items()}}
+        return {key: to_device(value, device) for key, value in batch.items()}
     if isinstance(batch, (list, tuple)):
         return type(batch)(to_device(value, device) for value in batch)
     return batch
@@ -201,11 +225,81 @@ def compute_loss(model, batch, loss_fn):
     output = model(**inputs) if isinstance(inputs, dict) else model(inputs)
     return loss_fn(output, targets) if loss_fn is not None else output.loss'''
 
-_TRAIN_DOC = '''    """Train ``steps`` optimizer steps and return every step's loss.
+_BACKEND_FLAGS = '''@contextlib.contextmanager
+def backend_flags():
+    """torch's global switches as the burst ran, put back afterwards."""
+    saved = [{flag_reads}]
+    {set_flags}
+    try:
+        yield
+    finally:
+        {restore_flags}'''
+
+_TRAIN = '''def train(model, dataset, loss_fn, make_optimizer, steps, seed=0, make_scheduler=None, max_grad_norm=None):
+    """Train ``steps`` optimizer steps and return every step's loss.
 
     ``model`` is an nn.Module, or a zero-argument factory built under ``seed`` (as a burst builds it); ``dataset`` is
     map-style; ``make_optimizer(params)`` and ``make_scheduler(optimizer)`` are your Workload's optimizer and scheduler.
-    """'''
+    """
+    {setup}
+    local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))  # a rank's own GPU
+    device = local if torch.cuda.is_available() else torch.device("cpu")
+    {device}
+    with {backend_flags}:
+        torch.manual_seed(seed)  # the weights' seed, as in a burst
+        generator = torch.Generator().manual_seed(seed)  # the data order
+        {sampler} or sampler = RandomSampler(dataset, generator=generator)  # a shuffle drawn from that generator
+        loader = DataLoader(
+            # each item's random draws keyed to the item: the same batches with any num_workers
+            KeyedItems(dataset, seed), sampler=KeyedOrder(sampler),
+            # the workers' base seeds, apart from the order (persistent workers draw them once)
+            generator=torch.Generator().manual_seed(seed),
+            drop_last=True,  # full batches only, as in a burst: shapes stay the same every step
+            {loader_keywords}
+        )
+        if not isinstance(model, nn.Module):
+            model = model()  # a factory is built under the seed, as a burst builds it
+        model = model.to(device)
+        {layout}
+        {prepare}
+        raw = model  # the module itself: what the optimizer steps
+        {wrap}
+        {compile}
+        optimizer = make_optimizer(raw.parameters())
+        {optimizer}
+        scheduler = make_scheduler(optimizer) if make_scheduler is not None else None
+        {scaler}
+        {loss_fn}
+        torch.manual_seed(seed)  # as in a burst: what draws randomly in this process draws from the data seed now
+        losses, pending, batches, epoch = [], [], iter(loader), 0
+        for {step_index} in range(steps):
+            total = None
+            for {micro_index} in range(ACCUMULATE):
+                try:
+                    batch = next(batches)
+                except StopIteration:  # a new epoch
+                    epoch += 1
+                    loader.sampler.set_epoch(epoch)  # the items' keys follow it, a DistributedSampler too
+                    batches = iter(loader)
+                    batch = next(batches)
+                batch = to_device(batch, device)
+                {micro_batch}
+                with {around_backward}:
+                    with {forward_context}:
+                        loss = compute_loss(model, batch, loss_fn)
+                    {backward}
+                total = loss.detach() if total is None else total + loss.detach()
+            if max_grad_norm is not None:
+                {unscale}
+                torch.nn.utils.clip_grad_norm_(raw.parameters(), max_grad_norm)
+            {step} or optimizer.step()
+            if scheduler is not None:
+                scheduler.step()  # once per optimizer step, never per micro-batch
+            {zero_grad}
+            {read_loss}
+            {after_step}
+        losses += [value.item() for value in pending]
+    return losses'''
 
 
 def _pytorch(title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -> str:
@@ -219,20 +313,123 @@ def _pytorch(title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -
     head = _Lines()
     for part in _of(parts, "constants"):
         head.add(0, part.code, _why(part))
-    to_device = _Lines()
-    for part in _of(parts, "to_device"):
-        to_device.add(8, part.code, _why(part))
-    to_kwargs = "".join(f", {part.name}={_value_code(part)}" for part in _settings(parts, "to"))
-    helpers = [KEYED_READING_CODE, *(part.code for part in _unique(_of(parts, "helpers")))]
-    helpers.append(_HELPERS.format(to_device=to_device.text() + "\n" if to_device.lines else "", to_kwargs=to_kwargs))
+    helpers = [KEYED_READING_CODE, *(part.code for part in _unique(_of(parts, "helpers"))), _helpers(parts)]
     if flags:
-        helpers.append(_flags_function(flags))
-    body = _train_body(parts, indent=8 if flags else 4)
-    train = ["def train(model, dataset, loss_fn, make_optimizer, steps, seed=0, make_scheduler=None, "
-             "max_grad_norm=None):", _TRAIN_DOC, body]
-    sections = [_sorted_imports(imports) + "\n\n" + head.text(), *helpers, "\n".join(train),
+        helpers.append(_filled(_BACKEND_FLAGS, *_flag_fills(flags)))
+    sections = [_sorted_imports(imports) + "\n\n" + head.text(), *helpers, _filled(_TRAIN, *_train_fills(parts, flags)),
                 "\n".join(_missing_lines(missing))]
     return doc + "\n\n" + "\n\n\n".join(section for section in sections if section) + "\n"
+
+
+class _Row(NamedTuple):
+    """A line a template's slot is filled with: its code (one line or several), its why, its indent under the slot."""
+
+    code: str
+    why: str = ""
+    indent: int = 0
+
+
+_BLOCK = re.compile(r"with \{(\w+)\}:")
+_SLOT = re.compile(r"\{(\w+)\}(?: or (.+))?")
+_WORD = re.compile(r"\{(\w+)\}")
+
+
+def _filled(template: str, rows: Mapping[str, Sequence[_Row]], words: Mapping[str, str]) -> str:
+    """``template`` (laid out as the comment above the templates says) with its slots' ``rows`` and its ``words``:
+    every line through one :class:`_Lines`, so a why goes where it fits and is said once for a run of lines."""
+    lines, why = _Lines(), ""
+    moved: list[tuple[int, int]] = []  # (indent of an open "with {slot}:", how far the lines under it move)
+    for line in template.splitlines():
+        text = line.lstrip()
+        if not text:
+            lines.add_blank()
+            continue
+        indent = len(line) - len(text)
+        while moved and moved[-1][0] >= indent:  # the line is out of that block
+            moved.pop()
+        at = indent + sum(shift for _, shift in moved)
+        code, _, trailing = text.partition("  # ")
+        if code.startswith("# "):
+            why = f"{why} {code[2:]}".lstrip()
+            continue
+        if block := _BLOCK.fullmatch(code):
+            moved.append((indent, _with(lines, at, rows[block[1]])))
+        elif slot := _SLOT.fullmatch(code):
+            for row in rows[slot[1]] or ([_Row(slot[2], trailing)] if slot[2] else []):
+                lines.add(at + row.indent, row.code, row.why)
+        else:
+            lines.add(at, _WORD.sub(lambda word: words[word[1]], code), trailing or why)
+        why = ""
+    return lines.text()
+
+
+def _with(lines: _Lines, at: int, contexts: Sequence[_Row]) -> int:
+    """One ``with`` of ``contexts`` (their lines in parentheses where there are several) at ``at``: how far the block
+    under it moves, out by 4 where there are none."""
+    if not contexts:
+        return -4
+    if len(contexts) == 1:
+        lines.add(at, f"with {contexts[0].code}:", contexts[0].why)
+        return 0
+    lines.add(at, "with (")
+    for context in contexts:
+        lines.add(at + 4, f"{context.code},", context.why)
+    lines.add(at, "):")
+    return 0
+
+
+def _helpers(parts: Sequence[RecipePart]) -> str:
+    """to_device and compute_loss: the batch moved as the knobs say ("to_device" lines, the keywords of its .to)."""
+    to_kwargs = "".join(f", {part.name}={_value_code(part)}" for part in _settings(parts, "to"))
+    return _filled(_HELPERS, {"to_device": [_Row(part.code, _why(part)) for part in _of(parts, "to_device")]},
+                   {"to_kwargs": to_kwargs})
+
+
+def _flag_fills(flags: Sequence[Flag]) -> tuple[dict[str, list[_Row]], dict[str, str]]:
+    """backend_flags' rows and words: each switch read, set to the config's value, and put back from what was read."""
+    rows = {"set_flags": [_Row(flag.write.format(flag.value), _knob_why(flag)) for flag in flags],
+            "restore_flags": [_Row(flag.write.format(f"saved[{index}]")) for index, flag in enumerate(flags)]}
+    return rows, {"flag_reads": ", ".join(flag.read for flag in flags)}
+
+
+def _train_fills(parts: Sequence[RecipePart],
+                 flags: Sequence[Flag]) -> tuple[dict[str, list[_Row]], dict[str, str]]:
+    """train's rows and words: every slot's Code lines with their knobs' whys, then the slots laid out from more than
+    their own lines. A loop variable is named only where a knob's line reads it (else ``_``, as a linter wants)."""
+    rows = {slot: [_Row(part.code, _knob_why(part)) for part in _of(parts, slot)] for slot in RECIPE_SLOTS}
+    rows |= {"backend_flags": [_Row("backend_flags()")] if flags else [],
+             "loader_keywords": [_Row(f"{setting.name}={_value_code(setting)},", _why(setting))
+                                 for setting in _settings(parts, "DataLoader")],
+             "backward": _backward(parts), "read_loss": _loss_read(parts)}
+    read = _of(parts, "read_loss")[0].code
+    uses_step = read not in ("True", "False") or bool(rows["after_step"])
+    uses_micro = bool(rows["around_backward"] or rows["micro_batch"])
+    return rows, {"step_index": "step" if uses_step else "_", "micro_index": "micro" if uses_micro else "_"}
+
+
+def _backward(parts: Sequence[RecipePart]) -> list[_Row]:
+    """The backward of the loss as the first "loss_scale" line scales it, by the first "backward" line where there is
+    one (a format of the loss, as GradScaler's scale), the scale's why then said above."""
+    scaled = next(iter(_of(parts, "loss_scale")), None)
+    backward = next(iter(_of(parts, "backward")), None)
+    if backward is None:
+        return [_Row(f"({scaled.code}).backward()", _knob_why(scaled)) if scaled else _Row("loss.backward()")]
+    scale = [_Row(f"# {_knob_why(scaled)}")] if scaled else []
+    return [*scale, _Row(backward.code.format(scaled.code if scaled else "loss"), _knob_why(backward))]
+
+
+def _loss_read(parts: Sequence[RecipePart]) -> list[_Row]:
+    """The step's loss (the first "step_loss" line, else the micro-batches' total) kept, and read to the host when
+    the first "read_loss" line's condition says: every step ("True"), every N, or at the end only ("False")."""
+    read = _of(parts, "read_loss")[0]
+    loss = next((part.code for part in _of(parts, "step_loss")), "total")
+    if read.code == "True":
+        return [_Row(f"losses.append(({loss}).item())", _knob_why(read))]
+    kept = [_Row(f"pending.append({loss})", _knob_why(read))]
+    if read.code == "False":
+        return kept
+    return [*kept, _Row(f"if {read.code}:"), _Row("losses += [value.item() for value in pending]", indent=4),
+            _Row("pending.clear()", indent=4)]
 
 
 #: The packages a recipe imports beside the standard library.
@@ -257,139 +454,6 @@ def _sorted_imports(imports: list[str]) -> str:
     return "\n".join([*standard, "", *third])
 
 
-def _flags_function(flags: list[Flag]) -> str:
-    lines = _Lines()
-    lines.add(0, "@contextlib.contextmanager")
-    lines.add(0, "def backend_flags():")
-    lines.add(4, '"""torch\'s global switches as the burst ran, put back afterwards."""')
-    lines.add(4, f"saved = [{', '.join(flag.read for flag in flags)}]")
-    for flag in flags:
-        lines.add(4, flag.write.format(flag.value), f"{flag.knob}: {_why(flag)}")
-    lines.add(4, "try:")
-    lines.add(8, "yield")
-    lines.add(4, "finally:")
-    for index, flag in enumerate(flags):
-        lines.add(8, flag.write.format(f"saved[{index}]"))
-    return lines.text()
-
-
-def _train_body(parts: Sequence[RecipePart], indent: int) -> str:
-    lines, i = _Lines(), indent
-
-    def code(slot: RecipeSlot, at: int) -> None:
-        for part in _of(parts, slot):
-            lines.add(at, part.code, f"{part.knob}: {_why(part)}")
-
-    code("setup", 4)
-    lines.add(4, 'local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))', "a rank's own GPU")
-    lines.add(4, 'device = local if torch.cuda.is_available() else torch.device("cpu")')
-    code("device", 4)
-    if i > 4:
-        lines.add(4, "with backend_flags():")
-    lines.add(i, "torch.manual_seed(seed)", "the weights' seed, as in a burst")
-    lines.add(i, "generator = torch.Generator().manual_seed(seed)", "the data order")
-    samplers = _of(parts, "sampler")
-    if samplers:
-        code("sampler", i)
-    else:
-        lines.add(i, "sampler = RandomSampler(dataset, generator=generator)", "a shuffle drawn from that generator")
-    lines.add(i, "loader = DataLoader(")
-    lines.add(i + 4, "KeyedItems(dataset, seed), sampler=KeyedOrder(sampler),", _KEYED_WHY)
-    lines.add(i + 4, "generator=torch.Generator().manual_seed(seed),",
-              "the workers' base seeds, apart from the order (persistent workers draw them once)")
-    lines.add(i + 4, "drop_last=True,", "full batches only, as in a burst: shapes stay the same every step")
-    for setting in _settings(parts, "DataLoader"):
-        lines.add(i + 4, f"{setting.name}={_value_code(setting)},", _why(setting))
-    lines.add(i, ")")
-    lines.add(i, "if not isinstance(model, nn.Module):")
-    lines.add(i + 4, "model = model()", "a factory is built under the seed, as a burst builds it")
-    lines.add(i, "model = model.to(device)")
-    code("layout", i)
-    code("prepare", i)
-    lines.add(i, "raw = model", "the module itself: what the optimizer steps")
-    code("wrap", i)
-    code("compile", i)
-    lines.add(i, "optimizer = make_optimizer(raw.parameters())")
-    code("optimizer", i)
-    lines.add(i, "scheduler = make_scheduler(optimizer) if make_scheduler is not None else None")
-    code("scaler", i)
-    code("loss_fn", i)
-    lines.add(i, "torch.manual_seed(seed)", "as in a burst: what draws randomly in this process draws from the data "
-                                            "seed now")
-    around_backward = _of(parts, "around_backward")
-    read = next(part for part in _of(parts, "read_loss"))
-    uses_step = read.code not in ("True", "False") or bool(_of(parts, "after_step"))
-    lines.add(i, "losses, pending, batches, epoch = [], [], iter(loader), 0")
-    lines.add(i, f"for {'step' if uses_step else '_'} in range(steps):")
-    lines.add(i + 4, "total = None")
-    uses_micro = bool(around_backward or _of(parts, "micro_batch"))
-    lines.add(i + 4, f"for {'micro' if uses_micro else '_'} in range(ACCUMULATE):")
-    j = i + 8
-    lines.add(j, "try:")
-    lines.add(j + 4, "batch = next(batches)")
-    lines.add(j, "except StopIteration:", "a new epoch")
-    lines.add(j + 4, "epoch += 1")
-    lines.add(j + 4, "loader.sampler.set_epoch(epoch)", "the items' keys follow it, a DistributedSampler too")
-    lines.add(j + 4, "batches = iter(loader)")
-    lines.add(j + 4, "batch = next(batches)")
-    lines.add(j, "batch = to_device(batch, device)")
-    code("micro_batch", j)
-    for part in around_backward:
-        lines.add(j, f"with {part.code}:", f"{part.knob}: {_why(part)}")
-    k = j + 4 * len(around_backward)
-    forward_context = _of(parts, "forward_context")
-    if len(forward_context) == 1:
-        lines.add(k, f"with {forward_context[0].code}:", f"{forward_context[0].knob}: {_why(forward_context[0])}")
-    elif forward_context:
-        lines.add(k, "with (")
-        for part in forward_context:
-            lines.add(k + 4, f"{part.code},", f"{part.knob}: {_why(part)}")
-        lines.add(k, "):")
-    lines.add(k + (4 if forward_context else 0), "loss = compute_loss(model, batch, loss_fn)")
-    scaled = next((part for part in _of(parts, "loss_scale")), None)
-    backward = next((part for part in _of(parts, "backward")), None)
-    expression = f"({scaled.code})" if scaled is not None else "loss"
-    why = f"{scaled.knob}: {_why(scaled)}" if scaled is not None else ""
-    if backward is not None:
-        if why:
-            lines.add(k, f"# {why}")
-        lines.add(k, backward.code.format(scaled.code if scaled is not None else "loss"),
-                  f"{backward.knob}: {_why(backward)}")
-    else:
-        lines.add(k, f"{expression}.backward()", why)
-    lines.add(j, "total = loss.detach() if total is None else total + loss.detach()")
-    lines.add(i + 4, "if max_grad_norm is not None:")
-    code("unscale", i + 8)
-    lines.add(i + 8, "torch.nn.utils.clip_grad_norm_(raw.parameters(), max_grad_norm)")
-    if _of(parts, "step"):
-        code("step", i + 4)
-    else:
-        lines.add(i + 4, "optimizer.step()")
-    lines.add(i + 4, "if scheduler is not None:")
-    lines.add(i + 8, "scheduler.step()", "once per optimizer step, never per micro-batch")
-    code("zero_grad", i + 4)
-    step_loss = next((part.code for part in _of(parts, "step_loss")), "total")
-    _loss_read(lines, i + 4, step_loss, read)
-    code("after_step", i + 4)
-    lines.add(i, "losses += [value.item() for value in pending]")
-    lines.add(4, "return losses")
-    return lines.text()
-
-
-def _loss_read(lines: _Lines, at: int, step_loss: str, read: Code) -> None:
-    """The step's loss kept, and read to the host when the owner's condition says: every step, every N, or at the
-    end only."""
-    why = f"{read.knob}: {_why(read)}"
-    if read.code == "True":
-        lines.add(at, f"losses.append(({step_loss}).item())", why)
-        return
-    lines.add(at, f"pending.append({step_loss})", why)
-    if read.code != "False":
-        lines.add(at, f"if {read.code}:")
-        lines.add(at + 4, "losses += [value.item() for value in pending]")
-        lines.add(at + 4, "pending.clear()")
-
-
 # -- frameworks ------------------------------------------------------------------------------------------------------
 def _framework(style: Style, title: str, parts: Sequence[RecipePart], missing: dict[str, str]) -> str:
     module, call, name = _OBJECTS[style]
@@ -410,7 +474,7 @@ def _framework(style: Style, title: str, parts: Sequence[RecipePart], missing: d
     if loader:
         lines.add(0, f"\n\n{KEYED_READING_CODE}\n\n\n")  # two blank lines around the definitions
     for code in (code for code in codes if code not in imports):
-        lines.add(0, code.code, f"{code.knob}: {_why(code)}" if not code.code.startswith(("#", "def ")) else "")
+        lines.add(0, code.code, _knob_why(code) if not code.code.startswith(("#", "def ")) else "")
     if loader:
         lines.add(0, "loader = DataLoader(")
         lines.add(4, "KeyedItems(dataset, seed=0),", _KEYED_WHY)
@@ -454,7 +518,7 @@ _EPOCH_NOTES: dict[Style, str] = {
 
 def _keyword(lines: _Lines, setting: Setting, entries: list[Setting]) -> None:
     """One keyword of the style's object; a plugin or a dict with its own keywords or entries, one a line."""
-    why = f"{setting.knob}: {_why(setting)}"
+    why = _knob_why(setting)
     if isinstance(setting.value, Construct):
         opening, closing, entry = f"{setting.value.name}(", ")", "{}={},"
     elif isinstance(setting.value, dict):
@@ -466,5 +530,5 @@ def _keyword(lines: _Lines, setting: Setting, entries: list[Setting]) -> None:
     lines.add(4, f"{setting.name}={opening}", why)
     for part in entries:  # an entry of the knob that made the object says no more than its why above
         own = part.why or part.knob != setting.knob
-        lines.add(8, entry.format(part.name, _value_code(part)), f"{part.knob}: {_why(part)}" if own else "")
+        lines.add(8, entry.format(part.name, _value_code(part)), _knob_why(part) if own else "")
     lines.add(4, f"{closing},")

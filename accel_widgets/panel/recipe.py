@@ -7,15 +7,17 @@ is shown in a text area to copy from, with a "Copy as code" button that puts it 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 import anywidget
 import ipywidgets as w
 import traitlets
 
-from ..analysis.compare import RunRow
+from ..analysis.compare import RunRow, best_run
 from ..inputs.workload import Workload
 from ..job.recipe import recipe
 from ..knobs.base import STYLES, Style
+from ..views.comparison import no_best_run_text
 
 #: What each style's button says.
 STYLE_LABELS: dict[Style, str] = {"pytorch": "plain PyTorch", "hf": "Hugging Face", "lightning": "Lightning",
@@ -52,7 +54,7 @@ class RecipeView:
         self.best: RunRow | None = None
         self.shown_run: int | None = None  # the run whose code is shown
         self.button = w.Button(description="Use in my code", icon="code", disabled=True, layout=w.Layout(width="auto"),
-                               tooltip="the best run's settings in your own training code")
+                               tooltip=f"no run to take yet: {no_best_run_text([])}")
         self.styles = w.ToggleButtons(options=[(STYLE_LABELS[style], style) for style in STYLES], value="pytorch",
                                       tooltips=["a plain PyTorch loop (no accel_widgets import)",
                                                 "transformers.TrainingArguments(...)", "lightning.Trainer(...)",
@@ -65,13 +67,13 @@ class RecipeView:
         self.button.on_click(lambda _: self.open())
         self.styles.observe(lambda _: self._write(), names="value")
 
-    def render(self, best: RunRow | None) -> None:
-        """Name the best run on the button (nothing is built here)."""
-        self.best = best
+    def render(self, rows: Sequence[RunRow]) -> None:
+        """Name the best run of ``rows`` on the button, or say on it why there is none yet (nothing is built here)."""
+        best = self.best = best_run(rows)
         self.button.disabled = best is None
         self.button.description = (f"Use #{best.run} in my code" if best is not None else "Use in my code")
-        if best is not None:
-            self.button.tooltip = f"#{best.run} {best.values['label']}: its settings in your own training code"
+        self.button.tooltip = (f"#{best.run} {best.values['label']}: its settings in your own training code"
+                               if best is not None else f"no run to take yet: {no_best_run_text(rows)}")
 
     def open(self) -> None:
         """Show the best run's code in the style picked (what the button does)."""

@@ -17,7 +17,6 @@ from typing import Any
 import ipywidgets as w
 import plotly.graph_objects as go
 
-from ..analysis.compare import best_run
 from ..engine.forkserver import warm_up
 from ..engine.launcher import Engine, run_burst
 from ..inputs.device import DeviceInfo, probe_device
@@ -31,8 +30,8 @@ from ..results.tune import TuneResult
 from ..search.tuner import tune
 from ..views.figures import COMPARISONS, batch_size_figure, comparison_figures
 from ..views.headspace import ceilings_html
-from ..views.style import findings_html, themed
-from ..views.text import summary
+from ..views.style import themed
+from ..views.text import findings_html, summary
 from ..views.timeline import TIMELINE_META, fit_step_axis, timeline
 from .controller import HistoryArg, Length, PanelController, Tuner, length_kwargs
 from .controls import KNOBS_PX, KnobControls
@@ -279,7 +278,7 @@ class TuningPanel:
             self.plots.stream(state.runs)
             self.plots.settle(state.runs)
             self.table.render(state.rows, state.hidden)
-            self.recipe.render(best_run(state.rows))
+            self.recipe.render(state.rows)
             if state.action is None:
                 self._render_compare()
         elif part == "shown":

@@ -3,6 +3,9 @@ the terminal, the panel and the report (the table's cell is :func:`~accel_widget
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from ..analysis.compare import RunRow
 from ..results.comparison import Comparison, NoiseSources
 from .table import same_within_pct
 
@@ -91,3 +94,18 @@ def noise_sentence(noise: NoiseSources) -> str:
     first = parts.pop(noise.dominant)
     rest = [text for text in parts.values() if text]
     return f"Noise: {first}" + (f" ({'; '.join(rest)})." if rest else ".")
+
+
+def no_best_run_text(rows: Sequence[RunRow]) -> str:
+    """Why no run can be taken into the user's code yet (:func:`~accel_widgets.analysis.compare.best_run` found none),
+    in a sentence: the first of its conditions that every run fails."""
+    finished = [row for row in rows if row.result.ok and row.values["samples_per_s"] is not None]
+    if not finished:
+        return "no run has finished yet"
+    trusted = [row for row in finished if not row.values["unreliable"]]
+    if not trusted:
+        return ("every finished run was measured unreliably (its step times spread, or other load shared the "
+                "machine): run it again, or compare it, on a quiet machine")
+    if all(row.changes_training for row in trusted):
+        return "the runs measured reliably train differently from their baseline (the training check says how)"
+    return "every run measured reliably was slower than its baseline"

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from ..analysis.compare import Row, RunRow, best_run, run_rows
 from ..analysis.compare import comparison_rows as comparison_rows  # re-exported: the rows the table functions take
-from ..analysis.diagnosis import diagnose
 from ..analysis.estimate import Estimate
 from ..job.recipe import recipe_of
 from ..results.burst import BurstResult
@@ -29,8 +28,9 @@ from ..results.headspace import Headspace
 from .comparison import comparison_sentence
 from .estimate import estimate_line
 from .headspace import ceilings_html, headspace_lines
-from .style import COLOURS, UNRELIABLE, findings_html, run_colour, run_name, shorten
+from .style import COLOURS, UNRELIABLE, run_colour, run_name, shorten
 from .table import COLUMNS, REPORT_COLUMNS, STATUS, TEXT_COLUMNS, TITLE, row_cells, row_title, status_colour
+from .text import findings_html, run_findings
 from .timeline import step_times_only, timeline
 
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ def _diagnosis_html(rows: Sequence[RunRow]) -> str:
     """Each run's reading against its baseline (guard, compile payback included); warnings come below."""
     sections = []
     for row in rows:
-        findings = [f for f in diagnose(row.result, row.baseline, verdict=row.verdict) if f.title != "Engine warning"]
+        findings = run_findings(row.result, row.baseline, row.verdict)
         if findings:
             sections.append(f"<h3>#{row.run} {html.escape(str(row.values['label']))}</h3>{findings_html(findings)}")
     return "<h2>Diagnosis</h2>\n" + "\n".join(sections) if sections else ""

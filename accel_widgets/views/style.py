@@ -6,12 +6,10 @@ table cannot disagree.
 
 from __future__ import annotations
 
-import html
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..analysis.diagnosis import Finding, Severity
+    from ..analysis.diagnosis import Severity
 
 
 #: A finished run whose numbers cannot rank a knob (:func:`~accel_widgets.results.reliability.reliability`): its
@@ -81,16 +79,3 @@ def run_name(run: int, label: str, workload: str | None = None) -> str:
 
 def shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
-
-
-def findings_html(findings: Sequence[Finding], colour: Callable[[str], str] = COLOURS.__getitem__) -> str:
-    """A run's findings as an HTML list: mark, title, the numbers read and the knob to try; ``colour`` gives a palette
-    key's CSS colour (the panel's follow the JupyterLab theme: :func:`themed`)."""
-    items = []
-    for finding in findings:
-        mark, key = FINDING_MARKS[finding.severity]
-        knob = f" → try <code>{html.escape(finding.knob)}</code>" if finding.knob else ""
-        items.append(f'<li style="margin-bottom: 4px;"><span style="color: {colour(key)};">{mark}</span> '
-                     f"<b>{html.escape(finding.title)}</b>: {html.escape(finding.detail)}{knob}</li>")
-    body = "".join(items) or "<li>Nothing stands out.</li>"
-    return f'<ul style="padding-left: 18px; margin: 4px 0;">{body}</ul>'

@@ -2,13 +2,19 @@
 
 The records themselves (:mod:`accel_widgets.results`) hold outcomes and no text; every face that prints one calls
 :func:`summary` (``aw.summary``), which reads any record it knows, so the CLI, the panel and a notebook say the same.
+A diagnosis's finding is worded here too, as one sentence (:func:`finding_sentence`) that the panel and the report
+show in HTML and the CLI prints.
 """
 
 from __future__ import annotations
 
+import html
+from collections.abc import Callable, Sequence
 from functools import singledispatch
 
 from ..analysis.compare import straggler
+from ..analysis.diagnosis import ENGINE_WARNING, Finding, diagnose
+from ..analysis.guard import GuardVerdict
 from ..analysis.usage import (
     activity_text,
     allocator_expandable,
@@ -28,6 +34,7 @@ from ..results.reliability import Reliability, reliability
 from ..results.sweep import BASE, SweepPoint, SweepResult
 from ..results.tune import TuneResult
 from .comparison import outcome_text
+from .style import COLOURS, FINDING_MARKS
 
 
 @singledispatch
@@ -259,3 +266,41 @@ def tune_summary(tuned: TuneResult) -> str:
             f"{tuned.stopped_reason}")
     return "\n".join([head, *(f"  {'+' if s.accepted else ' '} {s.knob}={s.value!r}: {s.reason}"
                               for s in tuned.decisions)])
+
+
+# -- a diagnosis's findings ------------------------------------------------------------------------------------------
+def finding_sentence(finding: Finding) -> str:
+    """A finding as its one sentence: the title, the numbers it read and the knob to try where it names one. Every face
+    says a finding in these words, so a reading quoted from the CLI is the one the panel and the report show."""
+    return finding.title + _after_title(finding)
+
+
+def _after_title(finding: Finding) -> str:
+    """The sentence after its title, which the HTML sets apart in bold."""
+    knob = f" → try {finding.knob}" if finding.knob else ""
+    return f": {finding.detail}{knob}"
+
+
+def finding_line(finding: Finding) -> str:
+    """A finding for a terminal: its severity's mark, then its sentence."""
+    return f"{FINDING_MARKS[finding.severity][0]} {finding_sentence(finding)}"
+
+
+def findings_html(findings: Sequence[Finding], colour: Callable[[str], str] = COLOURS.__getitem__) -> str:
+    """A run's findings as an HTML list: each mark in its colour, then the sentence with its title in bold; ``colour``
+    gives a palette key's CSS colour (the panel's follow the JupyterLab theme:
+    :func:`~accel_widgets.views.style.themed`)."""
+    items = []
+    for finding in findings:
+        mark, key = FINDING_MARKS[finding.severity]
+        items.append(f'<li style="margin-bottom: 4px;"><span style="color: {colour(key)};">{mark}</span> '
+                     f"<b>{html.escape(finding.title)}</b>{html.escape(_after_title(finding))}</li>")
+    body = "".join(items) or "<li>Nothing stands out.</li>"
+    return f'<ul style="padding-left: 18px; margin: 4px 0;">{body}</ul>'
+
+
+def run_findings(result: BurstResult, baseline: BurstResult | None = None,
+                 verdict: GuardVerdict | None = None) -> list[Finding]:
+    """A run's findings as the report and the CLI list them: :func:`~accel_widgets.analysis.diagnosis.diagnose`'s,
+    less the engine's warnings, which both say on their own (the report's Warnings, a burst's summary lines)."""
+    return [f for f in diagnose(result, baseline, verdict=verdict) if f.title != ENGINE_WARNING]

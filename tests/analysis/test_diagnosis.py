@@ -6,11 +6,12 @@ import dataclasses
 
 import pytest
 
-from accel_widgets import Config, ErrorInfo
+from accel_widgets import Config
 from accel_widgets.analysis.diagnosis import THRESHOLDS, Finding, diagnose
 from accel_widgets.analysis.guard import GuardVerdict
 from accel_widgets.analysis.usage import energy
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.results.burst import ErrorInfo
 from accel_widgets.results.reliability import foreign_cpu_pct, load_attribution, other_processes, reliability
 from accel_widgets.views.text import summary
 from tests.analysis.test_compare import paced

@@ -9,18 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from accel_widgets import (
-    BurstOptions,
-    BurstResult,
-    Config,
-    RankSummary,
-    StepRecord,
-    StreamReading,
-    demo_workload,
-    run_burst,
-)
+from accel_widgets import BurstOptions, BurstResult, Config, StepRecord, demo_workload, run_burst
 from accel_widgets.analysis.guard import check_training, comparable, find_baseline, tolerance
+from accel_widgets.data.streams import StreamReading
 from accel_widgets.knobs.precision import LOSS_TOLERANCE_AT_START
+from accel_widgets.results.burst import RankSummary
 from tests.measured import as_measured
 from tests.workloads import CLASSES, FEATURES, tiny_workload
 

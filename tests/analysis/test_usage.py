@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from accel_widgets import BurstResult, Config, StepRecord, TelemetrySample
+from accel_widgets import BurstResult, Config, StepRecord
 from accel_widgets.analysis.compare import run_rows
 from accel_widgets.analysis.usage import (
     activity_text,
@@ -32,7 +32,7 @@ from accel_widgets.analysis.usage import (
 )
 from accel_widgets.metrics.energy import EnergyScope
 from accel_widgets.metrics.units import MISSING
-from accel_widgets.results.burst import RankSummary
+from accel_widgets.results.burst import RankSummary, TelemetrySample
 from accel_widgets.views.table import COLUMNS, REPORT_COLUMNS
 from accel_widgets.views.text import summary
 from tests.results.test_burst import HOST_AFTER, HOST_MEASURED, HOST_SETUP, _rank, _windowed, make_result

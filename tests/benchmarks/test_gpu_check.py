@@ -18,9 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from accel_widgets import BurstResult, Config, RankSummary, StepRecord, TelemetrySample
+from accel_widgets import BurstResult, Config, StepRecord
 from accel_widgets.analysis import usage
-from accel_widgets.results.burst import OperatorTime, ProfileCapture
+from accel_widgets.results.burst import OperatorTime, ProfileCapture, RankSummary, TelemetrySample
 from tests.benchmark_scripts import load_benchmark
 from tests.measured import as_measured
 

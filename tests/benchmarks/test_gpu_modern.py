@@ -12,7 +12,8 @@ import re
 import pytest
 import torch
 
-from accel_widgets import BurstOptions, BurstResult, Config, RankSummary, StepRecord, run_burst
+from accel_widgets import BurstOptions, BurstResult, Config, StepRecord, run_burst
+from accel_widgets.results.burst import RankSummary
 from tests.benchmark_scripts import load_benchmark
 from tests.devices import cpu_device
 from tests.measured import as_measured

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
-from accel_widgets import BurstOptions, BurstResult, Config, StreamReading, Workload, run_burst
+from accel_widgets import BurstOptions, BurstResult, Config, Workload, run_burst
 from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.guard import check_training
 from accel_widgets.analysis.usage import read_amplification
 from accel_widgets.data.keyed import DataRandomness
-from accel_widgets.data.streams import StreamSplitWarning, split_stream
+from accel_widgets.data.streams import StreamReading, StreamSplitWarning, split_stream
 from accel_widgets.engine.training import EpochIterator
 from tests.devices import cpu_device
 from tests.workloads import FEATURES, TinyNet, tensors

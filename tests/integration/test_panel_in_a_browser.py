@@ -35,8 +35,9 @@ from tests.browsers import (
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-# In a browser, with the chart on screen: what a user sees of a burst, so nothing else may share the machine.
-pytestmark = [*NEEDS_CHROMIUM, pytest.mark.alone]
+    from tests.conftest import Alone
+
+pytestmark = NEEDS_CHROMIUM
 
 VIEWPORT = {"width": 1400, "height": 1900}
 NARROW_WIDTH = 1000
@@ -189,6 +190,8 @@ def use_in_my_code(page) -> dict[str, str]:
     each is kept."""
     button = page.locator(".aw-use-in-my-code")
     label = button.inner_text()
+    # Disabled: no run qualifies (something outside this test loaded the machine while the bursts ran); its hover says.
+    assert button.is_enabled(), button.get_attribute("title")
     button.click()
     code = page.locator(".aw-recipe-code textarea")
     page.wait_for_function("() => (document.querySelector('.aw-recipe-code textarea') || {}).value?.includes('def "
@@ -202,7 +205,7 @@ def use_in_my_code(page) -> dict[str, str]:
     return {"button": label.strip(), "pytorch": pytorch, "hf": code.input_value()}
 
 
-def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -> None:
+def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path, alone: Alone) -> None:
     from playwright.sync_api import sync_playwright
 
     root, home = tmp_path / "root", tmp_path / "home"
@@ -216,24 +219,26 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             page.goto(f"{base}/lab/tree/panel.ipynb?token={token}&reset")
             page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
             page.evaluate("() => { window.jupyterapp.shell.collapseLeft(); window.jupyterapp.shell.collapseRight(); }")
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            # What a user watches: the bursts, drawn live, with nothing else on the machine (its layout need not be).
+            with alone():
+                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
-            # The notebook itself runs one burst programmatically; wait for it and for the kernel.
-            page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
-            page.wait_for_function(f"() => ({JS_ROWS})() === 1", timeout=KERNEL_READY_MS, polling=200)
-            page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
-            page.wait_for_function(f"() => ({JS_TIMELINE})() !== null", timeout=30_000, polling=200)
-            before = page.evaluate(JS_TIMELINE)
-            assert points(before, 0, "step") > 0 and points(before, 0, "util") > 0, before
+                # The notebook itself runs one burst programmatically; wait for it and for the kernel.
+                page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
+                page.wait_for_function(f"() => ({JS_ROWS})() === 1", timeout=KERNEL_READY_MS, polling=200)
+                page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
+                page.wait_for_function(f"() => ({JS_TIMELINE})() !== null", timeout=30_000, polling=200)
+                before = page.evaluate(JS_TIMELINE)
+                assert points(before, 0, "step") > 0 and points(before, 0, "util") > 0, before
 
-            page.locator(".aw-run-burst").click()
-            updates = watch_live_updates(page, run=1)
-            page.wait_for_function(f"() => ({JS_STATUS})().includes('finished')",
-                                   timeout=(2 * BURST_S + COMPARE_S + 30) * 1000, polling=100)
-            traces = settled_timeline(page)
-            speedup = page.evaluate(JS_SPEEDUP)
-            rows = page.evaluate(JS_ROWS)
-            status = page.evaluate(JS_STATUS)
+                page.locator(".aw-run-burst").click()
+                updates = watch_live_updates(page, run=1)
+                page.wait_for_function(f"() => ({JS_STATUS})().includes('finished')",
+                                       timeout=(2 * BURST_S + COMPARE_S + 30) * 1000, polling=100)
+                traces = settled_timeline(page)
+                speedup = page.evaluate(JS_SPEEDUP)
+                rows = page.evaluate(JS_ROWS)
+                status = page.evaluate(JS_STATUS)
             page.wait_for_function(f"() => ({JS_WIDTHS})().fits", timeout=10_000, polling=100)
             wide = page.evaluate(JS_WIDTHS)
             page.locator(".aw-panel").screenshot(path=str(ARTIFACTS / "panel.png"))
@@ -241,7 +246,8 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path) -
             narrow = narrow_layout(page)
             layout = layout_beside_file_browser(page)
             reloaded = traces_after_reload(page)
-            live = live_mode(page)
+            with alone():
+                live = live_mode(page)
         finally:
             browser.close()
 

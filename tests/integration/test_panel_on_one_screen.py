@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import nbformat
-import pytest
 
 from tests.browsers import (
     ARTIFACTS,
@@ -31,8 +30,9 @@ from tests.browsers import (
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-# In a browser, with the chart on screen: what a user sees of a burst, so nothing else may share the machine.
-pytestmark = [*NEEDS_CHROMIUM, pytest.mark.alone]
+    from tests.conftest import Alone
+
+pytestmark = NEEDS_CHROMIUM
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "tuning.ipynb"
 #: The notebook's parameters: short bursts, and no cold compile (tests/engine/test_compile.py compiles).
@@ -152,7 +152,8 @@ def tuning_notebook(path: Path) -> None:
     nbformat.write(notebook, path)
 
 
-def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_themes(tmp_path: Path) -> None:
+def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_themes(tmp_path: Path,
+                                                                                    alone: Alone) -> None:
     from playwright.sync_api import sync_playwright
 
     root, home = tmp_path / "root", tmp_path / "home"
@@ -166,8 +167,9 @@ def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_the
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(f"{base}/lab/tree/tuning.ipynb?token={token}&reset")
             page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            run_to_the_end(page)
+            with alone():  # the notebook's bursts, as a user watches them: nothing else on the machine
+                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                run_to_the_end(page)
             text = page.evaluate(JS_OUTPUT_TEXT)
             runs = page.evaluate("() => document.querySelectorAll('.aw-runs tr.aw-run').length")
             for theme, name in THEMES.items():

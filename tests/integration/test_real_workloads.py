@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
-from accel_widgets import BurstOptions, BurstResult, CodePaths, Config, WorkerError, Workload, run_burst
+from accel_widgets import BurstOptions, BurstResult, Config, WorkerError, Workload, run_burst
+from accel_widgets.knobs import CodePaths
 from accel_widgets.knobs.data import RankShard, loader_notes
 from accel_widgets.views.text import summary
 from tests.devices import cpu_device

@@ -5,11 +5,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accel_widgets import BurstOptions, Config, RankSummary, run_burst
+from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.analysis.usage import mfu, mfu_basis
 from accel_widgets.demos import resnet18
 from accel_widgets.knobs.precision import op_math
 from accel_widgets.metrics.flops import count_training_flops, peak_flops
+from accel_widgets.results.burst import RankSummary
 from accel_widgets.views.text import summary
 from tests.devices import cpu_device
 from tests.results.test_burst import make_result

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from accel_widgets import summarize
+from accel_widgets.metrics.stats import summarize
 
 
 def test_median_quartiles_and_noise_flag():

@@ -12,18 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_widgets import (
-    BurstOptions,
-    BurstResult,
-    Config,
-    DeviceInfo,
-    ErrorInfo,
-    StepRecord,
-    TelemetrySample,
-    WorkerError,
-)
+from accel_widgets import BurstOptions, BurstResult, Config, DeviceInfo, StepRecord, WorkerError
 from accel_widgets.inputs.device import GpuInfo
-from accel_widgets.results.burst import OperatorTime, ProfileCapture, RankSummary, Status
+from accel_widgets.results.burst import ErrorInfo, OperatorTime, ProfileCapture, RankSummary, Status, TelemetrySample
 from tests.measured import as_measured
 
 CPU = DeviceInfo(cpu_count=2, cpu_name="Fake CPU", cpu_flags=frozenset({"avx2"}))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from accel_widgets import Config
 from accel_widgets.panel import recipe as panel_recipe
-from tests.panel.fakes import FakeEngine
+from accel_widgets.results.burst import BurstResult
+from tests.panel.fakes import FakeEngine, synthetic_result
 from tests.panel.test_panel import make_panel, run
 
 
@@ -31,3 +34,20 @@ def test_the_best_runs_settings_are_built_as_code_when_asked_in_the_style_picked
     panel.recipe.styles.value = "hf"
     assert "TrainingArguments(" in panel.recipe.code.value
     assert [args[0] for args in built] == [best.result.config] * 2 and [args[2] for args in built] == ["pytorch", "hf"]
+
+
+def test_with_every_run_measured_under_other_load_the_button_says_why_there_is_nothing_to_take() -> None:
+    """A busy laptop: each run measured while another job took 40% of the machine. No run is the best, and the
+    disabled button's hover says why and what to do, instead of staying grey in silence."""
+
+    def loaded(workload: Any, config: Config, **kwargs: Any) -> BurstResult:
+        return synthetic_result(config, step_s=0.05, util=40, foreign=40)
+
+    panel = make_panel(loaded, steps=6)
+    assert panel.recipe.button.tooltip == "no run to take yet: no run has finished yet"
+    run(panel)
+    panel.set_config(Config(num_workers=1))
+    run(panel)
+    assert panel.recipe.button.disabled and panel.recipe.best is None
+    assert panel.recipe.button.tooltip.startswith("no run to take yet: every finished run was measured unreliably")
+    assert "on a quiet machine" in panel.recipe.button.tooltip

@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from accel_widgets import BurstResult, Config, ErrorInfo, RankSummary, StepRecord, TelemetrySample
+from accel_widgets import BurstResult, Config, StepRecord
 from accel_widgets.knobs.compiling import CompileReport, GraphBreak, Recompile
+from accel_widgets.results.burst import ErrorInfo, RankSummary, TelemetrySample
 from tests.measured import as_measured
 
 

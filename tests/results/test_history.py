@@ -23,7 +23,8 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import accel_widgets.results.history as history
-from accel_widgets import Config, ErrorInfo, StepRecord, Workload
+from accel_widgets import Config, StepRecord, Workload
+from accel_widgets.results.burst import ErrorInfo
 from accel_widgets.results.history import (
     APPLICATION_ID,
     DEFAULT_HISTORY_FILE,
@@ -38,7 +39,8 @@ from tests.workloads import LockedDataset, TinyNet, tensors, tiny_workload
 # Records 50 runs once told to start, so two copies write at the same moment (the file is created then too).
 WRITER = """
 import sys
-from accel_widgets import BurstResult, Config, RankSummary
+from accel_widgets import BurstResult, Config
+from accel_widgets.results.burst import RankSummary
 from accel_widgets.results.history import RunHistory
 
 path, who = sys.argv[1], sys.argv[2]

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from accel_widgets import TelemetrySample
+from accel_widgets.results.burst import TelemetrySample
 from accel_widgets.results.reliability import (
     Reliability,
     caller_cpu_pct,

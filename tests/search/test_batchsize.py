@@ -18,16 +18,12 @@ from torch.utils.data import DataLoader, TensorDataset
 import accel_widgets
 from accel_widgets import (
     BatchSizeSearch,
-    BatchTry,
     BurstEngine,
     BurstOptions,
     BurstResult,
     Config,
     DeviceInfo,
-    ErrorInfo,
-    RankSummary,
     StepRecord,
-    TelemetrySample,
     WorkerCrashed,
     WorkerError,
     WorkerOutOfMemory,
@@ -37,6 +33,8 @@ from accel_widgets import (
 )
 from accel_widgets.inputs.device import GpuInfo
 from accel_widgets.knobs.rules import ConfigError
+from accel_widgets.results.batchsize import BatchTry
+from accel_widgets.results.burst import ErrorInfo, RankSummary, TelemetrySample
 from accel_widgets.search.batchsize import DEFAULT_CPU_SHARE, batch_scope, parse_memory_size
 from accel_widgets.views.figures import batch_size_figure
 from accel_widgets.views.text import summary

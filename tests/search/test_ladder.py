@@ -1,8 +1,9 @@
 import dataclasses
 import itertools
 
-from accel_widgets import BatchSizeSearch, BatchTry, Config, classic_ladder
+from accel_widgets import BatchSizeSearch, Config, classic_ladder
 from accel_widgets.inputs.device import DeviceInfo, GpuInfo
+from accel_widgets.results.batchsize import BatchTry
 from accel_widgets.search.ladder import Rung, ladder_pairs, run_ladder
 from tests.search.machines import Machine, noisy
 from tests.workloads import conv_workload, gpt_workload, tiny_workload

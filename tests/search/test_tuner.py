@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from accel_widgets import BurstResult, CodePaths, Config, DeviceInfo, RunHistory, Workload
+from accel_widgets import BurstResult, Config, DeviceInfo, RunHistory, Workload
 from accel_widgets.analysis import guard
 from accel_widgets.data.cache import CacheInfo
 from accel_widgets.engine.launcher import Engine
 from accel_widgets.inputs.device import GpuInfo
-from accel_widgets.knobs import GROUPS, KNOBS, compiling
+from accel_widgets.knobs import GROUPS, KNOBS, CodePaths, compiling
 from accel_widgets.metrics.sequential import min_blocks
 from accel_widgets.results.comparison import Comparison
 from accel_widgets.results.tune import TuneResult, TuneStep

@@ -1,11 +1,19 @@
-"""Records in words: the summary every face prints (``aw.summary``), read from the record alone, for every kind."""
+"""Records in words: the summary every face prints (``aw.summary``), read from the record alone, for every kind, and a
+finding's one sentence, the same in the panel, the report and the CLI."""
+
+import html
+import re
 
 import pytest
 
 import accel_widgets as aw
-from accel_widgets import BatchSizeSearch, BatchTry, Config, ErrorInfo, SweepResult, TuneResult, TuneStep
+from accel_widgets import BatchSizeSearch, Config, SweepResult, TuneResult
+from accel_widgets.analysis.diagnosis import Finding, diagnose
+from accel_widgets.results.batchsize import BatchTry
+from accel_widgets.results.burst import ErrorInfo
 from accel_widgets.results.sweep import SweepPoint
-from accel_widgets.views.text import summary
+from accel_widgets.results.tune import TuneStep
+from accel_widgets.views.text import finding_line, finding_sentence, findings_html, run_findings, summary
 from tests.results.test_burst import compiled_result, make_diverged, make_result
 
 
@@ -55,3 +63,30 @@ def test_every_kind_of_record_reads_through_the_one_summary():
 def test_a_record_without_a_summary_is_refused_by_name():
     with pytest.raises(TypeError, match="no summary for a dict"):
         summary({})
+
+
+# -- a finding's one sentence ----------------------------------------------------------------------------------------
+def shown(markup: str) -> str:
+    """What a reader of the panel's or the report's HTML sees: the tags taken out, the entities read."""
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def test_a_finding_is_one_sentence_that_the_html_shows_after_its_mark():
+    data_bound = Finding("warn", "Data-bound", "60% of the step waits on the data loader: add <workers>.",
+                         "num_workers")
+    busy = Finding("good", "Device kept busy", "worker CPU at 90% (rule of thumb: > 80%).")
+    assert finding_sentence(data_bound) == "Data-bound: 60% of the step waits on the data loader: add <workers>. → " \
+        "try num_workers"
+    assert finding_sentence(busy) == "Device kept busy: worker CPU at 90% (rule of thumb: > 80%)."
+    assert [finding_line(f) for f in (data_bound, busy)] == ["⚠ " + finding_sentence(data_bound),
+                                                              "✔ " + finding_sentence(busy)]
+    markup = findings_html([data_bound, busy])
+    assert "<b>Data-bound</b>: 60% of the step waits on the data loader: add &lt;workers&gt;." in markup
+    assert shown(markup) == finding_line(data_bound) + finding_line(busy)
+
+
+def test_the_report_and_the_cli_leave_the_engine_warnings_to_their_own_lines():
+    result = make_result(warnings=["only 3 measured steps"])
+    assert "Engine warning" in [f.title for f in diagnose(result)]  # the panel's reading lists it
+    assert run_findings(result) == [f for f in diagnose(result) if f.title != "Engine warning"]
+    assert "only 3 measured steps" in summary(result)
