@@ -479,8 +479,8 @@ def _straggler(result: BurstResult) -> list[Finding]:
     where = f" on node {found.node[:12]}" if found.node else ""
     return [Finding("warn", "Straggler", f"rank {found.rank}{where} sets the pace: its own work took "
                     f"{found.busy_step_s * 1e3:.3g} ms a step, {found.ratio:.2f}× the other ranks' median "
-                    f"({found.others_step_s * 1e3:.3g} ms); they wait for it at every all-reduce. A slower or busier "
-                    "machine, or another program on its cores, holds the whole group back.")]
+                    f"({found.others_step_s * 1e3:.3g} ms), and they wait for it at every all-reduce (a slower or "
+                    "busier machine, or another program on its cores).")]
 
 
 def _math(result: BurstResult) -> list[Finding]:
