@@ -22,9 +22,9 @@ from .analysis.estimate import Estimate, estimate
 from .analysis.guard import GuardVerdict, check_training
 from .demos import demo_workload
 from .engine.launcher import BurstEngine, IsolationWarning, WorkloadNotPicklable, run_burst
-from .engine.outcome import BurstError, BurstTimeout, WorkerCrashed, WorkerError, WorkerOutOfMemory
+from .engine.outcome import BurstError, BurstTimeout, ClusterError, WorkerCrashed, WorkerError, WorkerOutOfMemory
 from .engine.payload import UserCodeWarning
-from .engine.request import BurstOptions, BurstRequestError
+from .engine.request import BurstOptions, BurstRequestError, RayCluster
 from .inputs.device import DeviceInfo, probe_device
 from .inputs.workload import Workload
 from .job.export import export_script
@@ -76,6 +76,7 @@ __all__ = [
     "BurstRequestError",
     "BurstResult",
     "BurstTimeout",
+    "ClusterError",
     "Comparison",
     "Config",
     "ConfigError",
@@ -90,6 +91,7 @@ __all__ = [
     "KnobValueError",
     "Ladder",
     "NoiseBand",
+    "RayCluster",
     "Recipe",
     "RunHistory",
     "Rung",

@@ -1,7 +1,8 @@
 """Shared fixtures. Every test is checked for leaks: processes, threads, sockets and temp files.
 
 The preloaded forkserver and multiprocessing's resource tracker are session-long infrastructure
-(started once, like a kernel's), so they are allowed; anything they or the test started must be gone.
+(started once, like a kernel's), so they are allowed, and so is what a module's fixture names as its own
+(:data:`MODULE_INFRASTRUCTURE`: a Ray cluster's processes); anything they or the test started must be gone.
 """
 
 from __future__ import annotations
@@ -143,8 +144,14 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _infrastructure_pids() -> set[int]:
-    pids = set()
+#: What a module's fixture runs for its tests besides the session's infrastructure (a Ray cluster's own processes),
+#: each a callable naming those processes now; a fixture adds its own while it runs and checks they are gone after.
+MODULE_INFRASTRUCTURE: list[Callable[[], set[int]]] = []
+
+
+def infrastructure_pids() -> set[int]:
+    """The processes the leak check allows: the session's and those a module's fixture names."""
+    pids = {pid for source in MODULE_INFRASTRUCTURE for pid in source()}
     server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
     for pid in (server, tracker):
@@ -155,7 +162,7 @@ def _infrastructure_pids() -> set[int]:
 
 def _descendants() -> dict[int, str]:
     """Every live process below this one, except the allowed infrastructure processes themselves."""
-    allowed = _infrastructure_pids()
+    allowed = infrastructure_pids()
     found = {}
     for child in psutil.Process().children(recursive=True):
         try:

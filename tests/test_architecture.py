@@ -15,7 +15,10 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -358,3 +361,16 @@ def test_docs_api_lists_the_public_face_once_each() -> None:
     assert sorted(listed) == sorted(names), (f"docs/api.md lists {sorted(set(listed) - set(names))} beyond __all__ "
                                              f"and misses {sorted(set(names) - set(listed))}")
     assert len(listed) == len(set(listed)), "docs/api.md lists a name twice"
+
+
+#: Optional dependencies the package's import must not pull in: each is imported only where it is used.
+OPTIONAL_ON_IMPORT = ("ray",)
+
+
+def test_import_pulls_in_no_optional_dependency() -> None:
+    """``import accel_widgets`` imports no optional extra (Ray comes with a cluster burst alone): a user without it
+    imports the package, and one with it does not pay its import time for a burst on their own machine."""
+    code = (f"import sys, accel_widgets; found = [m for m in {OPTIONAL_ON_IMPORT!r} if m in sys.modules]; "
+            "assert not found, found")
+    env = {**os.environ, "ACCEL_WIDGETS_PRESTART": "0"}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent, env=env)

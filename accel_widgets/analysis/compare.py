@@ -43,10 +43,46 @@ def scaling_efficiency(result: BurstResult, single_rank: BurstResult) -> float |
     return mine / (result.world_size * theirs) if mine and theirs else None
 
 
+@dataclass(frozen=True)
+class Straggler:
+    """The rank that sets a group's pace: its own work per measured step (``busy_step_s``: the time its stepping thread
+    ran or waited for a core, :attr:`~accel_widgets.results.burst.RankSummary.busy_s`) against the median of the other
+    ranks' (``others_step_s``), and the node it ran on ("" on the caller's machine)."""
+
+    rank: int
+    node: str
+    busy_step_s: float
+    others_step_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.busy_step_s / self.others_step_s if self.others_step_s else float("inf")
+
+
+def straggler(result: BurstResult) -> Straggler | None:
+    """The rank whose own work per step is the most, when several ranks measured theirs.
+
+    Under DDP every rank's step ends at the same all-reduce, so their step times and throughputs agree whatever their
+    pace: the rank the others wait for is the one that spent the most of its step working, and the others the rest
+    of theirs waiting for it."""
+    paced = [(r, r.busy_s / steps) for r in result.ranks
+             if r.busy_s is not None and (steps := len(result.measured_steps(rank=r.rank)))]
+    if len(paced) < 2 or len(paced) < len(result.ranks):
+        return None
+    slowest, busy = max(paced, key=lambda pair: pair[1])
+    others = sorted(step for r, step in paced if r is not slowest)
+    middle = len(others) // 2
+    median = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
+    return Straggler(slowest.rank, slowest.node, busy, median)
+
+
 def straggler_rank(result: BurstResult) -> int | None:
-    """The rank with the lowest throughput, when there are several: the one the others wait for at every step."""
+    """The rank the others wait for at every step, when there are several: the one with the most work of its own per
+    step (:func:`straggler`), else, for a result without it, the one with the lowest throughput."""
     if len(result.ranks) < 2:
         return None
+    if (found := straggler(result)) is not None:
+        return found.rank
     return min(result.ranks, key=lambda r: r.measured_samples / r.measured_s if r.measured_s else 0).rank
 
 

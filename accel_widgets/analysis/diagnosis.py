@@ -34,7 +34,7 @@ from ..results.reliability import (
     other_processes,
     reliability,
 )
-from .compare import speedup
+from .compare import speedup, straggler
 from .guard import GuardVerdict, check_training, frozen_augmentation
 from .usage import (
     allocator_expandable,
@@ -124,6 +124,7 @@ def diagnose(result: BurstResult, baseline: BurstResult | None = None, *,
         findings += _precision(result, here)
         findings += _memory(result, here)
         findings += _parallel(result, here)
+        findings += _straggler(result)
         findings += _math(result)
         findings += _compiler(result, here)
         if baseline is not None and baseline is not result:
@@ -467,6 +468,19 @@ def _precision(result: BurstResult, here: _Here) -> list[Finding]:
 def _parallel(result: BurstResult, here: _Here) -> list[Finding]:
     advice = _remedy("one_process_many_gpus", here)
     return [] if advice is None else [Finding("warn", "DataParallel", f"{advice.text}.", advice.knob)]
+
+
+def _straggler(result: BurstResult) -> list[Finding]:
+    """The rank that sets a group's pace, when its own work per step is well over the others': every other rank waits
+    for it at each all-reduce, so the group trains at its pace."""
+    found = straggler(result)
+    if found is None or found.ratio < THRESHOLDS.straggler_ratio:
+        return []
+    where = f" on node {found.node[:12]}" if found.node else ""
+    return [Finding("warn", "Straggler", f"rank {found.rank}{where} sets the pace: its own work took "
+                    f"{found.busy_step_s * 1e3:.3g} ms a step, {found.ratio:.2f}× the other ranks' median "
+                    f"({found.others_step_s * 1e3:.3g} ms), and they wait for it at every all-reduce (a slower or "
+                    "busier machine, or another program on its cores).")]
 
 
 def _math(result: BurstResult) -> list[Finding]:

@@ -266,8 +266,8 @@ def prestart_on_import(*, package_imported: bool) -> None:
     """
     if os.environ.get("ACCEL_WIDGETS_PRESTART", "1") == "0" or _INSIDE_A_FORKSERVER:
         return
-    if multiprocessing.parent_process() is not None:
-        return  # a worker of someone's multiprocessing (a spawned loader worker...): it launches no bursts
+    if multiprocessing.parent_process() is not None or _in_a_ray_worker():
+        return  # a worker of someone's multiprocessing (a spawned loader worker...) or of Ray: it launches no bursts
     try:
         if package_imported:
             warm_up()
@@ -275,6 +275,17 @@ def prestart_on_import(*, package_imported: bool) -> None:
             _start_server(lambda: False)
     except Exception:  # importing must never fail for this: the first burst starts it and reports why not
         return
+
+
+def _in_a_ray_worker() -> bool:
+    """Whether Ray started this process to run its tasks and actors (a cluster burst's rank is one): it imports this
+    package to run a rank, and a server forked from it would copy Ray's threads and import torch again beside the
+    rank. Were such a process to launch a burst itself, its first burst would start the server. Ray is never imported
+    here: a process that has not imported it is no Ray worker."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    return ray.get_runtime_context().worker.mode == ray.WORKER_MODE
 
 
 def prepare_rank(preparation_data: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """The process group DDP ranks join: set up in this one place for a burst's ranks and an exported script's.
 
 A burst's ranks rendezvous in a file of the burst's private temp dir and keep gloo's and NCCL's sockets on the
-loopback interface: nothing a burst opens is reachable from the network. An exported script's ranks join
+loopback interface: nothing a burst opens is reachable from the network. A cluster's ranks meet at a TCP store on rank
+0's node, their sockets pinned to their node's address (:mod:`.cluster`). An exported script's ranks join
 torchrun's group (its ``env://`` rendezvous, across machines), so nothing is pinned there.
 """
 
@@ -11,6 +12,7 @@ import contextlib
 import datetime
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -21,34 +23,46 @@ from ..knobs.plan import ProcessGroup
 LOOPBACK = "127.0.0.1"
 
 
-def _loopback_interface() -> str | None:
-    """The name of the interface that carries 127.0.0.1 (``lo`` on Linux)."""
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where a burst's ranks meet: the store they exchange addresses through, and the address of this rank's machine
+    that gloo's and NCCL's own sockets are pinned to (loopback for a burst on the caller's machine; the node's address
+    on a cluster, where the peers are elsewhere)."""
+
+    store: dist.Store
+    address: str
+
+    @classmethod
+    def in_file(cls, path: str, world_size: int) -> Rendezvous:
+        """A burst on one machine: a file of its private temp dir, nothing on the network."""
+        return cls(dist.FileStore(path, world_size), LOOPBACK)
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the network interface that carries ``address`` (``lo`` for 127.0.0.1 on Linux)."""
     for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == LOOPBACK for a in addresses):
+        if any(a.address == address for a in addresses):
             return name
     return None
 
 
 @contextlib.contextmanager
-def joined(group: ProcessGroup | None, rank: int, device: torch.device, *, rendezvous_file: str | None,
+def joined(group: ProcessGroup | None, rank: int, device: torch.device, *, rendezvous: Rendezvous | None,
            timeout_s: float) -> Iterator[None]:
     """Join ``group`` as ``rank`` for the duration (nothing for a run without one), and leave it together.
 
-    ``rendezvous_file``: a burst's ranks meet in this file of its private temp dir, and gloo's and NCCL's own
-    sockets are pinned to the loopback interface, so nothing is reachable from the network (a TCP store would
-    listen on every interface, unauthenticated). None: torchrun's ``env://`` rendezvous, which may span machines.
-    A collective without a partner fails after ``timeout_s``, with a message, instead of hanging.
+    ``rendezvous``: a burst's ranks meet in its store, and gloo's and NCCL's own sockets are pinned to the interface
+    of its address, so nothing listens beyond it (a file store on one machine: loopback only). None: torchrun's
+    ``env://`` rendezvous, which may span machines. A collective without a partner fails after ``timeout_s``, with a
+    message, instead of hanging.
     """
     if group is None:
         yield
         return
-    store = None
-    if rendezvous_file is not None:
-        interface = _loopback_interface()
-        if interface is not None:
-            os.environ["GLOO_SOCKET_IFNAME"] = interface
-            os.environ["NCCL_SOCKET_IFNAME"] = interface
-        store = dist.FileStore(rendezvous_file, group.world_size)
+    if rendezvous is not None and (interface := interface_of(rendezvous.address)) is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+        os.environ["NCCL_SOCKET_IFNAME"] = interface
+    store = rendezvous.store if rendezvous is not None else None
     dist.init_process_group(group.backend, store=store, rank=rank if store is not None else -1,
                             world_size=group.world_size if store is not None else -1,
                             timeout=datetime.timedelta(seconds=timeout_s),

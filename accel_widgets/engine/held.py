@@ -50,6 +50,8 @@ class HeldBurst:
         request = BurstRequest(steps, seconds, options or BurstOptions())
         if request.options.isolation != "process":
             raise BurstRequestError("a held burst keeps its ranks as processes: isolation='inprocess' cannot be held")
+        if request.options.cluster is not None:
+            raise BurstRequestError("a held burst keeps its ranks on this machine: a cluster runs one-off bursts")
         called_at = time.perf_counter()
         spec, result = prepare_burst(workload, config, request, called_at=called_at, label=label)
         self._template = dataclasses.replace(result, warnings=list(result.warnings))

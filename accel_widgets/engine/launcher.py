@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import psutil
 from torch import nn
 
 from ..data.cache import cache_root
-from ..inputs.device import probe_device, worker_env
+from ..inputs.device import DeviceInfo, probe_device, worker_env
 from ..inputs.workload import Workload
 from ..knobs.config import Config
 from ..knobs.plan import resolve
@@ -31,11 +30,15 @@ from ..knobs.rules import ConfigError
 from ..results.burst import BurstResult
 from .events import RankFailed
 from .forkserver import START_METHOD
-from .outcome import finish, oom_kill_count
+from .outcome import Unseated, finish, oom_kill_count
 from .payload import pickle_for_ranks
+from .process import inductor_cache_dir
 from .ranks import Collected, Event, RankGroup, shielded
 from .request import BurstOptions, BurstRequest
 from .worker import BurstSpec, run_rank
+
+if TYPE_CHECKING:
+    from .cluster import ClusterRanks
 
 COLLECTIVE_TIMEOUT_SHARE = 0.5  # a DDP collective fails after this share of the burst's timeout
 
@@ -50,23 +53,6 @@ class WorkloadNotPicklable(TypeError):
 
 class IsolationWarning(UserWarning):
     """The burst runs in the calling process and loses crash/OOM/hang isolation."""
-
-
-def inductor_cache_dir(cache_dir: str) -> str:
-    """Where the ranks keep compiled kernels: a private (0700) directory under the project's cache root.
-
-    torch's own default is one shared, world-readable directory in the system temp dir. A directory the
-    user chose with ``TORCHINDUCTOR_CACHE_DIR`` wins; torch's default, which the caller's environment
-    holds once anything compiled in this process, does not count as a choice.
-    """
-    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    torch_default = os.path.join(tempfile.gettempdir(), "torchinductor_")
-    if chosen and not os.path.abspath(chosen).startswith(torch_default):
-        return chosen
-    path = os.path.join(cache_dir, "inductor")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    return path
 
 
 def _prepare_profile_dir(path: str) -> str:
@@ -185,14 +171,18 @@ def prepare_burst(workload: Workload, config: Config | None, request: BurstReque
     clock that starts at ``called_at``) and the result it will fill in. Raises :class:`ConfigError` for a config
     that cannot run here, before any process starts."""
     options = request.options
-    plan = resolve(config or Config(), options.device or probe_device(), workload, freed=options.freed)
+    plan = resolve(config or Config(), _planned_device(options), workload, freed=options.freed)
+    if options.cluster is not None:  # a rank's threads are its bundle's CPUs, not a share of this machine's cores
+        plan = replace(plan, threads_per_rank=max(1, int(options.cluster.cpus_per_rank)))
     request = request.resolved(plan.warmup_steps)
     cache_dir = options.cache_dir or str(cache_root())
     owner = psutil.Process()
     profile_dir = _prepare_profile_dir(options.profile_dir) if options.profile_steps else ""
     spec = BurstSpec(
         plan=plan, request=replace(request, options=replace(request.options, profile_dir=profile_dir)),
-        environment={**os.environ, **worker_env()}, clock_origin=called_at, cache_dir=cache_dir,
+        # A cluster's rank keeps its node's own environment, with only the burst's settings laid over it (worker.Seat)
+        environment={**os.environ, **worker_env()} if options.cluster is None else worker_env(),
+        clock_origin=called_at, cache_dir=cache_dir,
         owner_pid=owner.pid, owner_started=owner.create_time(), inductor_cache_dir=inductor_cache_dir(cache_dir),
         collective_timeout_s=options.timeout_s * COLLECTIVE_TIMEOUT_SHARE,
     )
@@ -201,16 +191,36 @@ def prepare_burst(workload: Workload, config: Config | None, request: BurstReque
                          warmup_steps=request.options.warmup_steps or 0, tokens_per_sample=workload.tokens_per_sample,
                          warnings=[*plan.warnings, *notes], label=label, facts=plan.facts, freed=plan.freed,
                          environment={"driver": plan.device.driver, "gpus": [g.name for g in plan.device.gpus],
-                                      "start_method": START_METHOD if options.isolation == "process"
-                                      else "inprocess"})
+                                      "start_method": _start_method(options)})
     return spec, result
+
+
+def _planned_device(options: BurstOptions) -> DeviceInfo:
+    """The machine a burst's config is resolved for: ``options.device``, else this one; for a cluster whose ranks get
+    no GPUs, its GPUs hidden (their ranks train on CPUs, with gloo). Ranks given GPUs are planned for a machine that
+    has them: this one may have none, and then ``options.device`` must describe a node's."""
+    device = options.device or probe_device()
+    if options.cluster is None:
+        return device
+    if not options.cluster.gpus_per_rank:
+        return replace(device, gpus=(), driver=None)
+    if not device.gpus:
+        raise ConfigError("gpus_per_rank > 0 plans the burst for GPUs, and this machine has none: pass "
+                          "BurstOptions(device=...) describing a node's GPUs")
+    return device
+
+
+def _start_method(options: BurstOptions) -> str:
+    if options.cluster is not None:
+        return "ray actor"
+    return START_METHOD if options.isolation == "process" else "inprocess"
 
 
 def _run_in_workers(
     workload: Workload, spec: BurstSpec, result: BurstResult, on_event: Callable[[Event], None] | None,
     stop: threading.Event | None, called_at: float,
 ) -> BurstResult:
-    ranks = RankGroup(spec)
+    ranks = _rank_group(spec)
     collected = Collected(oom_kills_before=oom_kill_count())
 
     def tear_down() -> None:
@@ -221,11 +231,23 @@ def _run_in_workers(
         result.warnings.extend(notes)
         ranks.start(payload)
         outcome = ranks.collect(collected, on_event, stop, called_at + spec.request.options.timeout_s)
+    except Unseated as refused:
+        shielded(tear_down, reraise_interrupt=False)
+        raise refused.error(result) from None
     except BaseException:
         shielded(tear_down, reraise_interrupt=False)
         raise
     shielded(tear_down, reraise_interrupt=True)
     return finish(result, collected, outcome, called_at, spec.request.options.timeout_s)
+
+
+def _rank_group(spec: BurstSpec) -> RankGroup | ClusterRanks:
+    """The ranks' processes: forked on this machine, or Ray actors on the cluster the options name."""
+    if spec.request.options.cluster is None:
+        return RankGroup(spec)
+    from .cluster import ClusterRanks  # Ray is an optional dependency: imported for a cluster burst alone
+
+    return ClusterRanks(spec)
 
 
 def _run_in_process(

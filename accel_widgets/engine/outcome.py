@@ -41,6 +41,28 @@ class BurstTimeout(BurstError):
     """The burst ran past its timeout (a hang, e.g. a rank stuck in a collective) and was stopped."""
 
 
+class ClusterError(BurstError):
+    """A cluster could not run the burst as asked: its ranks' rendezvous endpoint is one a node cannot reach, or its
+    ranks are not where the burst needs them. Raised before any rank trains, with everything placed removed."""
+
+
+class Unseated(Exception):
+    """The ranks could not be seated where the burst runs (a cluster with no room for them, a rendezvous a node cannot
+    reach or did not reach in time): raised by the rank group before any rank trains, and turned into the
+    :class:`BurstError` that says so once teardown is done (:meth:`error`)."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+    def error(self, result: BurstResult) -> BurstError:
+        """The burst's error, ``result`` filled in: a :class:`BurstTimeout` for a wait that ran out, else a
+        :class:`ClusterError`."""
+        result.status = "timeout" if self.timed_out else "failed"
+        result.error = ErrorInfo("timeout" if self.timed_out else "config", str(self))
+        return (BurstTimeout if self.timed_out else ClusterError)(str(self), result)
+
+
 def finish(result: BurstResult, collected: Collected, outcome: str, called_at: float,
            timeout_s: float) -> BurstResult:
     """Fill ``result`` in from what the ranks sent and how they ended (``outcome``, as the rank group's pump or the
@@ -101,6 +123,8 @@ def finish(result: BurstResult, collected: Collected, outcome: str, called_at: f
 
 def _crash_message(rank: int | None, exit_code: int | None, collected: Collected) -> str:
     """Why a rank vanished without raising, saying only what the evidence supports."""
+    if rank is not None and rank in collected.lost:
+        return collected.lost[rank]
     who = "a rank" if rank is None else f"rank {rank}"
     if exit_code is None:
         return f"{who} died without raising an exception"

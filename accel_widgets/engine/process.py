@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -208,22 +209,79 @@ def use_environment(environment: dict[str, str]) -> None:
     os.environ.update(environment)
 
 
-def use_rank_environment(rank: int, world_size: int) -> None:
+@dataclass(frozen=True)
+class RankSeat:
+    """Where a rank sits in its group, as torchrun numbers it: its rank among all, its rank and count on its own
+    machine, its machine's number, and where the group meets (``master``: the rendezvous store's address and port).
+
+    On the caller's machine (:meth:`alone`) local = global and there is no ``master``: the ranks meet in a private
+    file. A cluster's ranks (:mod:`.cluster`) sit on several machines and meet at a store on rank 0's."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int = 0
+    master: tuple[str, int] | None = None
+
+    @classmethod
+    def alone(cls, rank: int, world_size: int) -> RankSeat:
+        """A rank of a burst whose ranks all run on the caller's machine."""
+        return cls(rank, world_size, rank, world_size)
+
+
+def use_rank_environment(seat: RankSeat) -> None:
     """Tell code that reads its place from the environment, as torchrun sets it, which rank this is: a stream that
     splits itself (MosaicML's StreamingDataset reads RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE), a library's
-    logging. One machine, one node: local = global. No MASTER_ADDR/MASTER_PORT: the ranks rendezvous in a private
-    file (see :func:`_process_group`), and code that would open a TCP store from them must fail, not listen."""
+    logging. MASTER_ADDR/MASTER_PORT only where the group meets at a TCP store (a cluster): a burst on one machine
+    rendezvouses in a private file (:mod:`.group`), and code that would open a TCP store from them must fail, not
+    listen."""
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(name, None)
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                       "ROLE_WORLD_SIZE": str(world_size)})
+    if seat.master is not None:
+        os.environ.update({"MASTER_ADDR": seat.master[0], "MASTER_PORT": str(seat.master[1])})
+    os.environ.update({"RANK": str(seat.rank), "WORLD_SIZE": str(seat.world_size), "LOCAL_RANK": str(seat.local_rank),
+                       "LOCAL_WORLD_SIZE": str(seat.local_world_size), "GROUP_RANK": str(seat.node_rank),
+                       "ROLE_RANK": str(seat.rank), "ROLE_WORLD_SIZE": str(seat.world_size)})
+
+
+def thread_busy_s() -> float | None:
+    """Seconds the calling thread has run on a core or waited in the run queue for one, since it started (Linux's
+    schedstat); None where the kernel does not say.
+
+    What is left of a window's wall time is the time the thread slept: blocked in a collective waiting for its peers,
+    or on its data. So a rank's busy time over a window is its own pace, which its wall time under DDP is not (every
+    rank's step ends at the same all-reduce). Time spent waiting for a core counts as busy: a rank starved by another
+    program on its core is the slow one."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            running_ns, waiting_ns, _ = fh.read().split()
+    except (OSError, ValueError):
+        return None
+    return (int(running_ns) + int(waiting_ns)) / 1e9
 
 
 def use_private_temp_dir(path: str) -> None:
     """Send every temp file of this rank (DataLoader's pymp-*, inductor scratch) to the burst's own dir."""
     os.environ["TMPDIR"] = path
     tempfile.tempdir = path
+
+
+def inductor_cache_dir(cache_dir: str) -> str:
+    """Where the ranks keep compiled kernels: a private (0700) directory under the project's cache root.
+
+    torch's own default is one shared, world-readable directory in the system temp dir. A directory the
+    user chose with ``TORCHINDUCTOR_CACHE_DIR`` wins; torch's default, which the caller's environment
+    holds once anything compiled in this process, does not count as a choice.
+    """
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    torch_default = os.path.join(tempfile.gettempdir(), "torchinductor_")
+    if chosen and not os.path.abspath(chosen).startswith(torch_default):
+        return chosen
+    path = os.path.join(cache_dir, "inductor")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
 
 
 def use_inductor_cache(path: str) -> None:

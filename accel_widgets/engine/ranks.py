@@ -62,6 +62,9 @@ class Collected:
     phases: list[Phase] = field(default_factory=list)  # what each rank was doing when the burst ended
     where: dict[int, str] = field(default_factory=dict)  # where a stuck rank was, from its stacks (stacks.py)
     telemetry: list[TelemetrySample] = field(default_factory=list)  # the samples pumped while collecting
+    # Ranks whose process was lost where no exit code can be read (a cluster's actor that died, a node lost): why,
+    # as the cluster tells it
+    lost: dict[int, str] = field(default_factory=dict)
     oom_kills_before: int | None = None
     first_step_at: float | None = None
 
@@ -107,19 +110,22 @@ class Collected:
             return min(self.errors, key=lambda e: e.t)
         return None
 
-    def crashed_ranks(self) -> list[tuple[int, int]]:
+    def crashed_ranks(self) -> list[tuple[int, int | None]]:
         """``(rank, exit code)`` of ranks that ended without finishing and without sending an error event.
 
         Exit code 0 counts: ranks ignore Ctrl-C, so a rank that exits cleanly before reporting its
-        result was ended by the workload itself (``os._exit(0)``), never by an interrupt.
+        result was ended by the workload itself (``os._exit(0)``), never by an interrupt. A lost rank (:attr:`lost`)
+        has no exit code to read (None).
         """
         reported = {e.rank for e in self.errors}
         return [(rank, code) for rank, code in enumerate(self.exit_codes)
-                if code is not None and rank not in reported and (code != 0 or rank not in self.ranks)]
+                if (code is not None or rank in self.lost) and rank not in reported
+                and (code != 0 or rank not in self.ranks)]
 
     def where_ranks_were(self, besides: int | None = None) -> str:
         """'rank 1 was waiting for its DataLoader ...' for every rank still running when the burst ended."""
-        running = [rank for rank, code in enumerate(self.exit_codes) if code is None and rank != besides]
+        running = [rank for rank, code in enumerate(self.exit_codes)
+                   if code is None and rank != besides and rank not in self.lost]
         parts = [self.where.get(rank) or f"rank {rank} was {self.phases[rank].describe()}" for rank in running
                  if rank < len(self.phases)]
         return "; ".join(parts)

@@ -1,5 +1,5 @@
 """What a burst is asked for besides the config: how long to measure, warm up and wait, what to record, and where
-it runs.
+it runs (this machine, or a Ray cluster: :class:`RayCluster`).
 
 Two values, both checked when they are made, so a bad argument is refused before any process starts.
 :class:`BurstOptions` is what a caller sets once and rarely: ``run_burst(..., options=BurstOptions(...))`` keeps the
@@ -27,6 +27,42 @@ DEFAULT_PROFILE_DIR = "accel_widgets_profiles"
 Isolation = Literal["process", "inprocess"]
 ISOLATIONS: tuple[Isolation, ...] = ("process", "inprocess")
 
+#: How a cluster's placement group lays the ranks out (Ray's strategies): as few nodes as fit them, spread as far as
+#: it can, or one node per rank at most.
+Placement = Literal["PACK", "SPREAD", "STRICT_SPREAD"]
+PLACEMENTS: tuple[Placement, ...] = ("PACK", "SPREAD", "STRICT_SPREAD")
+#: How long a cluster burst waits for its ranks' places, its actors and their rendezvous, unless told.
+DEFAULT_CLUSTER_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Run the burst's ranks as Ray actors on a Ray cluster (``pip install 'accel-widgets[ray]'``), one per rank.
+
+    ``address``: what ``ray.init`` connects to: ``"auto"`` (the cluster this machine belongs to), ``"ray://host:port"``
+    (Ray Client) or a GCS ``"host:port"``; a driver already connected keeps its connection. ``placement``: how the
+    placement group lays the ranks' bundles out on the nodes (``"PACK"``, ``"SPREAD"``, ``"STRICT_SPREAD"``: one
+    node per rank). Each bundle holds ``cpus_per_rank`` CPUs (the rank's threads and its DataLoader workers) and
+    ``gpus_per_rank`` GPUs. ``timeout_s`` bounds the wait for the ranks' places, their actors and their rendezvous;
+    the training itself is bounded by the burst's own ``timeout_s``.
+    """
+
+    address: str = "auto"
+    placement: Placement = "PACK"
+    cpus_per_rank: float = 1.0
+    gpus_per_rank: float = 0.0
+    timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        _raise_for([_address_problem(self.address), _choice_problem("placement", self.placement, PLACEMENTS),
+                    _resource_problem("cpus_per_rank", self.cpus_per_rank, minimum=1.0),
+                    _resource_problem("gpus_per_rank", self.gpus_per_rank, minimum=0.0),
+                    _duration_problem("timeout_s", self.timeout_s, optional=False)])
+
+    def bundle(self) -> dict[str, float]:
+        """One rank's bundle of the placement group, as Ray names the resources."""
+        return {"CPU": self.cpus_per_rank, **({"GPU": self.gpus_per_rank} if self.gpus_per_rank else {})}
+
 
 @dataclass(frozen=True)
 class BurstOptions:
@@ -39,7 +75,8 @@ class BurstOptions:
     variant of the config (:mod:`accel_widgets.knobs.parts`); None trains the config as it is. ``isolation``
     "inprocess" trains in the caller, without crash isolation (for a workload that cannot be pickled); ``cache_dir``
     holds the data caches and compiled kernels (None: the project's cache root); ``device`` is the machine to plan for
-    (None: probed).
+    (None: probed). ``cluster``: run the ranks on a Ray cluster (:class:`RayCluster`) instead of this machine; None
+    trains here.
     """
 
     warmup_steps: int | None = None
@@ -51,10 +88,12 @@ class BurstOptions:
     isolation: Isolation = "process"
     cache_dir: str | None = None
     device: DeviceInfo | None = None
+    cluster: RayCluster | None = None
 
     def __post_init__(self) -> None:
         _raise_for([*_option_problems(self.warmup_steps, self.timeout_s, self.profile_steps),
-                    _freed_problem(self.freed), _isolation_problem(self.isolation)])
+                    _freed_problem(self.freed), _choice_problem("isolation", self.isolation, ISOLATIONS),
+                    _cluster_problem(self)])
 
     def over(self, base: BurstOptions) -> BurstOptions:
         """These options laid over ``base``: each field set here (away from its default) wins, the rest are ``base``'s;
@@ -136,10 +175,35 @@ def _freed_problem(freed: object) -> str:
             "config as it is")
 
 
-def _isolation_problem(isolation: object) -> str:
-    if isolation in ISOLATIONS:
+def _choice_problem(name: str, value: object, choices: tuple[str, ...]) -> str:
+    """What is wrong with a value that must be one of ``choices``, or "" when it is."""
+    if value in choices:
         return ""
-    return f"isolation={isolation!r} is invalid: use {' or '.join(map(repr, ISOLATIONS))}"
+    named = [repr(choice) for choice in choices]
+    return f"{name}={value!r} is invalid: use {', '.join(named[:-1])} or {named[-1]}"
+
+
+def _cluster_problem(options: BurstOptions) -> str:
+    if options.cluster is None:
+        return ""
+    if not isinstance(options.cluster, RayCluster):
+        return f"cluster={options.cluster!r} is invalid: use accel_widgets.RayCluster(address=...), or None"
+    if options.isolation != "process":
+        return "cluster= runs the ranks as Ray actors: isolation='inprocess' cannot go with it"
+    return ""
+
+
+def _address_problem(address: object) -> str:
+    if isinstance(address, str) and address.strip() and (address == "auto" or ":" in address):
+        return ""
+    return (f"address={address!r} is invalid: use 'auto', 'ray://host:port' (Ray Client) or a cluster's GCS "
+            "'host:port'")
+
+
+def _resource_problem(name: str, value: object, *, minimum: float) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        return f"{name}={value!r} is invalid: use a finite number, {name} >= {minimum:g}"
+    return ""
 
 
 def _count_problem(name: str, value: object, minimum: int, *, optional: bool, why: str = "") -> str:

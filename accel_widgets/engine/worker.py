@@ -37,12 +37,14 @@ from ..knobs.compiling import CompileWatch
 from ..knobs.plan import Plan
 from ..results.burst import RankSummary, StepRecord
 from .events import Emit, EventChannel, MeasureAgain, Phase, RankDone, RankFailed, StepBatch, WorkerEvent
-from .group import joined
+from .group import Rendezvous, joined
 from .process import (
+    RankSeat,
     become_subreaper,
     die_with_owner,
     end_strays,
     keep_freed_memory,
+    thread_busy_s,
     torch_threads,
     use_environment,
     use_inductor_cache,
@@ -100,11 +102,50 @@ class HeldWindows:
 
 
 def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any, commands: Any = None) -> None:
-    """Rank process entry point (started by ``torch.multiprocessing.start_processes``).
+    """Rank process entry point on the caller's machine (started by ``torch.multiprocessing.start_processes``): the
+    rank's events go to the launcher's pipe, its phase to the array the launcher reads (:func:`rank_main`)."""
+
+    def mark(phase: Phase) -> None:
+        phases[rank] = int(phase)
+
+    try:
+        rank_main(rank, payload, events.put, mark, commands=commands)
+    finally:
+        events.close()
+
+
+@dataclass(frozen=True)
+class Seat:
+    """A rank placed on a cluster node (:mod:`.cluster`), as its actor sets it up before the rank runs: where it sits in
+    the group, the burst's clock origin on this node's clock (the driver's origin plus the node's measured offset),
+    the store it meets its peers at, and the node's own temp dir and caches (the caller's paths are not on this node).
+    """
+
+    place: RankSeat
+    clock_origin: float
+    rendezvous: Rendezvous | None
+    temp_dir: str
+    cache_dir: str
+    inductor_cache_dir: str
+
+    def applied(self, spec: BurstSpec) -> BurstSpec:
+        """``spec`` as this node runs it: the node's own environment with the burst's settings laid over it (its PATH,
+        the GPUs Ray gave the rank), its clock, dirs and caches, and no owner to watch: Ray ends an actor whose
+        owner is gone."""
+        return dataclasses.replace(spec, environment={**os.environ, **spec.environment},
+                                   clock_origin=self.clock_origin, temp_dir=self.temp_dir, cache_dir=self.cache_dir,
+                                   inductor_cache_dir=self.inductor_cache_dir, owner_pid=0, owner_started=0.0)
+
+
+def rank_main(rank: int, payload: bytes, put: Callable[[WorkerEvent], None], mark: Callable[[Phase], None], *,
+              seat: Seat | None = None, commands: Any = None) -> None:
+    """One rank from its payload to its last event, wherever its process runs: a process on the caller's machine
+    (:func:`worker_main`), or a Ray actor on a cluster node given its ``seat`` (:mod:`.cluster`). ``put`` sends an
+    event to the launcher, ``mark`` records the phase the rank entered.
 
     The workload arrives cloudpickled so that classes defined in a notebook's ``__main__`` work.
     Anything the workload raises -- ``sys.exit`` and ``KeyboardInterrupt`` included -- is sent as an
-    event carrying this rank's own traceback, then re-raised so torch's process context sees it too.
+    event carrying this rank's own traceback, then re-raised so the process's owner sees it too.
     ``commands``, given for a held burst, is where the launcher's :class:`MeasureAgain` arrive once the first
     window is measured.
     """
@@ -114,30 +155,30 @@ def worker_main(rank: int, payload: bytes, events: EventChannel, phases: Any, co
     keep_freed_memory()
     become_subreaper()
     spec: BurstSpec | None = None
-    emit = _EndingStrays(_BatchedEmit(events.put))
+    emit = _EndingStrays(_BatchedEmit(put))
     try:
         workload, spec = cloudpickle.loads(payload)
+        spec = seat.applied(spec) if seat is not None else spec
         dump_stacks_on_signal(spec.temp_dir)  # a hang then says where it was (stacks.py)
         die_with_owner(spec.owner_pid, spec.owner_started)
         use_environment(spec.environment)
-        use_rank_environment(rank, spec.plan.ranks)
+        use_rank_environment(seat.place if seat is not None else RankSeat.alone(rank, spec.plan.ranks))
         use_private_temp_dir(spec.temp_dir)
         use_inductor_cache(spec.inductor_cache_dir)
 
         def set_phase(phase: Phase) -> None:
             if phase == Phase.FINISHING:
                 emit.flush()  # every step record is in the pipe before the launcher can see "finishing"
-            phases[rank] = int(phase)
+            mark(phase)
 
         held = HeldWindows(commands, payload) if commands is not None else None
-        run_rank(rank, workload, spec, emit, set_phase=set_phase, held=held)
+        run_rank(rank, workload, spec, emit, set_phase=set_phase, held=held, seat=seat)
     except BaseException as exc:
         origin = spec.clock_origin if spec is not None else 0.0
         emit(RankFailed.from_exception(rank, time.perf_counter() - origin, exc))
         raise
     finally:
         emit.close()
-        events.close()
 
 
 class _EndingStrays:
@@ -230,14 +271,26 @@ class _BatchedEmit:
 
 def run_rank(rank: int, workload: Workload, spec: BurstSpec, emit: Emit,
              should_stop: Callable[[], bool] = lambda: False,
-             set_phase: Callable[[Phase], None] = lambda phase: None, held: HeldWindows | None = None) -> None:
+             set_phase: Callable[[Phase], None] = lambda phase: None, held: HeldWindows | None = None,
+             seat: Seat | None = None) -> None:
     """Build everything for one rank inside the config's global flags, train, and report; with ``held``, stay and
-    measure a window more at each of the launcher's commands."""
+    measure a window more at each of the launcher's commands. ``seat``: a cluster rank's place; its GPUs are the
+    first its process sees (Ray makes only the rank's own visible), and it meets its peers at the seat's store."""
     setup_start = time.perf_counter()
     set_phase(Phase.SETUP)
     with memory.allocator(spec.plan.config, spec.plan.device.kind):  # before choosing the device initialises CUDA
-        device = _device_for(spec.plan.device.kind, rank)
-        _train_rank(rank, workload, spec, device, emit, setup_start, should_stop, set_phase, held)
+        device = _device_for(spec.plan.device.kind, rank if seat is None else 0)
+        _train_rank(rank, workload, spec, device, emit, setup_start, should_stop, set_phase, held,
+                    _rendezvous(spec, seat))
+
+
+def _rendezvous(spec: BurstSpec, seat: Seat | None) -> Rendezvous | None:
+    """Where the rank meets its peers: a cluster seat's store, else a file of the burst's temp dir (None: no group)."""
+    if spec.plan.group is None:
+        return None
+    if seat is not None:
+        return seat.rendezvous
+    return Rendezvous.in_file(os.path.join(spec.temp_dir, "rendezvous"), spec.plan.group.world_size)
 
 
 @dataclass
@@ -250,13 +303,12 @@ class _Built:
 
 def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.device, emit: Emit,
                 setup_start: float, should_stop: Callable[[], bool], set_phase: Callable[[Phase], None],
-                held: HeldWindows | None = None) -> None:
+                held: HeldWindows | None, rendezvous: Rendezvous | None) -> None:
     plan, request = spec.plan, spec.request
     with (
         torch_threads(plan.threads_per_rank),
         global_flags(plan.config),
-        joined(plan.group, rank, device, rendezvous_file=os.path.join(spec.temp_dir, "rendezvous"),
-               timeout_s=spec.collective_timeout_s),
+        joined(plan.group, rank, device, rendezvous=rendezvous, timeout_s=spec.collective_timeout_s),
         _collected_warnings() as caught,
         # The in-process fallback runs in the caller: seeding must not change the caller's RNG streams.
         torch.random.fork_rng(devices=[device.index] if device.type == "cuda" else []),
@@ -268,13 +320,17 @@ def _train_rank(rank: int, workload: Workload, spec: BurstSpec, device: torch.de
         with _watching_compiles(loop) as watch:  # the steps the numbers come from: compiling happens in them
             first_step_s, steady_s = loop.warm_up(request.options.warmup_steps or 1)
             steps, seconds = _window_bounds(request, steady_s)
+            busy_before = thread_busy_s()
             window = loop.measure(steps, seconds, first_step_s, request.options.sync_debug)
+            busy_after = thread_busy_s()
         set_phase(Phase.FINISHING)
         capture = _profile(loop, request.options, rank)
         summary = rank_summary(rank, device, _device_name(device), window, setup_s, loop.scaler_skipped_steps(),
                                loop.flops_by_math(raw), capture, loop.code_paths(raw), loop.random_data,
                                stream_reading(loop.batches.loader.dataset), loop.cache,
                                watch.report(loop.compiled) if watch is not None else None)
+        if busy_before is not None and busy_after is not None:
+            summary = dataclasses.replace(summary, busy_s=busy_after - busy_before)
         environment = _environment(device, spec, loop.model)
         if held is not None:
             emit(RankDone(summary, environment, sorted(set(caught())), held=True))

@@ -105,6 +105,40 @@ def export_script(workload_ref: str, config: Config, path: str | os.PathLike[str
     return target
 
 
+_SLURM_TEMPLATE = """#!/bin/bash
+# Slurm batch file exported by accel_widgets: {script} on {nnodes} nodes, {nproc} process(es) each ({label}).
+# One torchrun per node (srun starts them), meeting at the job's first node (c10d rendezvous: no service to run).
+# Submit from the directory holding {script}: sbatch {name} [flags of the script, e.g. --steps 1000 --resume]
+#SBATCH --job-name=accel-widgets
+#SBATCH --nodes={nnodes}
+#SBATCH --ntasks-per-node=1
+set -euo pipefail
+
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node {nproc} --rdzv-backend c10d \\
+    --rdzv-endpoint "$head_node:${{RDZV_PORT:-{port}}}" --rdzv-id "$SLURM_JOB_ID" {script} "$@"
+"""
+
+
+def export_slurm(script: str | os.PathLike[str], config: Config, path: str | os.PathLike[str], *, nnodes: int = 2,
+                 port: int = 29400) -> Path:
+    """Write a Slurm batch file that runs the exported ``script`` (:func:`export_script`, of ``config``) under
+    torchrun on ``nnodes`` nodes, ``config``'s ranks on each; returns its path.
+
+    ``srun`` starts one torchrun per node; they meet at the job's first node, at ``port`` (``RDZV_PORT`` in the job's
+    environment overrides it), and the script's own flags follow ``sbatch <file>``. The global ranks are nodes x the
+    config's ranks, as torchrun numbers them, so a DDP config of one rank a node trains as a local burst of
+    ``nnodes`` ranks does."""
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"nnodes={nnodes!r} is invalid: use an integer >= 1")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(_SLURM_TEMPLATE.format(script=Path(script).name, nnodes=nnodes, nproc=parallel.ranks(config),
+                                             label=config.label(), name=target.name, port=port))
+    target.chmod(0o755)
+    return target
+
+
 def _knob_lines(config: Config) -> str:
     """Every knob with its value and what it does: the knobs the burst changed first, then the defaults."""
     changed = config.diff()

@@ -68,7 +68,7 @@ def train(workload_ref: str, config: Config, options: JobOptions | int) -> list[
             stop_requested_by(signal.SIGTERM) as stop,
             torch_threads(plan.threads_per_rank),
             global_flags(plan.config),
-            joined(plan.group, rank, device, rendezvous_file=None, timeout_s=COLLECTIVE_TIMEOUT_S),
+            joined(plan.group, rank, device, rendezvous=None, timeout_s=COLLECTIVE_TIMEOUT_S),
         ):
             newest, damaged = (checkpoints.resume_point(plan.ranks) if options.resume and checkpoints is not None
                                else (None, []))

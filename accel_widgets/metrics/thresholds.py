@@ -40,6 +40,10 @@ class Thresholds:
     # elsewhere. A rule of thumb, not yet calibrated on a GPU (a bf16 transformer step keeps them busy several times
     # this; an fp32 one, whose matmuls never reach them, well under it).
     tensor_active_low_pct: float = 20.0
+    # The slowest rank's own work per step over the other ranks' median from which it is named as the straggler that
+    # sets a group's pace: a rule of thumb (ranks of one config on like machines differ by a few %; a rank sharing its
+    # core with another program took ~2x here)
+    straggler_ratio: float = 1.25
     read_amplification_notice: float = 1.5  # a stream read this many times per item kept is worth a note
     read_amplification_bound: float = 2.0  # ... and a warning from here: half or more of every read is dropped
     # The share of the memory a batch must leave free to count as fitting (the batch-size finder's and the estimate's):

@@ -97,6 +97,8 @@ class TelemetrySample:
     # Why NVML said the GPU's clocks were held below their maximum at this sample ("power cap", "thermal"...), the
     # reasons that slow a step; empty where none held them, None where not read
     clock_limits: tuple[str, ...] | None = None
+    # The cluster node this reading is of (a Ray node id); "" on the caller's own machine
+    node: str = ""
 
 
 #: What a rank is doing, as the launcher sees it: it starts, sets up (model, loader, process group), then
@@ -177,6 +179,11 @@ class RankSummary:
     # segment, or a result recorded before it was read)
     allocator_expandable: bool | None = None
     keyed_data: bool | None = None
+    # The cluster node the rank ran on (a Ray node id); "" on the caller's own machine
+    node: str = ""
+    # The time the rank's stepping thread ran or waited for a core over the window (Linux schedstat), not the time it
+    # slept waiting for its peers in a collective or for data: under DDP the rank with the most sets everyone's pace
+    busy_s: float | None = None
 
 
 @dataclass(frozen=True)

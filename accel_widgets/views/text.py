@@ -12,6 +12,7 @@ import html
 from collections.abc import Callable, Sequence
 from functools import singledispatch
 
+from ..analysis.compare import straggler
 from ..analysis.diagnosis import ENGINE_WARNING, Finding, diagnose
 from ..analysis.guard import GuardVerdict
 from ..analysis.usage import (
@@ -53,7 +54,8 @@ def burst_summary(result: BurstResult) -> str:
     if why and result.status != "diverged":
         return head + why
     trusted = reliability(result)
-    lines = [head + why, *_speed_lines(result, trusted), *_compile_lines(result), *_resource_lines(result)]
+    lines = [head + why, *_speed_lines(result, trusted), *_rank_lines(result), *_compile_lines(result),
+             *_resource_lines(result)]
     if not trusted.reliable:
         lines.append(f"  unreliable  {trusted.text()}: re-measure it against the baseline "
                      "(aw.remeasure: an interval and a verdict) or on a quiet machine")
@@ -76,6 +78,18 @@ def _speed_lines(result: BurstResult, trusted: Reliability) -> list[str]:
                                   ("compute", result.compute_share)) if v is not None]
     if shares:
         lines.append("  breakdown   " + ", ".join(f"{n} {v:.0%}" for n, v in shares))
+    return lines
+
+
+def _rank_lines(result: BurstResult) -> list[str]:
+    """Where the ranks ran, for a burst on a cluster, and which of several ranks set the pace, where they measured
+    their own work."""
+    lines = []
+    if any(rank.node for rank in result.ranks):
+        lines.append("  nodes       " + ", ".join(f"rank {rank.rank} on {rank.node[:12]}" for rank in result.ranks))
+    if (slowest := straggler(result)) is not None:
+        lines.append(f"  pace        rank {slowest.rank}'s: its own work {slowest.busy_step_s * 1e3:.3g} ms a step, "
+                     f"{slowest.ratio:.2f}x the other ranks' median")
     return lines
 
 

@@ -1,9 +1,11 @@
 """One result against another: the lone speed-up, memory per rank, scaling over ranks and the straggler."""
 
+import dataclasses
+
 import pytest
 
 from accel_widgets import Config
-from accel_widgets.analysis.compare import memory_ratio, scaling_efficiency, speedup, straggler_rank
+from accel_widgets.analysis.compare import memory_ratio, scaling_efficiency, speedup, straggler, straggler_rank
 from tests.analysis.test_usage import _cuda_rank
 from tests.results.test_burst import _rank, make_result
 
@@ -17,6 +19,21 @@ def test_speedup_is_samples_per_s_over_the_baselines():
 def test_the_straggler_is_the_slowest_rank():
     assert straggler_rank(make_result()) == 1
     assert straggler_rank(make_result(ranks=[_rank(0, 96, 0.3)])) is None  # one rank: nobody to wait for
+
+
+def paced(busy: list[float], nodes: tuple[str, ...] = ("node-a", "node-b", "node-c")) -> list:
+    """Ranks whose windows agree (DDP) and whose own work differs: ``busy`` seconds each over the window."""
+    return [dataclasses.replace(_rank(rank, 96, 0.5), busy_s=seconds, node=nodes[rank])
+            for rank, seconds in enumerate(busy)]
+
+
+def test_under_ddp_the_straggler_is_the_rank_with_the_most_work_of_its_own():
+    """Every rank's step ends at the same all-reduce: their throughputs agree, their own work does not."""
+    found = straggler(make_result(ranks=paced([0.6, 0.3])))
+    assert (found.rank, found.node) == (0, "node-a")
+    assert found.busy_step_s == pytest.approx(0.2) and found.ratio == pytest.approx(2.0)  # 3 measured steps each
+    assert straggler_rank(make_result(ranks=paced([0.3, 0.6]))) == 1
+    assert straggler(make_result()) is None  # ranks that did not measure their own work (a result stored before)
 
 
 def test_scaling_efficiency_is_throughput_per_rank_against_one_rank():

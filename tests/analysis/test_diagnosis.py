@@ -14,8 +14,9 @@ from accel_widgets.inputs.device import DeviceInfo, GpuInfo
 from accel_widgets.results.burst import ErrorInfo
 from accel_widgets.results.reliability import foreign_cpu_pct, load_attribution, other_processes, reliability
 from accel_widgets.views.text import summary
+from tests.analysis.test_compare import paced
 from tests.panel.fakes import synthetic_result
-from tests.results.test_burst import compile_report
+from tests.results.test_burst import compile_report, make_result
 
 #: Machines the advice is judged for: a CPU with bf16 units (AVX512-BF16), one without, and one H100.
 CPU_BF16 = DeviceInfo(2, "a CPU with bf16 units", frozenset({"avx512_bf16"}))
@@ -469,3 +470,11 @@ def test_no_reading_of_many_runs_contradicts_itself() -> None:
             raise AssertionError(f"{name}: bf16 advised where the precision owner says it is emulated")
         check_config(result.config, device)
     assert count == 864
+
+
+def test_a_rank_well_over_the_others_own_work_is_named_the_straggler_with_its_node() -> None:
+    slowed = make_result(ranks=paced([0.3, 0.6]))
+    found = [f for f in diagnose(slowed) if f.title == "Straggler"]
+    assert len(found) == 1 and "rank 1 on node node-b sets the pace" in found[0].detail and "2.00×" in found[0].detail
+    assert not [f for f in diagnose(make_result(ranks=paced([0.3, 0.33]))) if f.title == "Straggler"]
+    assert "rank 0 on node-a, rank 1 on node-b" in summary(slowed) and "pace        rank 1's" in summary(slowed)

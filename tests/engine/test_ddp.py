@@ -35,7 +35,7 @@ def _burst_processes() -> list[psutil.Process]:
     return server.children(recursive=True)
 
 
-def _listening_addresses(processes: list[psutil.Process]) -> set[str]:
+def listening_addresses(processes: list[psutil.Process]) -> set[str]:
     found = set()
     for process in processes:
         with contextlib.suppress(psutil.Error):
@@ -66,12 +66,12 @@ def test_nothing_a_ddp_burst_opens_is_reachable_from_the_network():
 
     def on_event(event):  # the first measured step: the group is up, and the burst has a second to go
         if isinstance(event, StepRecord) and not event.warmup and event.rank == 0 and not seen:
-            seen.append(_listening_addresses(_burst_processes()))
+            seen.append(listening_addresses(_burst_processes()))
 
     assert run_burst(tiny_workload(), DDP, seconds=1.0, on_event=on_event).ok
     assert seen[0], "the ranks were expected to listen for gloo's pair connections"
     assert all(ipaddress.ip_address(address).is_loopback for address in seen[0]), seen[0]
-    assert not _listening_addresses(_burst_processes())
+    assert not listening_addresses(_burst_processes())
 
 
 @pytest.mark.slow

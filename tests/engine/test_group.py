@@ -26,5 +26,5 @@ def test_only_the_group_module_initialises_a_process_group():
 
 
 def test_a_run_without_a_group_joins_nothing():
-    with joined(None, 0, torch.device("cpu"), rendezvous_file=None, timeout_s=1.0):
+    with joined(None, 0, torch.device("cpu"), rendezvous=None, timeout_s=1.0):
         assert not dist.is_initialized()

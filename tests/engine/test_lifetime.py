@@ -33,9 +33,8 @@ from accel_widgets import (
 )
 from accel_widgets.engine import outcome
 from accel_widgets.engine.events import Phase
-from accel_widgets.engine.launcher import inductor_cache_dir
 from accel_widgets.engine.outcome import _crash_message
-from accel_widgets.engine.process import running
+from accel_widgets.engine.process import inductor_cache_dir, running
 from accel_widgets.engine.ranks import Collected, remove_orphaned_burst_dirs
 from accel_widgets.views.text import summary
 from tests.workloads import FailAt, ForksInForward, StuckItemDataset, tiny_workload

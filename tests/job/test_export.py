@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import accel_widgets as aw
 from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.inputs.workload import WorkloadReferenceError
-from accel_widgets.job.export import export_script
+from accel_widgets.job.export import export_script, export_slurm
 from accel_widgets.knobs.rules import ConfigError
 from tests.devices import cpu_device
 from tests.workloads import exported_workload
@@ -99,3 +100,49 @@ def test_a_script_refuses_a_config_its_machine_cannot_run_before_it_trains(short
     assert done.returncode != 0
     assert "ConfigError" in done.stderr and "is a CUDA kernel" in done.stderr
     assert '{"losses"' not in done.stdout
+
+
+#: Stand-ins for Slurm's own commands, on this machine: srun starts one task per node of the job with the variables
+#: Slurm sets, and scontrol names every node by the loopback address.
+SRUN = """#!/bin/bash
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do
+    SLURM_NODEID=$node SLURM_PROCID=$node SLURM_LOCALID=0 SLURM_NTASKS=$SLURM_NNODES "$@" &
+    pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+SCONTROL = "#!/bin/bash\necho 127.0.0.1\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_slurm_batch_file_trains_on_two_nodes_as_a_two_rank_burst(short_tmp):
+    """One DDP rank a node on two (stand-in) Slurm nodes: torchrun numbers them 0 and 1 of 2, and rank 0's losses
+    equal a local burst of two ranks, step for step."""
+    config = Config(parallel="ddp", world_size=1)
+    script = export_script(REFERENCE, config, short_tmp / "train.py")
+    batch = export_slurm(script, config, short_tmp / "job.sbatch", nnodes=2)
+    stand_ins = short_tmp / "bin"
+    stand_ins.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (stand_ins / name).write_text(text)
+        (stand_ins / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{stand_ins}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT), "TMPDIR": str(short_tmp), "SLURM_NNODES": "2", "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NODELIST": "node[1-2]", "RDZV_PORT": str(_free_port())}
+    done = subprocess.run(["bash", str(batch), "--steps", str(STEPS)], cwd=short_tmp, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith('{"losses"')]
+    burst = run_burst(exported_workload(), Config(parallel="ddp", world_size=2), steps=STEPS - 2,
+                      options=BurstOptions(warmup_steps=2, device=cpu_device()))
+    assert json.loads(line)["losses"] == burst.losses(rank=0)  # equal, not close
+    assert "#SBATCH --nodes=2" in batch.read_text() and "--nproc-per-node 1" in batch.read_text()
