@@ -10,9 +10,11 @@ import contextlib
 import ipaddress
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -80,10 +82,14 @@ def cluster() -> Iterator[cluster_utils.Cluster]:
     """Two nodes of one CPU each, everything on 127.0.0.1: Ray otherwise takes the machine's outward address for
     its own (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps it on loopback: read by each process of the cluster as it
     imports Ray, and by this one, which has, through the constant it was read into), and the leak check treats the
-    cluster's own processes as infrastructure until it is shut down, then finds none of them left."""
+    cluster's own processes as infrastructure until it is shut down, then finds none of them left. Its files live in a
+    short dir of /tmp (``RAY_TMPDIR``): a session's AF_UNIX sockets lie four levels below, and such a path must stay under
+    108 bytes, which the tests' own nested temp dir under pytest-xdist would not."""
     constants = ray._private.ray_constants
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     outward, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
+    root = tempfile.mkdtemp(prefix="awr-", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = root
     started = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={
         "num_cpus": 1, "node_ip_address": "127.0.0.1", **LEAN_NODE, "no_monitor": True})
     started.add_node(num_cpus=1, node_ip_address="127.0.0.1", **LEAN_NODE)
@@ -96,10 +102,12 @@ def cluster() -> Iterator[cluster_utils.Cluster]:
         ray.shutdown()
         started.shutdown()
         os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        os.environ.pop("RAY_TMPDIR", None)
         constants.ENABLE_RAY_CLUSTER = outward
         session = conftest.infrastructure_pids()  # the session's forkserver and resource tracker stay
         ours = [p for p in _cluster_processes() if p.pid not in session]
         left = [_command(p) for p in psutil.wait_procs(ours, timeout=GONE_WITHIN_S)[1]]
+        shutil.rmtree(root, ignore_errors=True)
         assert not left, f"the cluster left processes behind: {left}"
 
 
