@@ -10,6 +10,7 @@ import linecache
 import logging
 import os
 import re
+import sysconfig
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -536,6 +537,8 @@ def _graph_break(record: logging.LogRecord) -> tuple[str, str, str, str, int, st
     if match is not None:
         reason, explanation, hint = _reason(match["reason"])
         file, line = match["file"], match["line"]
+        if _installed(file):  # a library the user's line called broke
+            file, line = next(((at, number) for at, number, _ in reversed(frames) if not _installed(at)), (file, line))
         function = next((name for at, number, name in reversed(frames) if (at, number) == (file, line)), "")
         return reason, explanation, hint, file, int(line), function
     if _SKIPPED in message:
@@ -544,6 +547,16 @@ def _graph_break(record: logging.LogRecord) -> tuple[str, str, str, str, int, st
         reason, explanation, hint = _reason(str(error)) if error is not None else ("", "", "")
         return f"the whole frame runs eagerly: {reason}".rstrip(": "), explanation, hint, file, int(line), function
     return None
+
+
+#: Where installed code lives (the standard library, site-packages): a graph break torch places there was reached
+#: from a line of the user's, which is the line to name (Ray, once started, replaces ``print`` with its own function).
+_INSTALLED = tuple(os.path.join(os.path.realpath(path), "") for path in {
+    sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def _installed(file: str) -> bool:
+    return os.path.realpath(file).startswith(_INSTALLED)
 
 
 def _reason(text: str) -> tuple[str, str, str]:

@@ -82,9 +82,9 @@ def cluster() -> Iterator[cluster_utils.Cluster]:
     """Two nodes of one CPU each, everything on 127.0.0.1: Ray otherwise takes the machine's outward address for
     its own (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps it on loopback: read by each process of the cluster as it
     imports Ray, and by this one, which has, through the constant it was read into), and the leak check treats the
-    cluster's own processes as infrastructure until it is shut down, then finds none of them left. Its files live in a
-    short dir of /tmp (``RAY_TMPDIR``): a session's AF_UNIX sockets lie four levels below, and such a path must stay under
-    108 bytes, which the tests' own nested temp dir under pytest-xdist would not."""
+    cluster's own processes as infrastructure until it is shut down, then finds none of them left. Its files live in
+    a short dir of /tmp (``RAY_TMPDIR``): a session's AF_UNIX sockets lie four levels below, and such a path must stay
+    under 108 bytes, which the tests' own nested temp dir under pytest-xdist would not."""
     constants = ray._private.ray_constants
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     outward, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False

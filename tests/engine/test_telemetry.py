@@ -588,16 +588,20 @@ def test_other_programs_are_named_and_the_caller_is_told_apart() -> None:
         sampler.watch(worker.pid)
         spinner = threading.Thread(target=spin)
         with sampler:
+            cpu_before, wall_before = time.process_time(), time.perf_counter()
             spinner.start()
             time.sleep(MACHINE_SCAN_S + 0.6)  # the first scan primes, the second attributes
             stop.set()
             spinner.join()
+            took_pct = 100 * (time.process_time() - cpu_before) / (time.perf_counter() - wall_before) / os.cpu_count()
         samples = sampler.samples
     attributed = [s.other_processes for s in samples if s.other_processes is not None]
     assert len(attributed) >= 1, "one attribution per scan of the machine"
     assert all(reading.get("python -c", 0.0) > 50.0 for reading in attributed), attributed  # the hog: ~100%
     callers = [s.caller_util_pct for s in samples if s.caller_util_pct is not None]
-    assert statistics.median(callers) > 15.0  # a spinning thread of this process: ~50% of a 2-core machine
+    # A spinning thread of this process: ~50% of a 2-core machine when nothing else runs; under load, whatever share
+    # the kernel gave it, which this process's own CPU clock says.
+    assert took_pct > 5.0 and statistics.fmean(callers) == pytest.approx(took_pct, rel=0.5)
     result = BurstResult("w", Config(), "ok", telemetry=samples, steps=[
         StepRecord(0, i, samples[0].t + 0.5 * (i + 1), 0.0, 0.0, 0.5, 0.5, 8) for i in range(4)])
     assert dict(other_processes(result))["python -c"] > 50.0

@@ -3,6 +3,7 @@ torch's own records (graphs, graph breaks with the user's line, recompiles with 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import io
@@ -38,6 +39,10 @@ class Stack(nn.Module):
         for layer in self.layers:
             x = layer(x)
         return self.head(x)
+
+
+#: Python's own print, as this module found it on import.
+PRINT = builtins.print
 
 
 class Chatty(nn.Module):
@@ -91,12 +96,17 @@ def test_the_ladder_compiles_by_blocks_where_alike_blocks_hold_most_of_the_model
     assert (tiny.config.compile_mode, tiny.config.compile_scope) == ("default", "model")
 
 
-def test_graph_breaks_are_recorded_with_the_users_line_and_reason():
+def _graph_breaks_of_chatty() -> CompileReport:
     with CompileWatch() as watch, contextlib.redirect_stdout(io.StringIO()):
         chatty = torch.compile(Chatty(), backend="eager")
         for _ in range(3):
             chatty(torch.ones(2, 4))
-    report = watch.report("the whole model")
+    return watch.report("the whole model")
+
+
+def test_graph_breaks_are_recorded_with_the_users_line_and_reason(monkeypatch):
+    monkeypatch.setattr(builtins, "print", PRINT)  # Python's own, whoever replaced it in this process before
+    report = _graph_breaks_of_chatty()
     assert (report.graphs, report.graph_break_count, report.recompiles) == (2, 1, 0)
     (found,) = report.graph_breaks
     assert found.file == __file__ and found.function == "forward"
@@ -108,6 +118,16 @@ def test_graph_breaks_are_recorded_with_the_users_line_and_reason():
     assert found.text() == (f'1x at test_compiling.py:{line} in forward (`print("between the matmuls")`): Failed to '
                             "trace builtin operator")
     assert report.compile_s > 0
+
+
+def test_a_break_inside_a_library_the_users_line_called_names_the_users_line(monkeypatch):
+    """Ray, once a cluster is joined, replaces ``print`` with its own function, in which torch then breaks: the break
+    is named at the user's line that called it, not inside Ray."""
+    tqdm_ray = pytest.importorskip("ray.experimental.tqdm_ray")
+    monkeypatch.setattr(builtins, "print", tqdm_ray.safe_print)
+    (found,) = _graph_breaks_of_chatty().graph_breaks
+    assert (found.file, found.function, found.code) == (__file__, "forward", 'print("between the matmuls")')
+    assert found.line == Chatty.forward.__code__.co_firstlineno + 2
 
 
 def test_recompiles_are_recorded_with_the_failed_guard():
