@@ -107,16 +107,21 @@ def export_script(workload_ref: str, config: Config, path: str | os.PathLike[str
 
 _SLURM_TEMPLATE = """#!/bin/bash
 # Slurm batch file exported by accel_widgets: {script} on {nnodes} nodes, {nproc} process(es) each ({label}).
-# One torchrun per node (srun starts them), meeting at the job's first node (c10d rendezvous: no service to run).
+# One torchrun per node (srun starts them), numbered by Slurm's node id and meeting at the job's first node, whose
+# torchrun holds the store (static rendezvous: no service to run, and no node fails leaving a rendezvous whose host
+# has already gone, as c10d's can when the nodes finish together).
 # Submit from the directory holding {script}: sbatch {name} [flags of the script, e.g. --steps 1000 --resume]
 #SBATCH --job-name=accel-widgets
 #SBATCH --nodes={nnodes}
 #SBATCH --ntasks-per-node=1
 set -euo pipefail
 
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node {nproc} --rdzv-backend c10d \\
-    --rdzv-endpoint "$head_node:${{RDZV_PORT:-{port}}}" --rdzv-id "$SLURM_JOB_ID" {script} "$@"
+HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+HEAD_PORT=${{RDZV_PORT:-{port}}}
+export HEAD_NODE HEAD_PORT
+# Single quotes: each node's task reads its own SLURM_NODEID.
+srun bash -c 'exec torchrun --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" --nproc-per-node {nproc} \\
+    --master-addr "$HEAD_NODE" --master-port "$HEAD_PORT" {script} "$@"' torchrun "$@"
 """
 
 
