@@ -212,10 +212,15 @@ def test_the_snippet_compiles_block_by_block_as_the_burst_did(monkeypatch: pytes
 
 @pytest.mark.parametrize("mode", ["blocks", "selective"])
 def test_the_snippet_recomputes_the_blocks_as_the_burst_did(mode: str) -> None:
+    """Within float32's last bits, not equal: the GPT's matmuls run in MKL's threaded sgemm, which is not bitwise
+    reproducible run to run without MKL_CBWR. Measured under two CPU hogs:
+    4 of 24 bursts of one process differed from the others by 1-2 ulp from a single step on; with
+    MKL_CBWR=AUTO,STRICT all agreed. Recomputing changes no value, so the loss proves the snippet trains the model
+    the burst trained, and the code shows it recomputes."""
     config = Config(activation_checkpointing=mode)
     workload = gpt_workload(n_layer=2, seq_len=16, batch_size=8)
     assert "for block in model.get_submodule('blocks'):" in aw.recipe(config, workload).code
-    assert snippet_losses(config, workload) == burst_losses(config, workload)
+    assert snippet_losses(config, workload) == pytest.approx(burst_losses(config, workload), rel=1e-5, abs=0)
 
 
 def _fsdp_rank(rank: int, code: str, store: str, out: str) -> None:
