@@ -264,8 +264,11 @@ def _bytes_needed(metadata: Any) -> dict[str, int]:
 
 
 def _short(exc: Exception) -> str:
+    """The error's class and first line, its unprintable characters as ``?``: an unpickler's error on a damaged
+    file quotes the file's bytes, which would reach the job's log raw."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:160]}" if text else type(exc).__name__
+    first = "".join(char if char.isprintable() else "?" for char in text[0][:160]) if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _move_aside(path: Path) -> Path:

@@ -15,7 +15,7 @@ import torch
 
 from accel_widgets import Config
 from accel_widgets.data.resume import DataPosition
-from accel_widgets.job.checkpoint import Checkpoints, JobState, RankState, restore_rng, rng_states
+from accel_widgets.job.checkpoint import Checkpoints, JobState, RankState, damage, restore_rng, rng_states
 from accel_widgets.job.export import export_script
 from tests.workloads import TinyNet
 
@@ -111,9 +111,10 @@ def run(name, steps, directory=None, **options):
 
 
 def corrupt(folder, kind):
-    if kind == "garbage":  # every file overwritten, at its length
-        for file in folder.iterdir():
-            file.write_bytes(os.urandom(file.stat().st_size))
+    if kind == "garbage":  # every file overwritten, at its length, with the same bytes each run
+        garbage = random.Random(SEED)
+        for file in sorted(folder.iterdir()):
+            file.write_bytes(garbage.randbytes(file.stat().st_size))
     elif kind == "truncated":
         data = folder / "__0_0.distcp"
         data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
@@ -171,16 +172,24 @@ def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_one_before_it_
     """Checkpoints at steps 2, 4, 6, 8; the newest overwritten with garbage, truncated, or without its .metadata:
     --resume says which and why, keeps it as step_00000008.damaged, and steps 7-10 are the uninterrupted job's."""
     seen = run_jobs(short_tmp, "damaged")
-    why = {"garbage": r"its \.metadata cannot be read \(UnpicklingError: ",
+    why = {"garbage": r"its \.metadata cannot be read \(\w+: .*\)",  # the unpickler's error
            "truncated": r"__0_0\.distcp is truncated \([\d,]+ of [\d,]+ bytes\)",
            "no-metadata": r"its \.metadata is missing"}
     for kind, case in seen["cases"].items():
         assert case.get("error") is None, case
         assert re.search(f"checkpoint step_00000008 is damaged: {why[kind]}.*moved aside to step_00000008.damaged "
                          r"\(kept\)", case["log"]), case["log"]
+        assert all(line.isprintable() for line in case["log"].splitlines()), case["log"]
         assert "resumed from" in case["log"] and "step_00000006 at step 6" in case["log"]
         assert case["losses"] == seen["reference"][6:10], kind  # equal, not close
         assert "step_00000008.damaged" in case["folders"] and "step_00000010" in case["folders"]
+
+
+def test_a_metadata_file_of_raw_bytes_is_named_in_printable_words(tmp_path: Path) -> None:
+    """The unpickler's error quotes the bytes it choked on: the reason reaches the job's log without them raw."""
+    (tmp_path / ".metadata").write_bytes(b"G\x00\x1b[2J\xff\xfe" * 8)  # a NUL, a terminal escape, invalid UTF-8
+    reason = damage(tmp_path, 1)
+    assert reason is not None and reason.startswith("its .metadata cannot be read (") and reason.isprintable(), reason
 
 
 def test_no_usable_checkpoint_ends_the_script_with_one_line_and_an_error_code(short_tmp: Path):
