@@ -187,7 +187,7 @@ def test_a_damaged_newest_checkpoint_is_named_moved_aside_and_the_one_before_it_
 
 def test_a_metadata_file_of_raw_bytes_is_named_in_printable_words(tmp_path: Path) -> None:
     """The unpickler's error quotes the bytes it choked on: the reason reaches the job's log without them raw."""
-    (tmp_path / ".metadata").write_bytes(b"G\x00\x1b[2J\xff\xfe" * 8)  # a NUL, a terminal escape, invalid UTF-8
+    (tmp_path / ".metadata").write_bytes(b"\x80\x04F\x1b[2J\xff\n.")  # a float opcode: its line, an escape, is quoted
     reason = damage(tmp_path, 1)
     assert reason is not None and reason.startswith("its .metadata cannot be read (") and reason.isprintable(), reason
 
