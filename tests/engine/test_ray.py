@@ -46,6 +46,10 @@ from tests.workloads import tiny_workload
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+#: One pytest-xdist worker runs the module (``--dist loadgroup``): it starts the cluster once, not once per worker,
+#: and early, its minute not left to the suite's end.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]
+
 ROOT = Path(__file__).resolve().parents[2]
 DDP = Config(parallel="ddp", world_size=2)
 #: The burst's own processes on a node: its ranks' actors and its event queue's (Ray names a process by its actor).
