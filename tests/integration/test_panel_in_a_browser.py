@@ -44,7 +44,7 @@ NARROW_WIDTH = 1000
 LAYOUT_WIDTHS = (1400, NARROW_WIDTH)  # the panel's layout is checked at these window widths, file browser open
 LAYOUT_SETTLE_MS = 5_000  # a resize reaches the kernel (the width probe) and its relayout comes back
 BURST_S = 4  # long enough to see the page hold still while the window measures, then draw it
-COMPARE_S = 12  # the clicked run is compared with the baseline (the same config: the noise floor) for this long
+COMPARE_S = 6  # the clicked run is compared with the baseline (the same config: the noise floor) for this long
 
 NOTEBOOK_CELLS = [
     f"""import torch

@@ -36,7 +36,7 @@ pytestmark = NEEDS_CHROMIUM
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "tuning.ipynb"
 #: The notebook's parameters: short bursts, and no cold compile (tests/engine/test_compile.py compiles).
-PARAMETERS = {"STEPS": 10, "BUDGET": 15, "LEAVE_OUT": ("+compile",)}
+PARAMETERS = {"STEPS": 10, "BUDGET": 6, "LEAVE_OUT": ("+compile",)}
 LOOKS = [((1440, 900), True), ((1280, 720), False)]  # (window, file browser open)
 THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 RUN_ALL_MS = 300_000
