@@ -21,6 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# Under pytest-xdist two workers share the cores, and OpenMP threads that spin while they wait (libgomp's default,
+# for latency) burn the cycles the other worker's bursts need: with sleeping waiters the notebook tests on two
+# workers took 50 and 44 s instead of 80 and 76. Read by libgomp as torch loads it, here and in every process started
+# from here; `-n 0` keeps stock PyTorch's setting.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import psutil
 import pytest
 import torch
