@@ -4,6 +4,7 @@ with a fake engine for what it asks and how it reads, and with real bursts for t
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -19,6 +20,9 @@ from accel_widgets.views.headspace import ceiling_line, headspace_lines
 from tests.devices import cpu_device
 from tests.panel.fakes import FakeEngine
 from tests.workloads import tiny_workload
+
+if TYPE_CHECKING:
+    from tests.conftest import Alone
 
 
 def test_each_part_there_to_free_is_a_variant_compared_with_the_config_as_it_is() -> None:
@@ -59,7 +63,8 @@ def test_bad_parts_and_configs_that_cannot_run_are_refused_before_any_burst() ->
 # -- real bursts ------------------------------------------------------------------------------------------------
 def counted_or_skip(*comparisons: Comparison) -> None:
     """Real comparisons on this shared host: a block beside other load past a quarter of the machine is left out (the
-    engine's rule), and a budget can pass with none counted; the test then has nothing to read and says why."""
+    engine's rule), and a budget can pass with none counted; the test then has nothing to read and says why. The tests
+    measure ``alone()``: the other pytest-xdist worker's tests would be that load in nearly every block."""
     if all(c.counted for c in comparisons):
         return
     why = next((b.left_out for c in comparisons for b in c.blocks if b.left_out), "")
@@ -84,12 +89,13 @@ def data_bound_workload() -> Workload:
 
 
 @pytest.mark.slow  # ~23 s: real bursts, the issue's data-bound bar
-def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reach() -> None:
+def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reach(alone: Alone) -> None:
     """Per-item decode with no workers: data free is many times faster (>= 1.5x, the issue's bar); two loader workers
     win less than that, inside the ceiling's interval or under it."""
     configs = [Config(), Config(), Config(num_workers=2)]
-    found = measure_pairs(data_bound_workload(), configs, [(0, 1), (0, 2)], freed=[None, "data", None], budget_s=25,
-                          steps=5, window_s=0.25)
+    with alone():
+        found = measure_pairs(data_bound_workload(), configs, [(0, 1), (0, 2)], freed=[None, "data", None],
+                              budget_s=25, steps=5, window_s=0.25)
     ceiling, workers = found.comparisons
     counted_or_skip(ceiling, workers)
     assert ceiling.ratio >= 1.5 and ceiling.verdict in ("faster", "undecided"), ceiling.interval
@@ -97,13 +103,15 @@ def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reac
 
 
 @pytest.mark.slow  # ~14 s: real bursts, the issue's compute-bound bar
-def test_a_compute_bound_step_reads_same_with_the_data_free() -> None:
+def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> None:
     """Eight 768-wide layers on a batch of 32 (~0.9 GFLOP a step) from a TensorDataset (a batch collated in ~0.2 ms):
     the data is well under 1% of the step."""
     model = nn.Sequential(*(nn.Linear(768, 768) for _ in range(8)))
     workload = Workload(model=model, dataset=(torch.randn(256, 768), torch.randn(256, 768)), loss_fn=F.mse_loss,
                         batch_size=32, name="matmuls")
-    found = headspace(workload, Config(), budget_s=25, min_effect=0.15, steps=5, window_s=0.3, device=cpu_device())
+    with alone():
+        found = headspace(workload, Config(), budget_s=25, min_effect=0.15, steps=5, window_s=0.3,
+                          device=cpu_device())
     ceiling = found.ceilings["data"]
     counted_or_skip(ceiling.comparison)
     assert ceiling.verdict in ("same", "undecided") and 0.85 <= ceiling.comparison.ratio <= 1.15, ceiling.comparison
@@ -111,10 +119,11 @@ def test_a_compute_bound_step_reads_same_with_the_data_free() -> None:
 
 
 @pytest.mark.slow  # ~9 s: two gloo ranks, the issue's DDP bar
-def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads_it() -> None:
+def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads_it(alone: Alone) -> None:
     config = Config(parallel="ddp", world_size=2)
-    found = headspace(tiny_workload(), config, parts=["communication"], budget_s=25, steps=10, window_s=0.3,
-                      device=cpu_device())
+    with alone():
+        found = headspace(tiny_workload(), config, parts=["communication"], budget_s=25, steps=10, window_s=0.3,
+                          device=cpu_device())
     ceiling = found.ceilings["communication"]
     assert ceiling.comparison.windows[0].world_size == 2
     counted_or_skip(ceiling.comparison)
