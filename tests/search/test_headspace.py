@@ -88,21 +88,21 @@ def data_bound_workload() -> Workload:
     return Workload(model=model, dataset=SlowItems(), loss_fn=F.cross_entropy, batch_size=8, name="slow items")
 
 
-@pytest.mark.slow  # ~23 s: real bursts, the issue's data-bound bar
+@pytest.mark.slow  # ~8-10 s: real bursts, the issue's data-bound bar
 def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reach(alone: Alone) -> None:
     """Per-item decode with no workers: data free is many times faster (>= 1.5x, the issue's bar); two loader workers
     win less than that, inside the ceiling's interval or under it."""
     configs = [Config(), Config(), Config(num_workers=2)]
     with alone():
         found = measure_pairs(data_bound_workload(), configs, [(0, 1), (0, 2)], freed=[None, "data", None],
-                              budget_s=25, steps=5, window_s=0.25)
+                              budget_s=10, steps=5, window_s=0.25)
     ceiling, workers = found.comparisons
     counted_or_skip(ceiling, workers)
     assert ceiling.ratio >= 1.5 and ceiling.verdict in ("faster", "undecided"), ceiling.interval
     assert workers.ratio is not None and workers.interval.low <= ceiling.interval.high
 
 
-@pytest.mark.slow  # ~14 s: real bursts, the issue's compute-bound bar
+@pytest.mark.slow  # ~6-8 s: real bursts, the issue's compute-bound bar
 def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> None:
     """Eight 768-wide layers on a batch of 32 (~0.9 GFLOP a step) from a TensorDataset (a batch collated in ~0.2 ms):
     the data is well under 1% of the step."""
@@ -110,7 +110,7 @@ def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> Non
     workload = Workload(model=model, dataset=(torch.randn(256, 768), torch.randn(256, 768)), loss_fn=F.mse_loss,
                         batch_size=32, name="matmuls")
     with alone():
-        found = headspace(workload, Config(), budget_s=25, min_effect=0.15, steps=5, window_s=0.3,
+        found = headspace(workload, Config(), budget_s=10, min_effect=0.15, steps=5, window_s=0.3,
                           device=cpu_device())
     ceiling = found.ceilings["data"]
     counted_or_skip(ceiling.comparison)
@@ -118,11 +118,11 @@ def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> Non
     assert ceiling.room is not True
 
 
-@pytest.mark.slow  # ~9 s: two gloo ranks, the issue's DDP bar
+@pytest.mark.slow  # ~10 s: two gloo ranks, the issue's DDP bar
 def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads_it(alone: Alone) -> None:
     config = Config(parallel="ddp", world_size=2)
     with alone():
-        found = headspace(tiny_workload(), config, parts=["communication"], budget_s=25, steps=10, window_s=0.3,
+        found = headspace(tiny_workload(), config, parts=["communication"], budget_s=10, steps=10, window_s=0.3,
                           device=cpu_device())
     ceiling = found.ceilings["communication"]
     assert ceiling.comparison.windows[0].world_size == 2
