@@ -285,13 +285,15 @@ class PanelController:
             self.state.pin(run)
 
     def close(self) -> None:
-        """Stop live mode, a fit estimate not yet begun and the running action, and wait for it: nothing of the panel
-        keeps running."""
+        """Stop live mode and the running action, then the fit estimate its end scheduled, and wait for each: nothing
+        of the panel keeps running once this returns (an estimate already tracing is waited for)."""
         self.set_live(False, self._live_length)
-        if self._fit_timer is not None:
-            self._fit_timer.cancel()
         self.stop()
         self.wait()
+        timer = self._fit_timer
+        if timer is not None:
+            timer.cancel()
+            timer.join()
 
     def stop(self) -> None:
         if self.running and not self._stop.is_set():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -62,6 +63,16 @@ def timeline_tab(panel: TuningPanel) -> Any:
     panel.compare.selected_index = tab
     (figure,) = panel.compare.children[tab].children
     return figure
+
+
+def test_close_right_after_a_run_leaves_no_thread_of_the_panel_running() -> None:
+    """The run's end schedules a fit estimate; close returns only once that, the action and live mode are gone."""
+    before = set(threading.enumerate())
+    panel = make_panel(FakeEngine())
+    panel.run_button.click()
+    panel.close()
+    assert not panel.running
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []
 
 
 # -- controls -----------------------------------------------------------------------------------------
