@@ -1,8 +1,9 @@
 """Shared fixtures. Every test is checked for leaks: processes, threads, sockets and temp files.
 
 The preloaded forkserver and multiprocessing's resource tracker are session-long infrastructure
-(started once, like a kernel's), so they are allowed, and so is what a module's fixture names as its own
-(:data:`MODULE_INFRASTRUCTURE`: a Ray cluster's processes); anything they or the test started must be gone.
+(started once, like a kernel's), so they are allowed, and so is what a shared fixture names as its own
+(:data:`SHARED_INFRASTRUCTURE`: the Ray cluster's processes, :mod:`tests.ray_cluster`); anything they or the test
+started must be gone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ import torch
 
 from accel_widgets.engine.ranks import leftover_temp_files
 from accel_widgets.results.history import HISTORY_ENV
+
+#: The Ray cluster fixture (``ray_cluster``) for the modules that run on one.
+pytest_plugins = ["tests.ray_cluster"]
 
 LEAK_GRACE_S = 3.0
 
@@ -151,14 +155,14 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-#: What a module's fixture runs for its tests besides the session's infrastructure (a Ray cluster's own processes),
+#: What a shared fixture runs for its tests besides the session's infrastructure (a Ray cluster's own processes),
 #: each a callable naming those processes now; a fixture adds its own while it runs and checks they are gone after.
-MODULE_INFRASTRUCTURE: list[Callable[[], set[int]]] = []
+SHARED_INFRASTRUCTURE: list[Callable[[], set[int]]] = []
 
 
 def infrastructure_pids() -> set[int]:
-    """The processes the leak check allows: the session's and those a module's fixture names."""
-    pids = {pid for source in MODULE_INFRASTRUCTURE for pid in source()}
+    """The processes the leak check allows: the session's and those a shared fixture names."""
+    pids = {pid for source in SHARED_INFRASTRUCTURE for pid in source()}
     server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     tracker = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
     for pid in (server, tracker):

@@ -3,7 +3,8 @@
 A burst's ranks rendezvous in a file of the burst's private temp dir and keep gloo's and NCCL's sockets on the
 loopback interface: nothing a burst opens is reachable from the network. A cluster's ranks meet at a TCP store on rank
 0's node, their sockets pinned to their node's address (:mod:`.cluster`). An exported script's ranks join
-torchrun's group (its ``env://`` rendezvous, across machines), so nothing is pinned there.
+torchrun's group (its ``env://`` rendezvous, across machines), or run in the one Ray Train's workers already share,
+so nothing is pinned there.
 """
 
 from __future__ import annotations
@@ -53,11 +54,16 @@ def joined(group: ProcessGroup | None, rank: int, device: torch.device, *, rende
 
     ``rendezvous``: a burst's ranks meet in its store, and gloo's and NCCL's own sockets are pinned to the interface
     of its address, so nothing listens beyond it (a file store on one machine: loopback only). None: torchrun's
-    ``env://`` rendezvous, which may span machines. A collective without a partner fails after ``timeout_s``, with a
-    message, instead of hanging.
+    ``env://`` rendezvous, which may span machines, or the group a launcher already made (Ray Train's workers): that
+    one is used as it is, and left for its maker to destroy. A collective without a partner fails after
+    ``timeout_s``, with a message, instead of hanging.
     """
     if group is None:
         yield
+        return
+    if rendezvous is None and dist.is_initialized():
+        yield
+        dist.barrier()
         return
     if rendezvous is not None and (interface := interface_of(rendezvous.address)) is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = interface

@@ -144,6 +144,101 @@ def export_slurm(script: str | os.PathLike[str], config: Config, path: str | os.
     return target
 
 
+_RAY_TRAIN_TEMPLATE = '''"""Ray Train job exported by accel_widgets: {script}'s config on {workers} worker(s) ({label}).
+
+Ray Train's TorchTrainer starts the workers (one rank each, placed by its placement group), makes their process
+group (gloo; NCCL with --use-gpu) and sets RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE as torchrun would; each
+worker then runs {script}'s job: the loop a burst runs, its checkpoints, --resume and logs. The knobs are {script}'s
+(edit them there); this file, {script}, the workload's module and --checkpoint-dir must be on a filesystem every
+node sees, as for torchrun on several machines.
+
+    python {name} --address auto --steps 1000 --checkpoint-dir ckpt --checkpoint-every 200 --resume
+
+With --max-failures N Ray Train restarts the workers after a failure, up to N times, and --resume carries each
+restart on from the newest checkpoint, exactly.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import ray
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+os.environ.setdefault("ACCEL_WIDGETS_PRESTART", "0")  # the workers train themselves: no burst forkserver needed
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from {module} import CONFIG, WORKLOAD  # noqa: E402 -- the exported torchrun script: the knobs live there
+
+from accel_widgets.job.run import COLLECTIVE_TIMEOUT_S, JobOptions, train  # noqa: E402
+
+WORKERS = {workers}  # nodes x the ranks the burst ran on one machine
+RAY_FLAGS = ("address", "workers", "cpus_per_worker", "use_gpu", "max_failures", "storage_path")
+
+
+def train_loop_per_worker(flags: dict) -> None:
+    """One rank of the job, in the submitting directory (relative paths of the flags mean what they meant there)."""
+    os.chdir(flags.pop("directory"))
+    train(WORKLOAD, CONFIG, JobOptions(**flags))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+{flag_lines}
+    parser.add_argument("--address", default=None, help="Ray cluster: auto, ray://HOST:10001, none (a new one)")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="ranks in all, one Ray Train worker each")
+    parser.add_argument("--cpus-per-worker", type=float, default={cpus}, help="CPUs per worker, loaders included")
+    parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL between them")
+    parser.add_argument("--max-failures", type=int, default=0, help="restart the workers after a failure N times")
+    parser.add_argument("--storage-path", default=None, help="Ray Train's run folder (default: ./ray_results)")
+    flags = vars(parser.parse_args())
+    settings = {{name: flags.pop(name) for name in RAY_FLAGS}}
+    try:
+        JobOptions(**flags)
+    except ValueError as exc:  # a flag that makes no sense: said before any worker starts
+        parser.error(str(exc))
+    # The workers import what this process imports: Ray adds this directory to their path, and PYTHONPATH goes too.
+    paths = {{"env_vars": {{"PYTHONPATH": os.environ["PYTHONPATH"]}}}} if "PYTHONPATH" in os.environ else None
+    ray.init(address=settings["address"], runtime_env=paths)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={{**flags, "directory": os.getcwd()}},
+        scaling_config=ScalingConfig(num_workers=settings["workers"], use_gpu=settings["use_gpu"],
+                                     resources_per_worker={{"CPU": settings["cpus_per_worker"]}}),
+        torch_config=TorchConfig(timeout_s=int(COLLECTIVE_TIMEOUT_S)),
+        run_config=RunConfig(name="accel-widgets",
+                             storage_path=settings["storage_path"] or os.path.abspath("ray_results"),
+                             failure_config=FailureConfig(max_failures=settings["max_failures"])),
+    )
+    trainer.fit()
+'''
+
+
+def export_ray_train(script: str | os.PathLike[str], config: Config, path: str | os.PathLike[str], *,
+                     nnodes: int = 2) -> Path:
+    """Write a Ray Train driver that runs the exported ``script``'s job (:func:`export_script`, of ``config``) as a
+    ``TorchTrainer`` of ``nnodes`` x ``config``'s ranks; returns its path.
+
+    The knobs stay in ``script`` (the driver imports its ``CONFIG`` and ``WORKLOAD``); each Ray Train worker runs
+    :func:`~accel_widgets.job.run.train` in the group Ray Train made, so a DDP config of one rank a node trains on two
+    nodes as a local burst of two ranks does. Each worker reserves a CPU per loader worker and one for itself."""
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"nnodes={nnodes!r} is invalid: use an integer >= 1")
+    if nnodes > 1 and not parallel.distributed(config):
+        raise ConfigError(f"{config.label()} trains in one process: on {nnodes} nodes use parallel='ddp' or 'fsdp'")
+    module = Path(script).stem
+    if not module.isidentifier():
+        raise ValueError(f"{Path(script).name}: the driver imports it, so its name must be a Python module's "
+                         "(letters, digits, _)")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(_RAY_TRAIN_TEMPLATE.format(
+        script=Path(script).name, module=module, workers=nnodes * parallel.ranks(config), label=config.label(),
+        name=target.name, cpus=1 + config.num_workers, flag_lines="\n".join(argparse_lines())))
+    return target
+
+
 def _knob_lines(config: Config) -> str:
     """Every knob with its value and what it does: the knobs the burst changed first, then the defaults."""
     changed = config.diff()

@@ -206,7 +206,7 @@ class PanelController:
         self._live_timer: threading.Timer | None = None
         self._live_length: Callable[[], Length] = lambda: Length(steps=20, seconds=None)
         self._live_restart = threading.Lock()  # one restart at a time: stop, wait, start
-        self._fit_timer: threading.Timer | None = None
+        self._fit_timers: list[threading.Timer] = []  # the newest last; a cancelled one may not have ended
         self._fit_asked = 0  # the newest estimate asked for: an older one that ends later is not shown
         self._fitted: tuple[Config, Estimate] | None = None  # the last settings traced, and their estimate
         self._peaks: dict[Config, tuple[int, str]] = {}  # settings -> the last finished burst's peak and its kind
@@ -285,13 +285,13 @@ class PanelController:
             self.state.pin(run)
 
     def close(self) -> None:
-        """Stop live mode and the running action, then the fit estimate its end scheduled, and wait for each: nothing
-        of the panel keeps running once this returns (an estimate already tracing is waited for)."""
+        """Stop live mode, the running action and every fit estimate (the last one its end scheduled), and wait for
+        each: nothing of the panel keeps running once this returns (an estimate already tracing is waited for)."""
+        live = self._live_timer
         self.set_live(False, self._live_length)
         self.stop()
         self.wait()
-        timer = self._fit_timer
-        if timer is not None:
+        for timer in [*self._fit_timers, *([live] if live is not None else [])]:
             timer.cancel()
             timer.join()
 
@@ -322,14 +322,14 @@ class PanelController:
         step traced on fake tensors: a fraction of a second for a small model, seconds for a large one). Without an
         edit (an action ended) settings traced before keep their estimate: only the measured peak beside it is new,
         and a trace then would take the CPU of the burst the user starts next."""
-        if self._fit_timer is not None:
-            self._fit_timer.cancel()
+        for earlier in self._fit_timers:
+            earlier.cancel()
         if edited:
             self._fitted = None
         self._fit_asked += 1
         timer = threading.Timer(FIT_DELAY_S, self._estimate_fit, args=(self._fit_asked,))
         timer.name, timer.daemon = "accel-widgets-fit", True
-        self._fit_timer = timer
+        self._fit_timers = [*(each for each in self._fit_timers if each.is_alive()), timer]
         timer.start()
 
     def _estimate_fit(self, asked: int) -> None:

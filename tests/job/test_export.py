@@ -12,9 +12,10 @@ import pytest
 import accel_widgets as aw
 from accel_widgets import BurstOptions, Config, run_burst
 from accel_widgets.inputs.workload import WorkloadReferenceError
-from accel_widgets.job.export import export_script, export_slurm
+from accel_widgets.job.export import export_ray_train, export_script, export_slurm
 from accel_widgets.knobs.rules import ConfigError
 from tests.devices import cpu_device
+from tests.ray_cluster import gone, train_processes
 from tests.workloads import exported_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,3 +147,25 @@ def test_the_slurm_batch_file_trains_on_two_nodes_as_a_two_rank_burst(short_tmp)
                       options=BurstOptions(warmup_steps=2, device=cpu_device()))
     assert json.loads(line)["losses"] == burst.losses(rank=0)  # equal, not close
     assert "#SBATCH --nodes=2" in batch.read_text() and "--nproc-per-node 1" in batch.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray-cluster")  # with tests/engine/test_ray.py: one worker starts the cluster, once
+def test_the_ray_train_driver_trains_on_two_nodes_as_a_two_rank_burst(ray_cluster, short_tmp):
+    """A TorchTrainer of two workers, one on each node of the local cluster: Ray Train makes their group and sets
+    the torchrun variables, and rank 0's losses equal a local burst of two ranks, step for step. Its checkpoint is
+    the job's own, and nothing of the job is left on the cluster after it."""
+    config = Config(parallel="ddp", world_size=1)
+    script = export_script(REFERENCE, config, short_tmp / "train.py")
+    driver = export_ray_train(script, config, short_tmp / "ray_train.py", nnodes=2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(short_tmp)}
+    done = subprocess.run([sys.executable, str(driver), "--address", ray_cluster.address, "--steps", str(STEPS),
+                           "--log-every", "1", "--checkpoint-dir", "ckpt", "--storage-path", str(short_tmp / "runs")],
+                          cwd=short_tmp, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (short_tmp / "ckpt" / "log.jsonl").read_text().splitlines()]
+    burst = run_burst(exported_workload(), Config(parallel="ddp", world_size=2), steps=STEPS - 2,
+                      options=BurstOptions(warmup_steps=2, device=cpu_device()))
+    assert [line["loss"] for line in lines] == burst.losses(rank=0)  # equal, not close
+    assert sorted(path.name for path in (short_tmp / "ckpt").glob("step_*")) == [f"step_{STEPS:08d}"]
+    assert not gone(train_processes)
