@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from ..inputs.workload import load_workload
-from ..knobs import KNOBS, parallel
+from ..knobs import KNOBS, data, parallel
 from ..knobs.config import Config
 from ..knobs.plan import portable_errors
 from ..knobs.rules import ConfigError
@@ -235,7 +235,7 @@ def export_ray_train(script: str | os.PathLike[str], config: Config, path: str |
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(_RAY_TRAIN_TEMPLATE.format(
         script=Path(script).name, module=module, workers=nnodes * parallel.ranks(config), label=config.label(),
-        name=target.name, cpus=1 + config.num_workers, flag_lines="\n".join(argparse_lines())))
+        name=target.name, cpus=1 + data.loader_workers(config), flag_lines="\n".join(argparse_lines())))
     return target
 
 

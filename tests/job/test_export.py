@@ -169,3 +169,18 @@ def test_the_ray_train_driver_trains_on_two_nodes_as_a_two_rank_burst(ray_cluste
     assert [line["loss"] for line in lines] == burst.losses(rank=0)  # equal, not close
     assert sorted(path.name for path in (short_tmp / "ckpt").glob("step_*")) == [f"step_{STEPS:08d}"]
     assert not gone(train_processes)
+
+
+def test_the_ray_train_driver_reads_the_scripts_knobs_and_refuses_what_cannot_run(tmp_path):
+    config = Config(parallel="ddp", world_size=2, num_workers=2)
+    script = export_script(REFERENCE, config, tmp_path / "train.py")
+    text = export_ray_train(script, config, tmp_path / "ray_train.py", nnodes=3).read_text()
+    assert "from train import CONFIG, WORKLOAD" in text  # the knobs stay in one file
+    assert "WORKERS = 6 " in text and "default=3, help=\"CPUs per worker" in text  # 3 nodes x 2 ranks; 2 loaders + 1
+    compile(text, "ray_train.py", "exec")
+    with pytest.raises(ConfigError, match="trains in one process"):
+        export_ray_train(script, Config(), tmp_path / "one.py", nnodes=2)
+    with pytest.raises(ValueError, match="a Python module's"):
+        export_ray_train(tmp_path / "my-train.py", config, tmp_path / "two.py")
+    with pytest.raises(ValueError, match="nnodes=0"):
+        export_ray_train(script, config, tmp_path / "three.py", nnodes=0)
