@@ -116,7 +116,9 @@ class ForksInForward(TinyNet):
                     os._exit(0)
             time.sleep(3600)
             os._exit(0)
-        if not daemon:
+        if daemon:
+            os.waitpid(pid, 0)  # the double fork's parent reaps the middle process, which noted the daemon first
+        else:
             self._note(pid)
 
     def _note(self, pid: int) -> None:

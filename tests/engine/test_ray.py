@@ -53,8 +53,8 @@ DDP = Config(parallel="ddp", world_size=2)
 
 
 def _options(ray_cluster: Any, **settings: float | str) -> BurstOptions:
-    return BurstOptions(device=cpu_device(), timeout_s=60, cluster=RayCluster(
-        address=ray_cluster.address, placement="STRICT_SPREAD", timeout_s=30, **settings))
+    return BurstOptions(device=cpu_device(), timeout_s=120, cluster=RayCluster(
+        address=ray_cluster.address, placement="STRICT_SPREAD", timeout_s=90, **settings))
 
 
 def _raylet(node: object) -> psutil.Process:

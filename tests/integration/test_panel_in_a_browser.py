@@ -246,8 +246,7 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path, a
             narrow = narrow_layout(page)
             layout = layout_beside_file_browser(page)
             reloaded = traces_after_reload(page)
-            with alone():
-                live = live_mode(page)
+            live = live_mode(page)  # what it asserts is the table's rows, which the machine's load does not change
         finally:
             browser.close()
 

@@ -62,7 +62,7 @@ def test_whatif_notebook_sweeps_and_plots(tmp_path: Path) -> None:
     """A budget that ends each comparison after its first bursts and two of the caches: the sweeps' blocks and
     verdicts are checked in tests/search/test_sweep.py, every cache in tests/data/test_cache.py; here what the notebook
     prints and draws."""
-    text, mimes = execute("whatif.ipynb", tmp_path, BATCH_SIZES=[16, 32], WORKERS=[0, 2], STEPS=5, BUDGET=1,
+    text, mimes = execute("whatif.ipynb", tmp_path, BATCH_SIZES=[32], WORKERS=[0, 2], STEPS=5, BUDGET=1,
                           CACHES=["none", "shards"])
     assert text.count("samples/s") >= 4 and "speedup" in text
     assert "sweep of data_cache on image-small against batch_size=32" in text  # every cache against the plain read
