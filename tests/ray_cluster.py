@@ -23,9 +23,11 @@ from tests import conftest
 #: Give a test's processes this long to end before calling them left behind.
 GONE_WITHIN_S = 5.0
 #: What a test starts on the cluster, which must be gone when it ends (Ray names a process by its actor): a burst's
-#: ranks and its event queue, a Ray Train job's controller and workers.
+#: ranks and its event queue; a Ray Train run's controller, workers and helpers (the placement-group cleaner is a
+#: detached actor that ends once the controller has).
 BURST_PROCESS_MARKS = ("ray::RankActor", "ray::_QueueActor")
-TRAIN_PROCESS_MARKS = ("ray::TrainController", "ray::RayTrainWorker")
+TRAIN_PROCESS_MARKS = ("ray::TrainController", "ray::RayTrainWorker", "ray::PlacementGroupCleaner",
+                       "ray::PreemptionWatcher")
 #: A node without the daemons a test does not use (the dashboard, the log monitor; on the head, the autoscaler's
 #: monitor): each is a Python process importing Ray, 6-10 s of this machine's two cores at the cluster's start.
 LEAN_NODE = {"include_dashboard": False, "include_log_monitor": False}

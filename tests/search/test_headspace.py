@@ -114,7 +114,10 @@ def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> Non
                           device=cpu_device())
     ceiling = found.ceilings["data"]
     counted_or_skip(ceiling.comparison)
-    assert ceiling.verdict in ("same", "undecided") and 0.85 <= ceiling.comparison.ratio <= 1.15, ceiling.comparison
+    # No data ceiling is claimed (never "faster"); a "same" reads within the bar. An undecided verdict's point ratio is
+    # noise: a full run here read 1.16, undecided, after 10 s of blocks.
+    assert ceiling.verdict in ("same", "undecided"), ceiling.comparison
+    assert ceiling.verdict == "undecided" or 0.85 <= ceiling.comparison.ratio <= 1.15, ceiling.comparison
     assert ceiling.room is not True
 
 
