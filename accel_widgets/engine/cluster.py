@@ -59,6 +59,10 @@ from .worker import BurstSpec, Seat, rank_main
 CLOCK_PROBES = 5
 #: Once a rank has ended, how long its last events get to arrive through the queue before its end is judged.
 LAST_EVENTS_S = 0.5
+#: Once every failure so far is a broken connection to a peer, how long the ranks still running get to end before
+#: the one that said nothing is named as gone: Ray calls a lost node dead only when its health checks give up (14 s
+#: here), while its peers' connections to it broke within a second.
+SETTLE_S = 3.0
 #: How long teardown waits for killed actors to be gone before it returns.
 TEARDOWN_GRACE_S = 5.0
 
@@ -205,9 +209,11 @@ class ClusterRanks:
         self._deadline = time.monotonic() + self.cluster.timeout_s
         if not ray.is_initialized():
             ray.init(address=self.cluster.address, log_to_driver=False)
+        # The events' queue lives on the driver's own node, never beside a rank: a node lost takes its rank, not the
+        # word of how the burst ended (a soft affinity put it on the newest node whatever its load).
         here = ray.get_runtime_context().get_node_id()
         self.events = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
-            here, soft=True)})
+            here, soft=False)})
         self.group = placement_group([self.cluster.bundle()] * self.world_size, strategy=self.cluster.placement)
         try:
             ray.get(self.group.ready(), timeout=self._left())
@@ -276,11 +282,34 @@ class ClusterRanks:
                 self._drain(collected, on_event)
             if any(rank in collected.lost or (code is not None and (code != 0 or rank not in collected.ranks))
                    for rank, code in enumerate(codes)):
+                self._name_the_vanished(pending, codes, collected, on_event)
                 return self._ended_as("failed", collected, codes)
             if all(code == 0 for code in codes):
                 return self._ended_as("exited", collected, codes)
             if time.perf_counter() > deadline:
                 return self._ended_as("timeout", collected, codes)
+
+    def _name_the_vanished(self, pending: dict[Any, int], codes: list[int | None], collected: Collected,
+                           on_event: Callable[[Event], None] | None) -> None:
+        """When every rank that failed only lost its connection to a peer, the rank that vanished is the cause: the
+        ranks still running get ``SETTLE_S`` to end, and the one left that said nothing is named lost (two or more
+        left cannot be told apart: a rank hung in a collective says nothing either)."""
+        if collected.lost or not collected.errors or not all(e.connection_broke for e in collected.errors):
+            return
+        deadline = time.monotonic() + SETTLE_S
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+            for run in done:
+                rank = pending.pop(run)
+                codes[rank] = self._exit_code(rank, run, collected)
+            self._drain(collected, on_event)
+        reported = {e.rank for e in collected.errors}
+        silent = [rank for rank in pending.values() if rank not in reported and rank not in collected.lost]
+        if len(silent) == 1 and all(e.connection_broke for e in collected.errors):
+            placed = self.placed[silent[0]]
+            collected.lost[silent[0]] = (f"rank {silent[0]} on node {placed.node[:12]} ({placed.address}) was lost: "
+                                         "the other ranks' connections to it broke and it said nothing (its process "
+                                         "or its node went away)")
 
     def _ended_as(self, outcome: str, collected: Collected, codes: list[int | None]) -> str:
         collected.exit_codes, collected.phases = codes, list(self._phases)

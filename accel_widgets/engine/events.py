@@ -123,6 +123,11 @@ class RankFailed:
         return cls(rank, t, kind, message, traceback.format_exc())
 
     @property
+    def connection_broke(self) -> bool:
+        """A peer's connection to this rank closed under it: that peer's process, or the machine it ran on, is gone."""
+        return any(marker in self.message + self.traceback for marker in PEER_FAILURE_MARKERS)
+
+    @property
     def peer_failure(self) -> bool:
         """The rank only noticed that another rank vanished or stalled: a symptom, never the root cause."""
         text = self.message + self.traceback

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil
@@ -27,6 +28,7 @@ from accel_widgets import (
     BurstOptions,
     BurstPhase,
     BurstRequestError,
+    BurstTimeout,
     Config,
     RayCluster,
     StepRecord,
@@ -36,11 +38,13 @@ from accel_widgets import (
     summary,
 )
 from accel_widgets.analysis.compare import straggler
+from accel_widgets.engine.events import RankFailed
 from accel_widgets.engine.held import HeldBurst
+from accel_widgets.engine.ranks import Collected
 from tests import conftest
 from tests.devices import cpu_device
 from tests.engine.test_ddp import listening_addresses
-from tests.ray_cluster import burst_processes, cluster_processes, command_of, gone
+from tests.ray_cluster import LEAN_NODE, burst_processes, cluster_processes, command_of, gone
 from tests.workloads import tiny_workload
 
 ray = pytest.importorskip("ray")
@@ -51,11 +55,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = Config(parallel="ddp", world_size=2)
+#: Long enough for two actors to start on a loaded machine, which the same timeout covers (RayCluster.timeout_s).
+RENDEZVOUS_TIMEOUT_S = 30
 
 
 def _options(ray_cluster: Any, **settings: float | str) -> BurstOptions:
     return BurstOptions(device=cpu_device(), timeout_s=120, cluster=RayCluster(
-        address=ray_cluster.address, placement="STRICT_SPREAD", timeout_s=90, **settings))
+        address=ray_cluster.address, placement="STRICT_SPREAD", **{"timeout_s": 90, **settings}))
 
 
 def _processes_of(node: object) -> list[psutil.Process]:
@@ -188,6 +194,96 @@ def test_a_rank_killed_ends_the_burst_named_and_leaves_nothing(ray_cluster):
     assert info.value.result.status == "failed" and killed
     assert not gone(burst_processes)
 
+
+
+def test_a_node_lost_ends_the_burst_naming_it_and_leaves_nothing_on_the_others(ray_cluster):
+    """A third node takes one of three ranks and goes away mid-burst (its raylet and workers SIGKILLed at once): the
+    burst ends naming that rank and node within seconds, not when Ray's health checks call the node dead (14 s
+    here), and nothing of it is left on the two nodes that stay."""
+    doomed = ray_cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", **LEAN_NODE)
+    lost: list[float] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, StepRecord) and not event.warmup and not lost:
+            lost.append(time.monotonic())
+            ray_cluster.remove_node(doomed, allow_graceful=False)
+
+    named = rf"rank \d on node {doomed.node_id[:12]} \(127.0.0.1\) was lost"
+    try:
+        with pytest.raises(WorkerCrashed, match=named) as info:
+            run_burst(tiny_workload(), Config(parallel="ddp", world_size=3), steps=100_000, on_event=on_event,
+                      options=_options(ray_cluster))
+    finally:
+        if not lost:
+            ray_cluster.remove_node(doomed, allow_graceful=False)
+    assert info.value.result.status == "failed"
+    assert not gone(burst_processes)
+
+
+
+def test_the_one_rank_its_peers_lost_is_named_before_ray_says(monkeypatch):
+    """Ray calls a node dead once its health checks give up (14 s here) while its rank's peers lost their connections
+    to it within a second: with Ray silent that long, the one rank that said nothing is named after ``SETTLE_S``. Two
+    silent ranks cannot be told from one hung in a collective (none is named); an error of a rank's own ends the
+    burst at once."""
+    from accel_widgets.engine import cluster
+
+    monkeypatch.setattr(cluster, "SETTLE_S", 0.3)
+    monkeypatch.setattr(cluster.ray, "wait", lambda refs, num_returns, timeout: (time.sleep(timeout), ([], refs))[1])
+    spec = SimpleNamespace(request=SimpleNamespace(options=BurstOptions(cluster=RayCluster())), plan=SimpleNamespace(
+        ranks=3))
+    broke = RankFailed(0, 1.0, "exception", "RuntimeError: [pair.cc:537] Read error [10.0.0.2]:48280: Connection "
+                                            "reset by peer", "")
+
+    def ended(pending: dict[str, int], first: RankFailed) -> tuple[dict[int, str], float]:
+        ranks = cluster.ClusterRanks(spec)
+        ranks.placed = [cluster.Placed(f"{r}" * 16, f"10.0.0.{r}", 100 + r) for r in range(3)]
+        ranks.events = SimpleNamespace(qsize=lambda: 0)
+        collected, began = Collected(errors=[first]), time.monotonic()
+        ranks._name_the_vanished(pending, [1, None, None], collected, None)
+        return collected.lost, time.monotonic() - began
+
+    lost, waited = ended({"rank 2's run": 2}, broke)
+    assert lost == {2: "rank 2 on node 222222222222 (10.0.0.2) was lost: the other ranks' connections to it broke and "
+                       "it said nothing (its process or its node went away)"} and waited >= 0.3
+    assert ended({"rank 1's run": 1, "rank 2's run": 2}, broke)[0] == {}
+    lost, waited = ended({"rank 2's run": 2}, RankFailed(0, 1.0, "exception", "ValueError: bad batch", ""))
+    assert lost == {} and waited < 0.1
+
+def test_ranks_the_cluster_has_no_room_for_end_the_burst_within_its_timeout(ray_cluster):
+    """Three ranks, one per node, on two nodes: the wait for their places ends at the cluster's timeout, named."""
+    began = time.monotonic()
+    with pytest.raises(BurstTimeout, match="found no room for 3 bundles"):
+        run_burst(tiny_workload(), Config(parallel="ddp", world_size=3), steps=5, options=BurstOptions(
+            device=cpu_device(), cluster=RayCluster(address=ray_cluster.address, placement="STRICT_SPREAD",
+                                                    timeout_s=2)))
+    assert time.monotonic() - began < 10
+    assert not [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+    assert not gone(burst_processes)
+
+
+def test_a_rendezvous_a_node_does_not_reach_in_time_ends_the_burst_naming_it(ray_cluster, monkeypatch):
+    """Rank 1's node hangs once its rank is placed (its actor stopped, as a node that freezes): the rendezvous waits
+    out the cluster's timeout, then ends the burst naming rank 1 and its node, and leaves nothing behind."""
+    from accel_widgets.engine.cluster import ClusterRanks  # imports Ray, which this module skips without
+
+    frozen: list[int] = []
+    rendezvous = ClusterRanks._rendezvous
+
+    def with_rank_1_frozen(ranks: ClusterRanks) -> tuple[str, int]:
+        frozen.append(ranks.placed[1].pid)
+        os.kill(frozen[0], signal.SIGSTOP)
+        return rendezvous(ranks)
+
+    monkeypatch.setattr(ClusterRanks, "_rendezvous", with_rank_1_frozen)
+    try:
+        with pytest.raises(BurstTimeout, match=r"rank 1 on node \w{12} \(127.0.0.1\) did not reach the rendezvous"):
+            run_burst(tiny_workload(), DDP, steps=5, options=_options(ray_cluster, timeout_s=RENDEZVOUS_TIMEOUT_S))
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert frozen and not gone(burst_processes)
 
 DRIVER = textwrap.dedent("""
     import sys
