@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]
 ROOT = Path(__file__).resolve().parents[2]
 DDP = Config(parallel="ddp", world_size=2)
 #: Long enough for two actors to start on a loaded machine, which the same timeout covers (RayCluster.timeout_s).
-RENDEZVOUS_TIMEOUT_S = 30
+RENDEZVOUS_TIMEOUT_S = 20
 
 
 def _options(ray_cluster: Any, **settings: float | str) -> BurstOptions:
