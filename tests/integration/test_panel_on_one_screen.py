@@ -30,7 +30,6 @@ from tests.browsers import (
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
-    from tests.conftest import Alone
 
 pytestmark = NEEDS_CHROMIUM
 
@@ -152,8 +151,9 @@ def tuning_notebook(path: Path) -> None:
     nbformat.write(notebook, path)
 
 
-def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_themes(tmp_path: Path,
-                                                                                    alone: Alone) -> None:
+def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_themes(tmp_path: Path) -> None:
+    """The notebook's bursts share the machine with the other tests: what this asserts is the layout and what the
+    notebook says, which hold on a loaded machine (it passed beside three CPU hogs, in 48 s)."""
     from playwright.sync_api import sync_playwright
 
     root, home = tmp_path / "root", tmp_path / "home"
@@ -167,9 +167,8 @@ def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_the
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(f"{base}/lab/tree/tuning.ipynb?token={token}&reset")
             page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
-            with alone():  # the notebook's bursts, as a user watches them: nothing else on the machine
-                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-                run_to_the_end(page)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_to_the_end(page)
             text = page.evaluate(JS_OUTPUT_TEXT)
             runs = page.evaluate("() => document.querySelectorAll('.aw-runs tr.aw-run').length")
             for theme, name in THEMES.items():
