@@ -292,12 +292,12 @@ class ClusterRanks:
     def _name_the_vanished(self, pending: dict[Any, int], codes: list[int | None], collected: Collected,
                            on_event: Callable[[Event], None] | None) -> None:
         """When every rank that failed only lost its connection to a peer, the rank that vanished is the cause: the
-        ranks still running get ``SETTLE_S`` to end, and the one left that said nothing is named lost (two or more
-        left cannot be told apart: a rank hung in a collective says nothing either)."""
+        ranks still running get ``SETTLE_S`` to end or for Ray to name one lost, and else the one left that said nothing
+        is named lost (two or more left cannot be told apart: a rank hung in a collective says nothing either)."""
         if collected.lost or not collected.errors or not all(e.connection_broke for e in collected.errors):
             return
         deadline = time.monotonic() + SETTLE_S
-        while pending and (left := deadline - time.monotonic()) > 0:
+        while pending and not collected.lost and (left := deadline - time.monotonic()) > 0:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
             for run in done:
                 rank = pending.pop(run)
