@@ -97,30 +97,32 @@ def machine_share() -> Iterator[None]:
 Alone = Callable[[], contextlib.AbstractContextManager[None]]
 
 
+@contextlib.contextmanager
+def machine_to_itself() -> Iterator[None]:
+    """The block runs with the machine to itself under pytest-xdist: the other workers finish the test they are in and
+    wait (see :func:`_machine_locks`). Tests reach it through :func:`alone`; a module-scoped fixture that measures
+    for several tests calls it directly, once for all of them."""
+    if _MACHINE_LOCKS is None:
+        yield
+        return
+    machine, gate = _MACHINE_LOCKS
+    # This test's shared hold goes while it waits at the gate: a test in its own wait there holds the gate and needs
+    # every shared hold gone.
+    fcntl.flock(machine, fcntl.LOCK_UN)
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    fcntl.flock(machine, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(machine, fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+
+
 @pytest.fixture
 def alone() -> Alone:
-    """``with alone():`` the block runs with the machine to itself under pytest-xdist: the other workers finish the
-    test they are in and wait (see :func:`_machine_locks`). Only what a user would watch belongs in it: a server
-    starting or a page laid out shares the machine as any test does."""
-
-    @contextlib.contextmanager
-    def taken() -> Iterator[None]:
-        if _MACHINE_LOCKS is None:
-            yield
-            return
-        machine, gate = _MACHINE_LOCKS
-        # This test's shared hold goes while it waits at the gate: a test in its own wait there holds the gate and
-        # needs every shared hold gone.
-        fcntl.flock(machine, fcntl.LOCK_UN)
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(machine, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_SH)
-            fcntl.flock(gate, fcntl.LOCK_UN)
-
-    return taken
+    """``with alone():`` the block runs with the machine to itself (:func:`machine_to_itself`). Only what a user would
+    watch belongs in it: a server starting or a page laid out shares the machine as any test does."""
+    return machine_to_itself
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,7 @@ with a fake engine for what it asks and how it reads, and with real bursts for t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pytest
 import torch
@@ -17,12 +17,10 @@ from accel_widgets.results.comparison import Comparison
 from accel_widgets.search.compare import measure_pairs
 from accel_widgets.search.headspace import AS_IT_IS, headspace
 from accel_widgets.views.headspace import ceiling_line, headspace_lines
+from tests.conftest import machine_to_itself
 from tests.devices import cpu_device
 from tests.panel.fakes import FakeEngine
 from tests.workloads import tiny_workload
-
-if TYPE_CHECKING:
-    from tests.conftest import Alone
 
 
 def test_each_part_there_to_free_is_a_variant_compared_with_the_config_as_it_is() -> None:
@@ -64,7 +62,8 @@ def test_bad_parts_and_configs_that_cannot_run_are_refused_before_any_burst() ->
 def counted_or_skip(*comparisons: Comparison) -> None:
     """Real comparisons on this shared host: a block beside other load past a quarter of the machine is left out (the
     engine's rule), and a budget can pass with none counted; the test then has nothing to read and says why. The tests
-    measure ``alone()``: the other pytest-xdist worker's tests would be that load in nearly every block."""
+    measure with the machine to themselves: the other pytest-xdist workers' tests would be that load in nearly every
+    block."""
     if all(c.counted for c in comparisons):
         return
     why = next((b.left_out for c in comparisons for b in c.blocks if b.left_out), "")
@@ -88,31 +87,48 @@ def data_bound_workload() -> Workload:
     return Workload(model=model, dataset=SlowItems(), loss_fn=F.cross_entropy, batch_size=8, name="slow items")
 
 
-@pytest.mark.slow  # ~8-10 s: real bursts, the issue's data-bound bar
-def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reach(alone: Alone) -> None:
+def matmuls_workload() -> Workload:
+    """Eight 768-wide layers on a batch of 32 (~0.9 GFLOP a step) from a TensorDataset (a batch collated in ~0.2 ms):
+    the data is well under 1% of the step."""
+    model = nn.Sequential(*(nn.Linear(768, 768) for _ in range(8)))
+    return Workload(model=model, dataset=(torch.randn(256, 768), torch.randn(256, 768)), loss_fn=F.mse_loss,
+                    batch_size=32, name="matmuls")
+
+
+#: The real measurements run in one pytest-xdist worker (``--dist loadgroup``), which takes them in one ``alone()``.
+ALONE_TOGETHER = pytest.mark.xdist_group("headspace-measured")
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, Any]:
+    """The three real headspace measurements, 10 s of blocks each, taken in one stretch with the machine to itself:
+    each stretch first waits for the other workers' running tests to end, and one wait serves all three."""
+    with machine_to_itself():
+        return {
+            "data": measure_pairs(data_bound_workload(), [Config(), Config(), Config(num_workers=2)], [(0, 1), (0, 2)],
+                                  freed=[None, "data", None], budget_s=10, steps=5, window_s=0.25),
+            "compute": headspace(matmuls_workload(), Config(), budget_s=10, min_effect=0.15, steps=5, window_s=0.3,
+                                 device=cpu_device()),
+            "ddp": headspace(tiny_workload(), Config(parallel="ddp", world_size=2), parts=["communication"],
+                             budget_s=10, steps=10, window_s=0.3, device=cpu_device()),
+        }
+
+
+@pytest.mark.slow
+@ALONE_TOGETHER
+def test_a_data_bound_step_has_a_data_ceiling_far_above_what_loader_workers_reach(measured: dict[str, Any]) -> None:
     """Per-item decode with no workers: data free is many times faster (>= 1.5x, the issue's bar); two loader workers
     win less than that, inside the ceiling's interval or under it."""
-    configs = [Config(), Config(), Config(num_workers=2)]
-    with alone():
-        found = measure_pairs(data_bound_workload(), configs, [(0, 1), (0, 2)], freed=[None, "data", None],
-                              budget_s=10, steps=5, window_s=0.25)
-    ceiling, workers = found.comparisons
+    ceiling, workers = measured["data"].comparisons
     counted_or_skip(ceiling, workers)
     assert ceiling.ratio >= 1.5 and ceiling.verdict in ("faster", "undecided"), ceiling.interval
     assert workers.ratio is not None and workers.interval.low <= ceiling.interval.high
 
 
-@pytest.mark.slow  # ~6-8 s: real bursts, the issue's compute-bound bar
-def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> None:
-    """Eight 768-wide layers on a batch of 32 (~0.9 GFLOP a step) from a TensorDataset (a batch collated in ~0.2 ms):
-    the data is well under 1% of the step."""
-    model = nn.Sequential(*(nn.Linear(768, 768) for _ in range(8)))
-    workload = Workload(model=model, dataset=(torch.randn(256, 768), torch.randn(256, 768)), loss_fn=F.mse_loss,
-                        batch_size=32, name="matmuls")
-    with alone():
-        found = headspace(workload, Config(), budget_s=10, min_effect=0.15, steps=5, window_s=0.3,
-                          device=cpu_device())
-    ceiling = found.ceilings["data"]
+@pytest.mark.slow
+@ALONE_TOGETHER
+def test_a_compute_bound_step_reads_same_with_the_data_free(measured: dict[str, Any]) -> None:
+    ceiling = measured["compute"].ceilings["data"]
     counted_or_skip(ceiling.comparison)
     # No data ceiling is claimed (never "faster"); a "same" reads within the bar. An undecided verdict's point ratio is
     # noise: a full run here read 1.16, undecided, after 10 s of blocks.
@@ -121,12 +137,10 @@ def test_a_compute_bound_step_reads_same_with_the_data_free(alone: Alone) -> Non
     assert ceiling.room is not True
 
 
-@pytest.mark.slow  # ~10 s: two gloo ranks, the issue's DDP bar
-def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads_it(alone: Alone) -> None:
-    config = Config(parallel="ddp", world_size=2)
-    with alone():
-        found = headspace(tiny_workload(), config, parts=["communication"], budget_s=10, steps=10, window_s=0.3,
-                          device=cpu_device())
+@pytest.mark.slow
+@ALONE_TOGETHER
+def test_under_ddp_the_communication_ceiling_is_measured_and_the_diagnosis_reads_it(measured: dict[str, Any]) -> None:
+    found = measured["ddp"]
     ceiling = found.ceilings["communication"]
     assert ceiling.comparison.windows[0].world_size == 2
     counted_or_skip(ceiling.comparison)
