@@ -76,10 +76,10 @@ def _machine_locks() -> tuple[int, int] | None:
 _MACHINE_LOCKS = _machine_locks()
 
 
-@pytest.fixture(autouse=True)
-def machine_share() -> Iterator[None]:
-    """Every test shares the machine under pytest-xdist, once through the gate; :func:`alone` takes it whole for a
-    part of one test."""
+@contextlib.contextmanager
+def machine_shared() -> Iterator[None]:
+    """The block shares the machine under pytest-xdist, once through the gate: every test's run, and the heavy start of
+    a session fixture (a Ray cluster's daemons), which would otherwise run beside another test's time alone."""
     if _MACHINE_LOCKS is None:
         yield
         return
@@ -91,6 +91,13 @@ def machine_share() -> Iterator[None]:
         yield
     finally:
         fcntl.flock(machine, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def machine_share() -> Iterator[None]:
+    """Every test shares the machine (:func:`machine_shared`); :func:`alone` takes it whole for a part of one test."""
+    with machine_shared():
+        yield
 
 
 #: The :func:`alone` fixture's value: ``with alone():``.

@@ -74,10 +74,11 @@ def ray_cluster() -> Iterator[Any]:
     outward, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
     root = tempfile.mkdtemp(prefix="awr-", dir="/tmp")
     os.environ["RAY_TMPDIR"] = root
-    started = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 1, "node_ip_address": "127.0.0.1", **LEAN_NODE, "no_monitor": True})
-    started.add_node(num_cpus=1, node_ip_address="127.0.0.1", **LEAN_NODE)
-    ray.init(address=started.address, log_to_driver=False)
+    with conftest.machine_shared():  # 13-28 s of daemons starting: never beside another test's time alone
+        started = cluster_utils.Cluster(initialize_head=True, connect=False, head_node_args={
+            "num_cpus": 1, "node_ip_address": "127.0.0.1", **LEAN_NODE, "no_monitor": True})
+        started.add_node(num_cpus=1, node_ip_address="127.0.0.1", **LEAN_NODE)
+        ray.init(address=started.address, log_to_driver=False)
     conftest.SHARED_INFRASTRUCTURE.append(cluster_infrastructure)
     try:
         yield started
