@@ -77,20 +77,27 @@ _MACHINE_LOCKS = _machine_locks()
 
 
 @contextlib.contextmanager
-def machine_shared() -> Iterator[None]:
-    """The block shares the machine under pytest-xdist, once through the gate: every test's run, and the heavy start of
-    a session fixture (a Ray cluster's daemons), which would otherwise run beside another test's time alone."""
+def _flocks(enter: list[tuple[str, int]], leave: list[tuple[str, int]]) -> Iterator[None]:
+    """The block between two sequences of ``flock`` operations on the ``machine`` and ``gate`` locks; nothing outside
+    pytest-xdist, where every test has the machine to itself."""
     if _MACHINE_LOCKS is None:
         yield
         return
-    machine, gate = _MACHINE_LOCKS
-    fcntl.flock(gate, fcntl.LOCK_SH)
-    fcntl.flock(machine, fcntl.LOCK_SH)
-    fcntl.flock(gate, fcntl.LOCK_UN)
+    locks = dict(zip(("machine", "gate"), _MACHINE_LOCKS, strict=True))
+    for name, operation in enter:
+        fcntl.flock(locks[name], operation)
     try:
         yield
     finally:
-        fcntl.flock(machine, fcntl.LOCK_UN)
+        for name, operation in leave:
+            fcntl.flock(locks[name], operation)
+
+
+def machine_shared() -> contextlib.AbstractContextManager[None]:
+    """The block shares the machine, once through the gate: every test's run, and the heavy start of a session fixture
+    (a Ray cluster's daemons), which would otherwise run beside another test's time alone."""
+    return _flocks(enter=[("gate", fcntl.LOCK_SH), ("machine", fcntl.LOCK_SH), ("gate", fcntl.LOCK_UN)],
+                   leave=[("machine", fcntl.LOCK_UN)])
 
 
 @pytest.fixture(autouse=True)
@@ -104,25 +111,13 @@ def machine_share() -> Iterator[None]:
 Alone = Callable[[], contextlib.AbstractContextManager[None]]
 
 
-@contextlib.contextmanager
-def machine_to_itself() -> Iterator[None]:
-    """The block runs with the machine to itself under pytest-xdist: the other workers finish the test they are in and
-    wait (see :func:`_machine_locks`). Tests reach it through :func:`alone`; a module-scoped fixture that measures
-    for several tests calls it directly, once for all of them."""
-    if _MACHINE_LOCKS is None:
-        yield
-        return
-    machine, gate = _MACHINE_LOCKS
-    # This test's shared hold goes while it waits at the gate: a test in its own wait there holds the gate and needs
-    # every shared hold gone.
-    fcntl.flock(machine, fcntl.LOCK_UN)
-    fcntl.flock(gate, fcntl.LOCK_EX)
-    fcntl.flock(machine, fcntl.LOCK_EX)
-    try:
-        yield
-    finally:
-        fcntl.flock(machine, fcntl.LOCK_SH)
-        fcntl.flock(gate, fcntl.LOCK_UN)
+def machine_to_itself() -> contextlib.AbstractContextManager[None]:
+    """The block runs with the machine to itself: the other workers finish the test they are in and wait (see
+    :func:`_machine_locks`). Tests reach it through :func:`alone`; a module-scoped fixture that measures for several
+    tests calls it directly, once for all of them. The caller's shared hold goes while it waits at the gate: a test in
+    its own wait there holds the gate and needs every shared hold gone."""
+    return _flocks(enter=[("machine", fcntl.LOCK_UN), ("gate", fcntl.LOCK_EX), ("machine", fcntl.LOCK_EX)],
+                   leave=[("machine", fcntl.LOCK_SH), ("gate", fcntl.LOCK_UN)])
 
 
 @pytest.fixture
