@@ -130,8 +130,8 @@ class RankFailed:
     @property
     def peer_failure(self) -> bool:
         """The rank only noticed that another rank vanished or stalled: a symptom, never the root cause."""
-        text = self.message + self.traceback
-        return any(marker in text for marker in (*PEER_FAILURE_MARKERS, *COLLECTIVE_TIMEOUT_MARKERS))
+        return self.connection_broke or any(marker in self.message + self.traceback
+                                            for marker in COLLECTIVE_TIMEOUT_MARKERS)
 
 
 #: How torch re-raises an exception from a DataLoader worker (or its pin-memory thread): "Caught ValueError in
