@@ -57,6 +57,12 @@ from .worker import BurstSpec, Seat, rank_main
 
 #: Round trips to a node that its clock offset is measured from: the one with the least delay bounds the error best.
 CLOCK_PROBES = 5
+#: A rank's actor runs at the priority a torchrun rank or a local rank has, not at the nice 15 Ray gives its workers
+#: (``worker_niceness``): beside any other work on its node, a niced rank measures a slower job than the exported one
+#: runs. Ray's job supervisor is started the same way. Beside three CPU hogs on this host's two cores, two rank actors
+#: started in 11 s at nice 0 and in 80-87 s at nice 15 (2.6 s vs 4.2 s on an idle host, the idle workers Ray
+#: prestarts at nice 15 no longer reusable).
+RANK_ENVIRONMENT = {"env_vars": {"RAY_worker_niceness": "0"}}
 #: Once a rank has ended, how long its last events get to arrive through the queue before its end is judged.
 LAST_EVENTS_S = 0.5
 #: Once every failure so far is a broken connection to a peer, how long the ranks still running get to end before
@@ -206,7 +212,7 @@ class ClusterRanks:
 
     def _place(self) -> None:
         """Connect (once per driver), reserve one bundle per rank, start an actor in each and learn where it is."""
-        self._deadline = time.monotonic() + self.cluster.timeout_s
+        self._restart_clock()
         if not ray.is_initialized():
             ray.init(address=self.cluster.address, log_to_driver=False)
         # The events' queue lives on the driver's own node, never beside a rank: a node lost takes its rank, not the
@@ -222,14 +228,17 @@ class ClusterRanks:
                              f"({self.cluster.placement}) within {self.cluster.timeout_s:g} s",
                              timed_out=True) from None
         actor_class = ray.remote(RankActor)
+        self._restart_clock()
         self.actors = [actor_class.options(
             num_cpus=self.cluster.cpus_per_rank, num_gpus=self.cluster.gpus_per_rank, max_restarts=0,
+            runtime_env=RANK_ENVIRONMENT,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank),
         ).remote() for rank in range(self.world_size)]
         self.placed = self._get([actor.where.remote() for actor in self.actors], "its actor did not start")
 
     def _rendezvous(self) -> tuple[str, int]:
         """Open the store on rank 0's node and have every other rank connect to it, within the cluster's timeout."""
+        self._restart_clock()
         endpoint = self._get([self.actors[0].open_store.remote(self.world_size, self.cluster.timeout_s)],
                              "it could not open the rendezvous store")[0]
         if _loopback(endpoint[0]) and any(not _loopback(p.address) for p in self.placed):
@@ -380,6 +389,12 @@ class ClusterRanks:
                              f"{what}", timed_out=True) from None
         except (RayActorError, RayTaskError) as exc:
             raise Unseated(f"a rank failed before the burst: {what} ({_first_line(exc)})", timed_out=False) from None
+
+    def _restart_clock(self) -> None:
+        """Each wait of the set-up (the ranks' places, their actors' start, their rendezvous) gets the whole
+        ``timeout_s``: a placement slowed by a busy cluster leaves the rendezvous its time, and a message's "within"
+        says what happened."""
+        self._deadline = time.monotonic() + self.cluster.timeout_s
 
     def _left(self) -> float:
         return max(0.1, self._deadline - time.monotonic())

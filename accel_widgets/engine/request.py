@@ -43,8 +43,8 @@ class RayCluster:
     (Ray Client) or a GCS ``"host:port"``; a driver already connected keeps its connection. ``placement``: how the
     placement group lays the ranks' bundles out on the nodes (``"PACK"``, ``"SPREAD"``, ``"STRICT_SPREAD"``: one
     node per rank). Each bundle holds ``cpus_per_rank`` CPUs (the rank's threads and its DataLoader workers) and
-    ``gpus_per_rank`` GPUs. ``timeout_s`` bounds the wait for the ranks' places, their actors and their rendezvous;
-    the training itself is bounded by the burst's own ``timeout_s``.
+    ``gpus_per_rank`` GPUs. ``timeout_s`` bounds each wait of the set-up in turn: for the ranks' places, for their
+    actors to start, for their rendezvous; the training itself is bounded by the burst's own ``timeout_s``.
     """
 
     address: str = "auto"
