@@ -199,8 +199,11 @@ if __name__ == "__main__":
     except ValueError as exc:  # a flag that makes no sense: said before any worker starts
         parser.error(str(exc))
     # The workers import what this process imports: Ray adds this directory to their path, and PYTHONPATH goes too.
-    paths = {{"env_vars": {{"PYTHONPATH": os.environ["PYTHONPATH"]}}}} if "PYTHONPATH" in os.environ else None
-    ray.init(address=settings["address"], runtime_env=paths)
+    # They run at nice 0, as torchrun's ranks and the burst's did, not at the nice 15 Ray starts its workers at.
+    env_vars = {{"RAY_worker_niceness": "0"}}
+    if "PYTHONPATH" in os.environ:
+        env_vars["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    ray.init(address=settings["address"], runtime_env={{"env_vars": env_vars}})
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={{**flags, "directory": os.getcwd()}},
