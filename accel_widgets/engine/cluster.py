@@ -13,9 +13,10 @@ a node cannot reach ends the burst with that named, instead of a rendezvous that
 endpoint on loopback is refused outright when the ranks are on several machines).
 
 Events stream back live through a Ray queue (an actor on the driver's node): step batches as a local rank sends them,
-each phase change, and per node a telemetry sample five times a second (the sampler runs in the node's first rank,
-watching that node's ranks). Every node's clock offset to the driver is measured before the burst (the round trip
-with the least delay of a few) and applied on the node: steps and samples arrive on the driver's clock.
+each phase change, and per node a telemetry sample five times a second (the sampler runs in the node's first rank:
+the GPUs Ray gave that node's ranks through NVML, found by the UUIDs each actor saw, else the CPU and memory of its
+ranks; each device named with its node). Every node's clock offset to the driver is measured before the burst (the
+round trip with the least delay of a few) and applied on the node: steps and samples arrive on the driver's clock.
 
 Nothing outlives the burst: teardown kills every actor and removes the placement group whatever happened (Stop, a
 failure, an interrupt), and Ray itself ends the actors and the group of a driver that dies, since they are not
@@ -46,6 +47,7 @@ from ray.util.queue import Queue
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from ..data.cache import cache_root
+from ..inputs.device import probe_device
 from ..results.burst import BurstPhase, TelemetrySample
 from .events import Phase, RankDone, WorkerEvent
 from .group import Rendezvous
@@ -75,11 +77,13 @@ TEARDOWN_GRACE_S = 5.0
 
 @dataclass(frozen=True)
 class Placed:
-    """Where a rank's actor runs: its node (Ray's id), the node's address, the actor's process."""
+    """Where a rank's actor runs: its node (Ray's id), the node's address, the actor's process, and what NVML finds
+    each GPU Ray gave it by (:attr:`~accel_widgets.inputs.device.GpuInfo.nvml_key`), in its CUDA ordinal order."""
 
     node: str
     address: str
     pid: int
+    gpus: tuple[int | str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class RankActor:
         self._listener: socket.socket | None = None
 
     def where(self) -> Placed:
-        return Placed(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
+        return Placed(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
+                      tuple(gpu.nvml_key for gpu in probe_device().gpus))
 
     def clock(self) -> float:
         return time.perf_counter()
@@ -122,10 +127,10 @@ class RankActor:
                                     timeout=datetime.timedelta(seconds=timeout_s))
 
     def run(self, rank: int, payload: bytes, place: RankSeat, clock_origin: float, events: Queue,
-            watched: list[int]) -> None:
+            watched: list[int], gpus: list[tuple[int, int | str]]) -> None:
         """Run the rank as a local one runs (:func:`~accel_widgets.engine.worker.rank_main`), its events into
-        ``events``; ``watched``: the node's rank processes this rank samples (the node's first rank samples them
-        all, the others nothing). The rank's temp dir on this node goes with it."""
+        ``events``; ``watched`` and ``gpus``: the node's rank processes and GPUs this rank samples (the node's first
+        rank samples them all, the others nothing). The rank's temp dir on this node goes with it."""
         node = ray.get_runtime_context().get_node_id()
         remove_orphaned_burst_dirs()  # those of this node's ranks that were killed before they could remove theirs
         temp_dir = tempfile.mkdtemp(prefix=f"{BURST_DIR_PREFIX}{os.getpid()}-")
@@ -133,7 +138,7 @@ class RankActor:
         # gloo's and NCCL's own sockets on this node's address, where its peers reach it
         rendezvous = Rendezvous(self._store, ray.util.get_node_ip_address()) if self._store is not None else None
         seat = Seat(place, clock_origin, rendezvous, temp_dir, cache_dir, inductor_cache_dir(cache_dir))
-        sampler = _node_sampler(clock_origin, node, events, watched)
+        sampler = _node_sampler(clock_origin, node, events, watched, gpus)
         try:
             rank_main(rank, payload, _sender(events), _PhaseMarks(rank, clock_origin, events), seat=seat)
         finally:
@@ -163,18 +168,27 @@ class _PhaseMarks:
             _sender(self._events)(PhaseEntered(self._rank, time.perf_counter() - self._origin, phase))
 
 
-def _node_sampler(clock_origin: float, node: str, events: Queue, watched: list[int]) -> TelemetrySampler | None:
-    """The node's telemetry, sampled in its first rank: the CPU and memory of the node's ranks on the driver's clock,
-    each sample named by its node; its "caller" is the node's raylet, which started the ranks."""
+def _node_sampler(clock_origin: float, node: str, events: Queue, watched: list[int],
+                  gpus: list[tuple[int, int | str]]) -> TelemetrySampler | None:
+    """The node's telemetry, sampled in its first rank on the driver's clock: its ranks' GPUs through NVML, else the
+    CPU and memory of its ranks; each sample names its node, in its device's name too (two nodes' ``cuda:0`` are two
+    devices). Its "caller" is the node's raylet, which started the ranks."""
     if not watched:
         return None
     send = _sender(events)
-    sampler = TelemetrySampler(clock_origin=clock_origin, caller_pid=os.getppid(),
-                               on_sample=lambda sample: send(replace(sample, node=node)))
+    sampler = TelemetrySampler(clock_origin=clock_origin, caller_pid=os.getppid(), gpus=gpus, on_sample=lambda sample:
+                               send(replace(sample, node=node, device=f"{sample.device} on {node[:12]}")))
     for pid in watched:
         sampler.watch(pid)
     sampler.start()
     return sampler
+
+
+def node_gpus(mates: list[Placed]) -> list[tuple[int, int | str]]:
+    """The GPUs one node's ranks train on, as its telemetry samples them: each rank's first GPU (its ``cuda:0``, as Ray
+    shows the actor only its own), numbered by the rank's local rank, as torchrun's ``LOCAL_RANK`` numbers its
+    device (:class:`~accel_widgets.engine.telemetry.TelemetrySampler`'s ``gpus``)."""
+    return [(local_rank, placed.gpus[0]) for local_rank, placed in enumerate(mates) if placed.gpus]
 
 
 class ClusterRanks:
@@ -206,9 +220,11 @@ class ClusterRanks:
         for rank, (actor, placed) in enumerate(zip(self.actors, self.placed, strict=True)):
             mates = [r for r, p in enumerate(self.placed) if p.node == placed.node]
             place = RankSeat(rank, self.world_size, mates.index(rank), len(mates), nodes.index(placed.node), endpoint)
-            watched = [self.placed[r].pid for r in mates] if mates[0] == rank else []
+            sampler = mates[0] == rank
+            watched = [self.placed[r].pid for r in mates] if sampler else []
+            gpus = node_gpus([self.placed[r] for r in mates]) if sampler else []
             origin = self.spec.clock_origin + offsets[placed.node]
-            self.runs[actor.run.remote(rank, payload, place, origin, self.events, watched)] = rank
+            self.runs[actor.run.remote(rank, payload, place, origin, self.events, watched, gpus)] = rank
 
     def _place(self) -> None:
         """Connect (once per driver), reserve one bundle per rank, start an actor in each and learn where it is."""

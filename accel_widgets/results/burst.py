@@ -75,6 +75,8 @@ class TelemetrySample:
     source: Literal["nvml", "psutil"]
     util_pct: float | None
     mem_used_bytes: int
+    # What was read ("cuda:0", "cpu"), with its node on a cluster ("cuda:0 on 80c10889f6b4"): every reading of one
+    # device, and only its, carries one name, which each reading of the telemetry (a line, an energy) groups by
     device: str = ""
     mem_total_bytes: int | None = None
     power_w: float | None = None

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import cloudpickle
 import psutil
 import pytest
 
@@ -41,9 +42,11 @@ from accel_widgets.analysis.compare import straggler
 from accel_widgets.engine.events import RankFailed
 from accel_widgets.engine.held import HeldBurst
 from accel_widgets.engine.ranks import Collected
+from accel_widgets.views.timeline import timeline
 from tests import conftest
 from tests.devices import cpu_device
 from tests.engine.test_ddp import listening_addresses
+from tests.engine.test_telemetry import FakeNvml
 from tests.ray_cluster import LEAN_NODE, burst_processes, cluster_processes, command_of, gone
 from tests.workloads import tiny_workload
 
@@ -170,6 +173,10 @@ def test_ddp_ranks_on_two_nodes_train_as_locally_on_one_clock_and_name_the_strag
     assert listening and all(_loopback(address) for address in listening[0]), listening
     assert not servers, f"a rank's actor started a burst forkserver of its own: {servers}"
     assert f"rank 0 on {nodes[0][:12]}, rank 1 on {nodes[1][:12]}" in summary(result)
+    assert {s.device for s in result.telemetry} == {f"cpu on {node[:12]}" for node in nodes.values()}
+    lines = [trace.meta["device"] for trace in timeline([result], ["on two nodes"]).data
+             if trace.meta.get("kind") == "util"]
+    assert sorted(lines) == sorted(f"cpu on {node[:12]}" for node in nodes.values())  # a line a node, not one zigzag
 
 
 def test_stop_leaves_nothing_of_the_burst_on_either_node(ray_cluster):
@@ -233,6 +240,30 @@ def test_the_one_rank_its_peers_lost_is_named_before_ray_says(monkeypatch):
     assert ended({"rank 1's run": 1, "rank 2's run": 2}, broke)[0] == {}
     lost, waited = ended({"rank 2's run": 2}, RankFailed(0, 1.0, "exception", "ValueError: bad batch", ""))
     assert lost == {} and waited < 0.1
+
+def test_a_nodes_ranks_gpus_are_sampled_through_nvml_by_what_ray_gave_each_rank(monkeypatch):
+    """The node's first rank samples every GPU of the node's ranks, by the UUID each actor saw under Ray's
+    CUDA_VISIBLE_DEVICES, each named by its rank's local rank and its node (two nodes' ``cuda:0`` are two lines)."""
+    from accel_widgets.engine import cluster
+
+    node = "f00d" * 14
+    mates = [cluster.Placed(node, "10.0.0.1", 11, ("GPU-c", "GPU-d")), cluster.Placed(node, "10.0.0.1", 12, ()),
+             cluster.Placed(node, "10.0.0.1", 13, ("GPU-a",))]
+    gpus = cluster.node_gpus(mates)
+    assert gpus == [(0, "GPU-c"), (2, "GPU-a")]  # a rank's first GPU is the one it trains on; a CPU rank has none
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(device_count=4, uuids=("GPU-a", "GPU-b", "GPU-c", "GPU-d")))
+    sent: list[bytes] = []
+    events = SimpleNamespace(actor=SimpleNamespace(put_nowait=SimpleNamespace(remote=sent.append)))
+    sampler = cluster._node_sampler(time.perf_counter(), node, events, [os.getpid()], gpus)
+    deadline = time.monotonic() + 10
+    while len(sent) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sampler.stop()
+    samples = [cloudpickle.loads(message) for message in sent]
+    assert {s.source for s in samples} == {"nvml"} and {s.node for s in samples} == {node}
+    memory = {s.device: s.mem_used_bytes for s in samples}
+    assert memory == {"cuda:0 on f00df00df00d": 3 * 2**20, "cuda:2 on f00df00df00d": 1 * 2**20}  # handles 2 and 0
+
 
 def test_ranks_the_cluster_has_no_room_for_end_the_burst_within_its_timeout(ray_cluster):
     """Three ranks, one per node, on two nodes: the wait for their places ends at the cluster's timeout, named."""
