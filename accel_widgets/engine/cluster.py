@@ -316,10 +316,12 @@ class ClusterRanks:
 
     def _name_the_vanished(self, pending: dict[Any, int], codes: list[int | None], collected: Collected,
                            on_event: Callable[[Event], None] | None) -> None:
-        """When every rank that failed only lost its connection to a peer, the rank that vanished is the cause: the
-        ranks still running get ``SETTLE_S`` to end or for Ray to name one lost, and else the one left that said nothing
-        is named lost (two or more left cannot be told apart: a rank hung in a collective says nothing either)."""
-        if collected.lost or not collected.errors or not all(e.connection_broke for e in collected.errors):
+        """When every rank that failed only lost a peer (its connection to it broke, or a collective waited for it past
+        the timeout), the rank that went silent is the cause: the ranks still running get ``SETTLE_S`` to end or for
+        Ray to name one lost, and else the one left that said nothing is named (two or more left cannot be told apart:
+        the peers of a rank hung in a collective say nothing either). A node that froze or was cut off sends no reset:
+        its peers' collectives time out long before Ray's health checks give up on it (about 65 s here)."""
+        if collected.lost or not collected.errors or not all(e.peer_failure for e in collected.errors):
             return
         deadline = time.monotonic() + SETTLE_S
         while pending and not collected.lost and (left := deadline - time.monotonic()) > 0:
@@ -330,14 +332,22 @@ class ClusterRanks:
             self._drain(collected, on_event)
         reported = {e.rank for e in collected.errors}
         silent = [rank for rank in pending.values() if rank not in reported and rank not in collected.lost]
-        if len(silent) == 1 and all(e.connection_broke for e in collected.errors):
+        if len(silent) == 1 and all(e.peer_failure for e in collected.errors):
             placed = self.placed[silent[0]]
-            collected.lost[silent[0]] = (f"rank {silent[0]} on node {placed.node[:12]} ({placed.address}) was lost: "
-                                         "the other ranks' connections to it broke and it said nothing (its process "
-                                         "or its node went away)")
+            where = f"rank {silent[0]} on node {placed.node[:12]} ({placed.address})"
+            collected.lost[silent[0]] = (
+                f"{where} was lost: the other ranks' connections to it broke and it said nothing (its process or its "
+                "node went away)" if any(e.connection_broke for e in collected.errors) else
+                f"{where} stopped answering: the other ranks waited for it past the collective timeout and it said "
+                "nothing (its process hangs, or its node froze or was cut off from theirs)")
 
     def _ended_as(self, outcome: str, collected: Collected, codes: list[int | None]) -> str:
+        """The burst's outcome, with what is known of where each rank still running was: only the public name of its
+        phase, which is all a cluster rank sends."""
         collected.exit_codes, collected.phases = codes, list(self._phases)
+        for rank, phase in enumerate(self._phases):
+            placed = self.placed[rank]
+            collected.where[rank] = f"rank {rank} on node {placed.node[:12]} was {phase.describe_public()}"
         return outcome
 
     def _exit_code(self, rank: int, run: Any, collected: Collected) -> int | None:

@@ -37,6 +37,13 @@ class Phase(IntEnum):
         return {Phase.STARTING: "starting", Phase.SETUP: "setup", Phase.DATA: "step", Phase.STEP: "step",
                 Phase.FINISHING: "finishing"}[self]
 
+    def describe_public(self) -> str:
+        """What :attr:`public_name` alone tells of where the rank was (all a cluster rank reports): stepping covers
+        waiting for a batch and the step itself."""
+        if self.public_name == "step":
+            return "stepping (waiting for a batch or inside a training step)"
+        return self.describe()
+
     def describe(self) -> str:
         return {
             Phase.STARTING: "starting (the process had not reached the burst's code)",

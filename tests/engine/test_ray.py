@@ -211,10 +211,42 @@ def test_a_rank_killed_ends_the_burst_named_and_leaves_nothing(ray_cluster):
     assert not gone(burst_processes)
 
 
+#: The burst's timeout in the frozen-rank test: a DDP collective gives up after half of it (18 s), within it however
+#: slowly the actors start on a loaded machine.
+FROZEN_BURST_TIMEOUT_S = 36
+
+
+def test_a_rank_that_freezes_mid_burst_is_named_once_its_peers_collective_times_out(ray_cluster):
+    """A rank's process stopped mid-burst (SIGSTOP), as a node that freezes or is cut off: no connection breaks, Ray
+    calls nothing dead for a minute, and the other rank waits in its all-reduce until the collective timeout. The
+    burst then names the silent rank and its node, not the rank that timed out, and leaves nothing behind."""
+    frozen: list[psutil.Process] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, StepRecord) and not event.warmup and not frozen:
+            frozen.append(next(p for p in burst_processes() if command_of(p).startswith("ray::RankActor")))
+            frozen[0].send_signal(signal.SIGSTOP)
+
+    try:
+        with pytest.raises(WorkerCrashed, match=r"rank (\d) on node (\w{12}) \(127.0.0.1\) stopped answering") as info:
+            run_burst(tiny_workload(), DDP, steps=100_000, on_event=on_event, options=BurstOptions(
+                device=cpu_device(), timeout_s=FROZEN_BURST_TIMEOUT_S, cluster=RayCluster(
+                    address=ray_cluster.address, placement="STRICT_SPREAD", timeout_s=90)))
+    finally:
+        for process in frozen:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGCONT)
+    node = next(node for node in (ray_cluster.head_node, *ray_cluster.worker_nodes)
+                if frozen[0].pid in {p.pid for p in _processes_of(node)})
+    assert f"on node {node.node_id[:12]} (127.0.0.1) stopped answering" in str(info.value)
+    assert "waited past the process group's timeout" not in str(info.value).splitlines()[0]
+    assert not gone(burst_processes)
+
 
 def test_the_one_rank_its_peers_lost_is_named_before_ray_says(monkeypatch):
     """Ray calls a node dead once its health checks give up (14 s here) while its rank's peers lost their connections
-    to it within a second: with Ray silent that long, the one rank that said nothing is named after ``SETTLE_S``. Two
+    to it within a second (or, with no reset sent, waited past the collective timeout): with Ray silent that long, the
+    one rank that said nothing is named after ``SETTLE_S``. Two
     silent ranks cannot be told from one hung in a collective (none is named); an error of a rank's own ends the
     burst at once."""
     from accel_widgets.engine import cluster
@@ -240,6 +272,12 @@ def test_the_one_rank_its_peers_lost_is_named_before_ray_says(monkeypatch):
     assert ended({"rank 1's run": 1, "rank 2's run": 2}, broke)[0] == {}
     lost, waited = ended({"rank 2's run": 2}, RankFailed(0, 1.0, "exception", "ValueError: bad batch", ""))
     assert lost == {} and waited < 0.1
+    timed_out = RankFailed(0, 1.0, "exception", "RuntimeError: [unbound_buffer.cc:78] Timed out waiting 60000ms for "
+                                                "recv operation to complete", "")
+    assert ended({"rank 2's run": 2}, timed_out)[0] == {2: "rank 2 on node 222222222222 (10.0.0.2) stopped answering: "
+                                                           "the other ranks waited for it past the collective timeout "
+                                                           "and it said nothing (its process hangs, or its node froze "
+                                                           "or was cut off from theirs)"}
 
 def test_a_nodes_ranks_gpus_are_sampled_through_nvml_by_what_ray_gave_each_rank(monkeypatch):
     """The node's first rank samples every GPU of the node's ranks, by the UUID each actor saw under Ray's
