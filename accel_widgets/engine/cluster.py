@@ -67,9 +67,9 @@ CLOCK_PROBES = 5
 RANK_ENVIRONMENT = {"env_vars": {"RAY_worker_niceness": "0"}}
 #: Once a rank has ended, how long its last events get to arrive through the queue before its end is judged.
 LAST_EVENTS_S = 0.5
-#: Once every failure so far is a broken connection to a peer, how long the ranks still running get to end before
-#: the one that said nothing is named as gone: Ray calls a lost node dead only when its health checks give up (14 s
-#: here), while its peers' connections to it broke within a second.
+#: Once every failure so far is a lost peer (a broken connection, a collective that timed out), how long the ranks
+#: still running get to end before the one that said nothing is named: Ray calls a lost node dead only when its health
+#: checks give up (14 s here, 65 s for a node that froze), while its peers' connections to it broke within a second.
 SETTLE_S = 3.0
 #: How long teardown waits for killed actors to be gone before it returns.
 TEARDOWN_GRACE_S = 5.0
@@ -187,8 +187,13 @@ def _node_sampler(clock_origin: float, node: str, events: Queue, watched: list[i
 def node_gpus(mates: list[Placed]) -> list[tuple[int, int | str]]:
     """The GPUs one node's ranks train on, as its telemetry samples them: each rank's first GPU (its ``cuda:0``, as Ray
     shows the actor only its own), numbered by the rank's local rank, as torchrun's ``LOCAL_RANK`` numbers its
-    device (:class:`~accel_widgets.engine.telemetry.TelemetrySampler`'s ``gpus``)."""
-    return [(local_rank, placed.gpus[0]) for local_rank, placed in enumerate(mates) if placed.gpus]
+    device (:class:`~accel_widgets.engine.telemetry.TelemetrySampler`'s ``gpus``). Ranks sharing a GPU (a fraction
+    of one each) sample it once, under the first one's number."""
+    first: dict[int | str, int] = {}
+    for local_rank, placed in enumerate(mates):
+        if placed.gpus:
+            first.setdefault(placed.gpus[0], local_rank)
+    return [(local_rank, gpu) for gpu, local_rank in first.items()]
 
 
 class ClusterRanks:

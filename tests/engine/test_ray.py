@@ -289,6 +289,7 @@ def test_a_nodes_ranks_gpus_are_sampled_through_nvml_by_what_ray_gave_each_rank(
              cluster.Placed(node, "10.0.0.1", 13, ("GPU-a",))]
     gpus = cluster.node_gpus(mates)
     assert gpus == [(0, "GPU-c"), (2, "GPU-a")]  # a rank's first GPU is the one it trains on; a CPU rank has none
+    assert cluster.node_gpus([*mates, cluster.Placed(node, "10.0.0.1", 14, ("GPU-a",))]) == gpus  # half a GPU each
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(device_count=4, uuids=("GPU-a", "GPU-b", "GPU-c", "GPU-d")))
     sent: list[bytes] = []
     events = SimpleNamespace(actor=SimpleNamespace(put_nowait=SimpleNamespace(remote=sent.append)))
