@@ -28,6 +28,26 @@ def speedup(result: BurstResult, baseline: BurstResult) -> float | None:
     return mine / theirs if mine and theirs else None
 
 
+def where_ran(result: BurstResult) -> str:
+    """Where a burst's ranks ran, as a row says it beside the knobs it changed: "" on the caller's own machine, else
+    "on 2 Ray nodes". The same config run somewhere else is another measurement, never the noise floor of the first."""
+    if result.environment.get("start_method") != "ray actor":
+        return ""
+    nodes = {rank.node for rank in result.ranks if rank.node}
+    return f"on {len(nodes)} Ray node{'s' if len(nodes) != 1 else ''}" if nodes else "on a Ray cluster"
+
+
+def changes(result: BurstResult, baseline: BurstResult | None) -> str:
+    """What differs from the baseline run: its knobs (``batch_size=64``, or ``baseline``), and where it ran when that
+    differs from where the baseline ran (``on 2 Ray nodes``, ``on this machine``)."""
+    knobs = result.config.label(baseline.config if baseline is not None else None)
+    here = where_ran(result)
+    if baseline is None or here == where_ran(baseline):
+        return knobs
+    place = here or "on this machine"
+    return place if knobs == "baseline" else f"{knobs}, {place}"
+
+
 def memory_ratio(result: BurstResult, baseline: BurstResult) -> float | None:
     """Peak memory per rank (the busiest rank's) over ``baseline``'s, when both measured it the same way: what FSDP
     saves against DDP, activation checkpointing against none. None when either lacks it."""
@@ -128,7 +148,7 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "run": index,
         "workload": result.workload,
         "label": result.label or result.config.label(),
-        "changes": result.config.label(baseline.config if baseline is not None else None),
+        "changes": changes(result, baseline),
         "baseline": baseline_index,
         "status": result.status,
         "samples_per_s": result.samples_per_s,
@@ -139,7 +159,8 @@ def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline
         "min_effect": None,
         "comparing": False,
         "blocks": 0,
-        "same_config": baseline is not None and baseline is not result and result.config == baseline.config,
+        "same_config": (baseline is not None and baseline is not result and result.config == baseline.config
+                        and where_ran(result) == where_ran(baseline)),
         "step_ms_median": step.median * 1e3 if step is not None else None,
         "step_ms_iqr": step.iqr * 1e3 if step is not None else None,
         "noisy": bool(step is not None and step.noisy),

@@ -34,7 +34,7 @@ from ..results.reliability import (
     other_processes,
     reliability,
 )
-from .compare import speedup, straggler
+from .compare import changes, speedup, straggler
 from .guard import GuardVerdict, check_training, frozen_augmentation
 from .usage import (
     allocator_expandable,
@@ -564,9 +564,8 @@ def _energy_saving(result: BurstResult, baseline: BurstResult) -> list[Finding]:
     if mine is None or theirs is None or ratio is None:
         return []
     time_saved, energy_saved = 1 - 1 / ratio, 1 - mine / theirs
-    changes = result.config.label(baseline.config)
-    detail = (f"{changes}: {_change(time_saved)} time and {_change(energy_saved)} energy per sample than the "
-              f"baseline ({theirs:.3g} → {mine:.3g} J/sample; {used.note}).")
+    detail = (f"{changes(result, baseline)}: {_change(time_saved)} time and {_change(energy_saved)} energy per "
+              f"sample than the baseline ({theirs:.3g} → {mine:.3g} J/sample; {used.note}).")
     severity: Severity = "good" if time_saved > 0 and energy_saved > 0 else "info"
     return [Finding(severity, "Energy per sample", detail)]
 

@@ -5,7 +5,14 @@ import dataclasses
 import pytest
 
 from accel_widgets import Config
-from accel_widgets.analysis.compare import memory_ratio, scaling_efficiency, speedup, straggler, straggler_rank
+from accel_widgets.analysis.compare import (
+    comparison_rows,
+    memory_ratio,
+    scaling_efficiency,
+    speedup,
+    straggler,
+    straggler_rank,
+)
 from tests.analysis.test_usage import _cuda_rank
 from tests.results.test_burst import _rank, make_result
 
@@ -34,6 +41,27 @@ def test_under_ddp_the_straggler_is_the_rank_with_the_most_work_of_its_own():
     assert found.busy_step_s == pytest.approx(0.2) and found.ratio == pytest.approx(2.0)  # 3 measured steps each
     assert straggler_rank(make_result(ranks=paced([0.3, 0.6]))) == 1
     assert straggler(make_result()) is None  # ranks that did not measure their own work (a result stored before)
+
+
+def on_cluster(result, nodes: tuple[str, ...] = ("node-a", "node-b")):
+    """``result`` as a burst on a Ray cluster reads: its ranks' actors on ``nodes``."""
+    ranks = [dataclasses.replace(rank, node=node) for rank, node in zip(result.ranks, nodes, strict=True)]
+    return dataclasses.replace(result, environment={**result.environment, "start_method": "ray actor"}, ranks=ranks)
+
+
+def test_a_run_on_a_cluster_says_so_and_is_never_the_noise_floor_of_the_same_config_run_here():
+    """The same config on two Ray nodes and on this machine are two measurements: the row says where it ran, and its
+    speed-up is a speed-up, not "same config" (the machine's noise floor)."""
+    here, batch = make_result(), make_result(config=Config(compile_mode="default", batch_size=64))
+    rows = comparison_rows([here, on_cluster(here), on_cluster(batch), on_cluster(here, ("node-a", "node-a"))],
+                           baseline=here)
+    assert [row["changes"] for row in rows] == ["baseline", "on 2 Ray nodes", "batch_size=64, on 2 Ray nodes",
+                                                "on 1 Ray node"]
+    assert [row["same_config"] for row in rows] == [False, False, False, False]
+    there = on_cluster(here)
+    again = comparison_rows([there, here, on_cluster(here)], baseline=there)
+    assert [row["changes"] for row in again] == ["baseline", "on this machine", "baseline"]
+    assert [row["same_config"] for row in again] == [False, False, True]
 
 
 def test_scaling_efficiency_is_throughput_per_rank_against_one_rank():
