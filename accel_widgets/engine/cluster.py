@@ -84,6 +84,9 @@ class Placed:
     address: str
     pid: int
     gpus: tuple[int | str, ...] = ()
+    # Whose process ids ``pid`` is one of: the kernel's boot and the pid namespace. Ranks that share it share a
+    # machine's cores (several Ray nodes on one host) and can watch each other's processes.
+    pids_of: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class RankActor:
 
     def where(self) -> Placed:
         return Placed(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
-                      tuple(gpu.nvml_key for gpu in probe_device().gpus))
+                      tuple(gpu.nvml_key for gpu in probe_device().gpus), _pids_of())
 
     def clock(self) -> float:
         return time.perf_counter()
@@ -129,8 +132,8 @@ class RankActor:
     def run(self, rank: int, payload: bytes, place: RankSeat, clock_origin: float, events: Queue,
             watched: list[int], gpus: list[tuple[int, int | str]]) -> None:
         """Run the rank as a local one runs (:func:`~accel_widgets.engine.worker.rank_main`), its events into
-        ``events``; ``watched`` and ``gpus``: the node's rank processes and GPUs this rank samples (the node's first
-        rank samples them all, the others nothing). The rank's temp dir on this node goes with it."""
+        ``events``; ``watched`` and ``gpus``: the rank processes on its machine and the node's GPUs this rank samples
+        (the node's first rank samples them all, the others nothing). The rank's temp dir on this node goes with it."""
         node = ray.get_runtime_context().get_node_id()
         remove_orphaned_burst_dirs()  # those of this node's ranks that were killed before they could remove theirs
         temp_dir = tempfile.mkdtemp(prefix=f"{BURST_DIR_PREFIX}{os.getpid()}-")
@@ -146,6 +149,16 @@ class RankActor:
                 sampler.stop()
             ray.get(events.actor.qsize.remote())  # every event this rank sent is in the queue before it returns
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _pids_of() -> str:
+    """This process's kernel boot and pid namespace: two processes that give the same can read each other's pids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def _sender(events: Queue) -> Callable[[Any], None]:
@@ -171,8 +184,9 @@ class _PhaseMarks:
 def _node_sampler(clock_origin: float, node: str, events: Queue, watched: list[int],
                   gpus: list[tuple[int, int | str]]) -> TelemetrySampler | None:
     """The node's telemetry, sampled in its first rank on the driver's clock: its ranks' GPUs through NVML, else the
-    CPU and memory of its ranks; each sample names its node, in its device's name too (two nodes' ``cuda:0`` are two
-    devices). Its "caller" is the node's raylet, which started the ranks."""
+    CPU and memory of the ranks on its machine (the burst's own load there, whichever Ray node runs them); each
+    sample names its node, in its device's name too (two nodes' ``cuda:0`` are two devices). Its "caller" is the
+    node's raylet, which started the ranks."""
     if not watched:
         return None
     send = _sender(events)
@@ -226,10 +240,18 @@ class ClusterRanks:
             mates = [r for r, p in enumerate(self.placed) if p.node == placed.node]
             place = RankSeat(rank, self.world_size, mates.index(rank), len(mates), nodes.index(placed.node), endpoint)
             sampler = mates[0] == rank
-            watched = [self.placed[r].pid for r in mates] if sampler else []
+            watched = [self.placed[r].pid for r in self._sharing_cores(rank)] if sampler else []
             gpus = node_gpus([self.placed[r] for r in mates]) if sampler else []
             origin = self.spec.clock_origin + offsets[placed.node]
             self.runs[actor.run.remote(rank, payload, place, origin, self.events, watched, gpus)] = rank
+
+    def _sharing_cores(self, rank: int) -> list[int]:
+        """The ranks on ``rank``'s machine, its own included: its node's, and those of other Ray nodes on the same
+        host (a cluster on one machine), whose CPU is the burst's own load there, not another program's."""
+        here = self.placed[rank]
+        if not here.pids_of:
+            return [r for r, placed in enumerate(self.placed) if placed.node == here.node]
+        return [r for r, placed in enumerate(self.placed) if placed.pids_of == here.pids_of]
 
     def _place(self) -> None:
         """Connect (once per driver), reserve one bundle per rank, start an actor in each and learn where it is."""

@@ -304,6 +304,25 @@ def test_a_nodes_ranks_gpus_are_sampled_through_nvml_by_what_ray_gave_each_rank(
     assert memory == {"cuda:0 on f00df00df00d": 3 * 2**20, "cuda:2 on f00df00df00d": 1 * 2**20}  # handles 2 and 0
 
 
+def test_a_nodes_sampler_counts_every_rank_on_its_machine_as_the_bursts_own_load():
+    """Ray nodes on one host (this test cluster; containers of one machine) share its cores: each node's sampler
+    watches every rank whose pids it can read, so the other node's rank is not "other load" that drops every block
+    of a comparison (0 of 2 blocks counted on this cluster before, 2 of 2 after). Ranks on other machines, or in
+    another pid namespace of this one, are never watched by pid."""
+    from accel_widgets.engine import cluster
+
+    ranks = cluster.ClusterRanks(SimpleNamespace(request=SimpleNamespace(options=BurstOptions(cluster=RayCluster())),
+                                                 plan=SimpleNamespace(ranks=4)))
+    ranks.placed = [cluster.Placed("a" * 56, "127.0.0.1", 10, pids_of="boot/1"),
+                    cluster.Placed("b" * 56, "127.0.0.1", 11, pids_of="boot/1"),
+                    cluster.Placed("c" * 56, "127.0.0.1", 12, pids_of="boot/2"),  # a container on the same host
+                    cluster.Placed("d" * 56, "10.0.0.4", 13, pids_of="other-boot/1")]
+    assert [ranks._sharing_cores(rank) for rank in range(4)] == [[0, 1], [0, 1], [2], [3]]
+    ranks.placed = [cluster.Placed("a" * 56, "10.0.0.1", 10), cluster.Placed("a" * 56, "10.0.0.1", 11),
+                    cluster.Placed("b" * 56, "10.0.0.2", 12)]  # where the kernel did not say: a node's own ranks
+    assert [ranks._sharing_cores(rank) for rank in range(3)] == [[0, 1], [0, 1], [2]]
+
+
 def test_ranks_the_cluster_has_no_room_for_end_the_burst_within_its_timeout(ray_cluster):
     """Three ranks, one per node, on two nodes: the wait for their places ends at the cluster's timeout, named."""
     began = time.monotonic()
