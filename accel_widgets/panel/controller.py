@@ -633,6 +633,11 @@ class PanelController:
         already = f" ({skipped} already shown)" if skipped else ""
         return f"Loaded {len(fresh)} earlier run{'s' if len(fresh) != 1 else ''} of this workload{already}."
 
+    def use_engine(self, engine: Engine) -> None:
+        """Run the next actions' bursts through ``engine`` (the panel's "Run on" choice); an action running keeps
+        the engine it started with, and the choice is disabled meanwhile."""
+        self._engine = engine
+
     def _burst(self, what: str, item: PlanItem, length: Length, progress: Callable[[float], float], *,
                live: bool = False, options: BurstOptions | None = None) -> BurstResult:
         """One burst through the engine, streamed into the state, then finished there and recorded (a live

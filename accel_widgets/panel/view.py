@@ -18,7 +18,8 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from ..engine.forkserver import warm_up
-from ..engine.launcher import Engine, run_burst
+from ..engine.launcher import Engine, OnCluster, run_burst
+from ..engine.request import RayCluster
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import data
@@ -73,6 +74,10 @@ def profile_html(shown: ProfileShown) -> str:
             f'<a href="{PERFETTO_URL}" target="_blank" rel="noopener">{PERFETTO_URL}</a></div>')
 
 
+#: The "Run on" choice, for a panel given a cluster.
+RUN_HERE, RUN_ON_CLUSTER = "this machine", "Ray cluster"
+
+
 class TuningPanel:
     """Explore every knob of the registry against ``workload`` and compare what each one did.
 
@@ -88,18 +93,24 @@ class TuningPanel:
     under the status line and the panel carries on without it. ``tuner`` is called like
     :func:`~accel_widgets.tune`. Profile runs ``profile_steps`` profiled steps and writes the trace under
     ``profile_dir``.
+
+    ``cluster``: a Ray cluster the panel may run on (:class:`~accel_widgets.RayCluster`); its "Run on" choice then
+    sends every burst, comparison, ladder and search there or keeps them on this machine, and each run's row says
+    where it ran.
     """
 
     def __init__(self, workload: Workload, *, engine: Engine = run_burst, device: DeviceInfo | None = None,
                  steps: int = 20, history: HistoryArg = None, tuner: Tuner = tune,
                  profile_steps: int = 5, profile_dir: str | os.PathLike[str] = "accel_widgets_profiles",
-                 compare: bool = True, budget_s: float = 60.0) -> None:
+                 compare: bool = True, budget_s: float = 60.0, cluster: RayCluster | None = None) -> None:
         self.workload = workload
         self.device = device or probe_device()
         self.state = PanelState(self.device)
         self.controller = PanelController(workload, self.state, engine=engine, tuner=tuner, history=history,
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
         self._build_actions(steps)
+        self._engines = {RUN_HERE: engine, RUN_ON_CLUSTER: OnCluster(engine, cluster)} if cluster is not None else {}
+        self.run_on.observe(lambda change: self.controller.use_engine(self._engines[change["new"]]), names="value")
         self.compare_runs.value = compare
         self.budget.value = budget_s
         self.controls = KnobControls(self.state.draft, self.state.edit, self.reset_button)
@@ -349,6 +360,7 @@ class TuningPanel:
             self.remeasure_button.tooltip = (f"measure {self.state.runs[target].name} again, interleaved with its "
                                              "baseline, for up to the budget's seconds: an interval and a verdict")
         self.stop_button.disabled = not running
+        self.run_on.disabled = running
         self.live_button.value = self.state.live
         self.pin_button.disabled = self.state.live_run is None
 
@@ -482,6 +494,11 @@ class TuningPanel:
                                                 "data (the gradients' exchange, the host's work) made free, measured "
                                                 "against them as they are within the budget; the ladder and Tune "
                                                 "then leave out what cannot help")
+        self.run_on = w.ToggleButtons(options=[RUN_HERE, RUN_ON_CLUSTER], value=RUN_HERE,
+                                      style={"button_width": "auto"}, tooltips=["every burst's ranks on this machine",
+                                                "every burst's ranks as Ray actors on the cluster, one fresh burst "
+                                                "per comparison window"],
+                                      layout=w.Layout(width="auto", margin="0 0 4px 0", flex="0 0 auto"))
         self.load_button = w.Button(description="Load earlier runs", icon="history",
                                     tooltip="add this workload's runs recorded in the history file (⟲ in the "
                                             "table) that are not shown yet")
@@ -525,6 +542,9 @@ class TuningPanel:
             [w.HBox([self.run_button, self.stop_button, self.ladder_button], layout=group),
              w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit), self.compare_runs], layout=group),
              w.HBox([w.HTML("Burst", layout=label), self.length_value, self.length_unit], layout=group),
+             w.HBox([w.HTML("on", layout=label), self.run_on],  # shown where the panel was given a cluster
+                    layout=w.Layout(align_items="center", flex="0 0 auto", margin="0 12px 0 0", overflow="visible",
+                                    display="flex" if self._engines else "none")),
              w.HBox([self.live_button, self.pin_button, self.profile_button, self.remeasure_button, self.batch_button,
                      self.ceilings_button, self.load_button],
                     layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from accel_widgets import Config
+from accel_widgets import Config, RayCluster
 from accel_widgets.analysis.compare import run_rows
 from accel_widgets.panel import TuningPanel, controller
 from accel_widgets.panel.table import RunsTable
@@ -593,3 +593,39 @@ def test_the_reading_of_a_run_is_read_again_with_its_configs_ceilings() -> None:
     limiter = panel.state.reading.findings[0]
     assert limiter.title == "Data-bound" and "50% of the step goes to data loading" in limiter.detail, limiter
     assert "can win at most 2.00× here" in limiter.detail and "Data-bound" in panel.diagnosis.value
+
+
+# -- where the bursts run ---------------------------------------------------------------------------
+def _box_of(root: Any, widget: Any) -> Any:
+    """The box in the panel's tree that holds ``widget`` itself."""
+    for child in getattr(root, "children", ()):
+        if child is widget:
+            return root
+        if (found := _box_of(child, widget)) is not None:
+            return found
+    return None
+
+
+def test_a_panel_given_a_cluster_runs_there_or_here_as_its_run_on_choice_says() -> None:
+    """"Run on" shows only where the panel was given a cluster; each choice sends every burst of the next actions
+    (the run and the comparison's windows after it) where it says, with the options the panel adds kept."""
+    plain = make_panel()
+    assert _box_of(plain.root, plain.run_on).layout.display == "none"
+    cluster = RayCluster(address="10.0.0.1:6379", placement="STRICT_SPREAD")
+    engine = FakeEngine()
+    panel = make_panel(engine, cluster=cluster, compare=True, budget_s=5)
+    assert _box_of(panel.root, panel.run_on).layout.display == "flex" and panel.run_on.value == "this machine"
+    click(panel, "run_button")
+    here = len(engine.calls)
+    assert here >= 1 and all(call.kwargs["options"].cluster is None for call in engine.calls)
+    panel.run_on.value = "Ray cluster"
+    click(panel, "run_button")
+    there = engine.calls[here:]
+    assert len(there) > 1, "the run and its comparison's windows"
+    assert all(call.kwargs["options"].cluster == cluster for call in there)
+    click(panel, "profile_button")
+    profiled = engine.calls[-1].kwargs["options"]
+    assert profiled.cluster == cluster and profiled.profile_steps > 0  # the panel's own options kept
+    panel.run_on.value = "this machine"
+    click(panel, "run_button")
+    assert engine.calls[-1].kwargs["options"].cluster is None
