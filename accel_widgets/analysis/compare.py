@@ -39,13 +39,13 @@ def where_ran(result: BurstResult) -> str:
 
 def changes(result: BurstResult, baseline: BurstResult | None) -> str:
     """What differs from the baseline run: its knobs (``batch_size=64``, or ``baseline``), and where it ran when that
-    differs from where the baseline ran (``on 2 Ray nodes``, ``on this machine``)."""
+    was a cluster (``baseline, on 2 Ray nodes``), or this machine against a baseline on a cluster."""
     knobs = result.config.label(baseline.config if baseline is not None else None)
-    here = where_ran(result)
-    if baseline is None or here == where_ran(baseline):
-        return knobs
-    place = here or "on this machine"
-    return place if knobs == "baseline" else f"{knobs}, {place}"
+    if place := where_ran(result):
+        return f"{knobs}, {place}"
+    if baseline is not None and where_ran(baseline):
+        return "on this machine" if knobs == "baseline" else f"{knobs}, on this machine"
+    return knobs
 
 
 def memory_ratio(result: BurstResult, baseline: BurstResult) -> float | None:
@@ -111,7 +111,9 @@ def comparison_rows(results: Sequence[BurstResult], baseline: BurstResult | None
     """One plain dict of numbers per run: what the terminal table, the CSV and every other face start from.
 
     Speed-ups are only meaningful within one workload, so each workload gets its own baseline: the
-    first ok run whose config is ``Config()`` (the plain loop), else its first ok run. An explicit
+    first ok run whose config is ``Config()`` (the plain loop), else its first ok run, chosen among the runs of the
+    run's own place (this machine, a Ray cluster) where there is one, since a comparison interleaves its bursts in one
+    place, and else among the other place's. An explicit
     ``baseline`` replaces the default for its own workload only. ``baseline`` in a row is the index of
     the run its speed-up refers to (``None`` when there is none among ``results``). Unknown numbers are
     ``None``; ``noisy`` is always a bool (False when there are no measured steps to judge). ``compared`` maps a
@@ -128,18 +130,25 @@ def _rows(results: Sequence[BurstResult], baselines: Sequence[BurstResult | None
 
 
 def _baselines(results: Sequence[BurstResult], baseline: BurstResult | None) -> list[BurstResult | None]:
-    """Each run's baseline: per workload, the first ok plain-loop run, else the first ok run."""
-    chosen: dict[str, BurstResult] = {}
+    """Each run's baseline: per workload and place, the first ok plain-loop run, else the first ok run; where its
+    place has none, the other place's."""
+    chosen: dict[tuple[str, bool], BurstResult] = {}
     plain = Config()
     for result in results:
         if not result.ok:
             continue
-        current = chosen.get(result.workload)
+        key = (result.workload, bool(where_ran(result)))
+        current = chosen.get(key)
         if current is None or (result.config == plain and current.config != plain):
-            chosen[result.workload] = result
-    if baseline is not None:
-        chosen[baseline.workload] = baseline
-    return [chosen.get(result.workload) for result in results]
+            chosen[key] = result
+
+    def of(result: BurstResult) -> BurstResult | None:
+        if baseline is not None and baseline.workload == result.workload:
+            return baseline
+        on_cluster = bool(where_ran(result))
+        return chosen.get((result.workload, on_cluster)) or chosen.get((result.workload, not on_cluster))
+
+    return [of(result) for result in results]
 
 
 def _row(index: int, result: BurstResult, baseline: BurstResult | None, baseline_index: int | None) -> Row:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypedDict
 
+from ..analysis.compare import where_ran
 from ..analysis.estimate import Estimate, estimate
 from ..analysis.guard import cached_noise
 from ..engine.launcher import Engine, Event, added_options
@@ -193,6 +194,7 @@ class PanelController:
         self.profile_steps = profile_steps
         self.profile_dir = profile_dir
         self._engine = engine
+        self._on_cluster = False
         self._tuner = tuner
         self.history, problem = open_history(history)
         self._history_off_why = problem or "the panel was opened with history=False"
@@ -440,32 +442,34 @@ class PanelController:
                 run, contender = self._held_burst(f"{what}{position}", item, length,
                                                   lambda fraction, index=index: (index + fraction) / len(plan))
                 contenders.append((run, contender))
-            if not self._stop.is_set():
-                self._compare(contenders, budget_s, ladder=len(plan) > 1)
+            not_compared = self._compare(contenders, budget_s, ladder=len(plan) > 1) if not self._stop.is_set() else ""
         finally:
             for _, contender in contenders:
                 contender.close()
-        return self._final_status(what, len(plan))
+        return self._final_status(what, len(plan)) + (f" Not compared: {not_compared}." if not_compared else "")
 
-    def _compare(self, contenders: list[tuple[int, Contender]], budget_s: float, *, ladder: bool) -> None:
+    def _compare(self, contenders: list[tuple[int, Contender]], budget_s: float, *, ladder: bool) -> str:
         """The comparison of the runs just measured. One run: with its baseline's config (a held burst of it, opened
-        here). A ladder: its rungs with each other, each against the one before and the first; a rung's row shows
-        its comparison with the first rung where that is its baseline's config."""
+        here), where both ran where the panel runs now. A ladder: its rungs with each other, each against the one
+        before and the first; a rung's row shows its comparison with the first rung where that is its baseline's
+        config. Returns why a run was not compared ("" when it was, or had nothing to be compared with)."""
         ok = [(run, contender) for run, contender in contenders if contender.first.ok]
         if ladder:
             if len(ok) < 2 or ok[0][0] != contenders[0][0]:
-                return  # a ladder whose first rung failed has nothing to read its rungs against
+                return ""  # a ladder whose first rung failed has nothing to read its rungs against
             order = [run for run, _ in ok]
             configs = [contender.config for _, contender in ok]
             opened = {index: contender for index, (_, contender) in enumerate(ok)}
             pairs = ladder_pairs(len(ok))
         else:
             if not ok:
-                return
+                return ""
             run, contender = ok[0]
             baseline = self.state.rows[run].values["baseline"]
             if baseline is None or baseline == run:
-                return
+                return ""
+            if why := self._not_comparable(contender.first, self.state.rows[baseline].result):
+                return why
             order, configs = [baseline, run], [self.state.rows[baseline].result.config, contender.config]
             opened, pairs = {1: contender}, [(0, 1)]
         measured = measure_pairs(self.workload, configs, pairs, budget_s=budget_s, engine=self._engine,
@@ -473,6 +477,7 @@ class PanelController:
                                  on_progress=self._comparing(order, pairs, budget_s),
                                  window_s=LADDER_WINDOW_S if ladder else WINDOW_S)
         self._show(measured.comparisons, pairs, order, comparing=False)
+        return ""
 
     def _comparing(self, order: list[int], pairs: list[tuple[int, int]], budget_s: float) -> Callable[[Progress], None]:
         """What each block of a comparison shows: every run's interval against its baseline (live), and one status
@@ -602,6 +607,8 @@ class PanelController:
         and verdict replace the row's speed-up. Its bursts are not runs of the table (they measure one run again),
         so they are not plotted or recorded."""
         name = self.state.runs[run].name
+        if baseline is not None and (why := self._not_comparable(result, baseline)):
+            return f"Re-measure of {name}: not measured: {why}."
         base = self.state.rows[run].values["baseline"]
         order = [run if base is None else int(base), run]
         comparison = remeasure(self.workload, result, baseline or result, budget_s=budget_s, engine=self._engine,
@@ -633,10 +640,21 @@ class PanelController:
         already = f" ({skipped} already shown)" if skipped else ""
         return f"Loaded {len(fresh)} earlier run{'s' if len(fresh) != 1 else ''} of this workload{already}."
 
-    def use_engine(self, engine: Engine) -> None:
-        """Run the next actions' bursts through ``engine`` (the panel's "Run on" choice); an action running keeps
-        the engine it started with, and the choice is disabled meanwhile."""
-        self._engine = engine
+    def use_engine(self, engine: Engine, *, on_cluster: bool) -> None:
+        """Run the next actions' bursts through ``engine``, on a Ray cluster or not (the panel's "Run on" choice); an
+        action running keeps the engine it started with, and the choice is disabled meanwhile."""
+        self._engine, self._on_cluster = engine, on_cluster
+
+    def _not_comparable(self, run: BurstResult, baseline: BurstResult) -> str:
+        """Why the comparison engine, which interleaves both configs where the panel runs now, would not measure what
+        these two runs measured ("" when it would): each ran somewhere else, or both elsewhere than now."""
+        if all(bool(where_ran(result)) == self._on_cluster for result in (run, baseline)):
+            return ""
+        mine, theirs = where_ran(run) or "on this machine", where_ran(baseline) or "on this machine"
+        if bool(where_ran(run)) != bool(where_ran(baseline)):
+            return f"it ran {mine} and its baseline {theirs}, and a comparison interleaves both configs in one place"
+        now = "on the Ray cluster" if self._on_cluster else "on this machine"
+        return f"it and its baseline ran {mine}, and the panel runs {now}: set Run on to where they ran"
 
     def _burst(self, what: str, item: PlanItem, length: Length, progress: Callable[[float], float], *,
                live: bool = False, options: BurstOptions | None = None) -> BurstResult:

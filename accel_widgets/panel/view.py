@@ -110,7 +110,8 @@ class TuningPanel:
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
         self._build_actions(steps)
         self._engines = {RUN_HERE: engine, RUN_ON_CLUSTER: OnCluster(engine, cluster)} if cluster is not None else {}
-        self.run_on.observe(lambda change: self.controller.use_engine(self._engines[change["new"]]), names="value")
+        self.run_on.observe(lambda change: self.controller.use_engine(
+            self._engines[change["new"]], on_cluster=change["new"] == RUN_ON_CLUSTER), names="value")
         self.compare_runs.value = compare
         self.budget.value = budget_s
         self.controls = KnobControls(self.state.draft, self.state.edit, self.reset_button)

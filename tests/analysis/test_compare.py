@@ -50,18 +50,23 @@ def on_cluster(result, nodes: tuple[str, ...] = ("node-a", "node-b")):
 
 
 def test_a_run_on_a_cluster_says_so_and_is_never_the_noise_floor_of_the_same_config_run_here():
-    """The same config on two Ray nodes and on this machine are two measurements: the row says where it ran, and its
-    speed-up is a speed-up, not "same config" (the machine's noise floor)."""
+    """The same config on two Ray nodes and on this machine are two measurements: the row says where it ran, its
+    baseline is one of its own place where there is one (a comparison interleaves its bursts in one place), and
+    against a baseline elsewhere its speed-up is a speed-up, never "same config" (the machine's noise floor)."""
     here, batch = make_result(), make_result(config=Config(compile_mode="default", batch_size=64))
-    rows = comparison_rows([here, on_cluster(here), on_cluster(batch), on_cluster(here, ("node-a", "node-a"))],
-                           baseline=here)
-    assert [row["changes"] for row in rows] == ["baseline", "on 2 Ray nodes", "batch_size=64, on 2 Ray nodes",
-                                                "on 1 Ray node"]
-    assert [row["same_config"] for row in rows] == [False, False, False, False]
     there = on_cluster(here)
-    again = comparison_rows([there, here, on_cluster(here)], baseline=there)
-    assert [row["changes"] for row in again] == ["baseline", "on this machine", "baseline"]
-    assert [row["same_config"] for row in again] == [False, False, True]
+    rows = comparison_rows([here, there, on_cluster(batch), on_cluster(here, ("node-a", "node-a"))])
+    assert [row["changes"] for row in rows] == ["baseline", "baseline, on 2 Ray nodes", "batch_size=64, on 2 Ray nodes",
+                                                "baseline, on 1 Ray node"]
+    assert [row["baseline"] for row in rows] == [0, 1, 1, 1]
+    assert [row["same_config"] for row in rows] == [False, False, False, False]  # a node less is another place
+    alone = comparison_rows([on_cluster(batch), here, on_cluster(here)], baseline=here)  # an explicit one: everyone's
+    assert [row["changes"] for row in alone] == ["batch_size=64, on 2 Ray nodes", "baseline",
+                                                 "baseline, on 2 Ray nodes"]
+    assert [row["same_config"] for row in alone] == [False, False, False]
+    first = comparison_rows([on_cluster(batch), here])  # the cluster's only run is its baseline; here has its own
+    assert [row["baseline"] for row in first] == [0, 1]
+    assert comparison_rows([here], baseline=there)[0]["changes"] == "on this machine"
 
 
 def test_scaling_efficiency_is_throughput_per_rank_against_one_rank():

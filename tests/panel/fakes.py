@@ -80,7 +80,7 @@ class FakeEngine:
     real engine does after a finished burst. ``speedups`` makes a config's bursts that many times faster than the
     others' (their measured seconds shrink), for the comparisons that follow a run; ``freed_speedups`` a headspace
     variant's (by the part it frees), as the real engine's ``options.freed`` asks. A call's ``options`` are recorded as
-    the engine reads them (None: the defaults).
+    the engine reads them (None: the defaults). With ``options.cluster`` its ranks ran on Ray nodes, one each.
     """
 
     steps_default: int = 10
@@ -134,10 +134,14 @@ class FakeEngine:
             ranks=[RankSummary(r, 32 * len(measured), 0.05 * max(1, len(measured)) / self.speedups.get(config, 1.0)
                                / (self.freed_speedups.get(options.freed, 1.0) if options.freed is not None else 1.0),
                                150 * MIB, "rss", 0.1, 0.05,
-                               "cpu", profile=profile if r == 0 else None) for r in range(config.ranks)],
+                               "cpu", profile=profile if r == 0 else None,
+                               node=f"fake-node-{r}" if options.cluster is not None else "")
+                   for r in range(config.ranks)],
             error=why,
             label=label,
             freed=options.freed,
+            # as the real engine says of a burst whose ranks were Ray actors (analysis.compare.where_ran reads it)
+            environment={"start_method": "ray actor"} if options.cluster is not None else {},
         )
 
     def _fail(self, config: Config, label: str) -> BurstResult:

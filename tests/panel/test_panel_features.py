@@ -608,24 +608,34 @@ def _box_of(root: Any, widget: Any) -> Any:
 
 def test_a_panel_given_a_cluster_runs_there_or_here_as_its_run_on_choice_says() -> None:
     """"Run on" shows only where the panel was given a cluster; each choice sends every burst of the next actions
-    (the run and the comparison's windows after it) where it says, with the options the panel adds kept."""
+    where it says, with the options the panel adds kept. A run's baseline is one of its own place (a comparison
+    interleaves its bursts in one place): the first run on the cluster is the cluster's, the next is compared with
+    it there; a Re-measure from the other place says why it cannot."""
     plain = make_panel()
     assert _box_of(plain.root, plain.run_on).layout.display == "none"
     cluster = RayCluster(address="10.0.0.1:6379", placement="STRICT_SPREAD")
     engine = FakeEngine()
-    panel = make_panel(engine, cluster=cluster, compare=True, budget_s=5)
+    panel = make_panel(engine, cluster=cluster, compare=True)
     assert _box_of(panel.root, panel.run_on).layout.display == "flex" and panel.run_on.value == "this machine"
     click(panel, "run_button")
-    here = len(engine.calls)
-    assert here >= 1 and all(call.kwargs["options"].cluster is None for call in engine.calls)
+    assert len(engine.calls) == 1 and engine.calls[0].kwargs["options"].cluster is None
     panel.run_on.value = "Ray cluster"
     click(panel, "run_button")
-    there = engine.calls[here:]
-    assert len(there) > 1, "the run and its comparison's windows"
-    assert all(call.kwargs["options"].cluster == cluster for call in there)
+    panel.set_config(Config(batch_size=64))
+    click(panel, "run_button")
+    there = engine.calls[1:]
+    assert len(there) > 2 and all(call.kwargs["options"].cluster == cluster for call in there)  # runs and windows
+    assert [row.values["changes"] for row in panel.state.rows] == [
+        "baseline", "baseline, on 1 Ray node", "batch_size=64, on 1 Ray node"]
+    assert [row.values["baseline"] for row in panel.state.rows] == [0, 1, 1]
+    assert panel.state.rows[2].values["blocks"] > 0, "compared with the cluster's baseline, on the cluster"
     click(panel, "profile_button")
     profiled = engine.calls[-1].kwargs["options"]
     assert profiled.cluster == cluster and profiled.profile_steps > 0  # the panel's own options kept
     panel.run_on.value = "this machine"
+    calls = len(engine.calls)
+    click(panel, "remeasure_button")
+    assert len(engine.calls) == calls and ("it and its baseline ran on 1 Ray node, and the panel runs on this "
+                                           "machine: set Run on to where they ran") in panel.status.value
     click(panel, "run_button")
     assert engine.calls[-1].kwargs["options"].cluster is None
