@@ -543,9 +543,7 @@ class TuningPanel:
             [w.HBox([self.run_button, self.stop_button, self.ladder_button], layout=group),
              w.HBox([self.tune_button, self.budget, w.HTML("s", layout=unit), self.compare_runs], layout=group),
              w.HBox([w.HTML("Burst", layout=label), self.length_value, self.length_unit], layout=group),
-             w.HBox([w.HTML("on", layout=label), self.run_on],  # shown where the panel was given a cluster
-                    layout=w.Layout(align_items="center", flex="0 0 auto", margin="0 12px 0 0", overflow="visible",
-                                    display="flex" if self._engines else "none")),
+             *([w.HBox([w.HTML("on", layout=label), self.run_on], layout=group)] if self._engines else []),
              w.HBox([self.live_button, self.pin_button, self.profile_button, self.remeasure_button, self.batch_button,
                      self.ceilings_button, self.load_button],
                     layout=w.Layout(flex_flow="row wrap", flex="0 1 auto", overflow="visible")),

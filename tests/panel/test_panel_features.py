@@ -607,16 +607,16 @@ def _box_of(root: Any, widget: Any) -> Any:
 
 
 def test_a_panel_given_a_cluster_runs_there_or_here_as_its_run_on_choice_says() -> None:
-    """"Run on" shows only where the panel was given a cluster; each choice sends every burst of the next actions
+    """"Run on" is there only where the panel was given a cluster; each choice sends every burst of the next actions
     where it says, with the options the panel adds kept. A run's baseline is one of its own place (a comparison
     interleaves its bursts in one place): the first run on the cluster is the cluster's, the next is compared with
     it there; a Re-measure from the other place says why it cannot."""
     plain = make_panel()
-    assert _box_of(plain.root, plain.run_on).layout.display == "none"
+    assert _box_of(plain.root, plain.run_on) is None
     cluster = RayCluster(address="10.0.0.1:6379", placement="STRICT_SPREAD")
     engine = FakeEngine()
     panel = make_panel(engine, cluster=cluster, compare=True)
-    assert _box_of(panel.root, panel.run_on).layout.display == "flex" and panel.run_on.value == "this machine"
+    assert _box_of(panel.root, panel.run_on) is not None and panel.run_on.value == "this machine"
     click(panel, "run_button")
     assert len(engine.calls) == 1 and engine.calls[0].kwargs["options"].cluster is None
     panel.run_on.value = "Ray cluster"
