@@ -103,6 +103,8 @@ class TuningPanel:
                  steps: int = 20, history: HistoryArg = None, tuner: Tuner = tune,
                  profile_steps: int = 5, profile_dir: str | os.PathLike[str] = "accel_widgets_profiles",
                  compare: bool = True, budget_s: float = 60.0, cluster: RayCluster | None = None) -> None:
+        if cluster is not None and not isinstance(cluster, RayCluster):
+            raise TypeError(f"cluster must be an accel_widgets.RayCluster, got {type(cluster).__name__}")
         self.workload = workload
         self.device = device or probe_device()
         self.state = PanelState(self.device)

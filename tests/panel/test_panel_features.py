@@ -613,6 +613,8 @@ def test_a_panel_given_a_cluster_runs_there_or_here_as_its_run_on_choice_says() 
     it there; a Re-measure from the other place says why it cannot."""
     plain = make_panel()
     assert _box_of(plain.root, plain.run_on) is None
+    with pytest.raises(TypeError, match=r"cluster must be an accel_widgets\.RayCluster, got str"):
+        make_panel(cluster="10.0.0.1:6379")
     cluster = RayCluster(address="10.0.0.1:6379", placement="STRICT_SPREAD")
     engine = FakeEngine()
     panel = make_panel(engine, cluster=cluster, compare=True)
