@@ -34,7 +34,7 @@ from .outcome import Unseated, finish, oom_kill_count
 from .payload import pickle_for_ranks
 from .process import inductor_cache_dir
 from .ranks import Collected, Event, RankGroup, shielded
-from .request import BurstOptions, BurstRequest, RayCluster
+from .request import BurstOptions, BurstRequest
 from .worker import BurstSpec, run_rank
 
 if TYPE_CHECKING:
@@ -148,39 +148,24 @@ def run_burst(
 
 @dataclass(frozen=True)
 class BurstEngine:
-    """An :class:`Engine` for the searches and the panel: :func:`run_burst` with options of its own.
+    """An :class:`Engine` for the searches and the panel: ``engine`` (:func:`run_burst`) with options of its own.
 
     ``functools.partial(run_burst, options=...)`` would lose them wherever a search adds options for a burst (a
     headspace's freed part, the panel's profile, a timeout): a call's keyword replaces a partial's. Here the added
     options are laid over these (:meth:`BurstOptions.over`), e.g. ``BurstEngine(BurstOptions(isolation="inprocess"))``
-    for a workload that cannot be pickled."""
+    for a workload that cannot be pickled, or ``BurstEngine(BurstOptions(cluster=...), engine)`` for any engine's
+    bursts on a Ray cluster (the panel's "Run on"). Not :func:`run_burst` itself, so the comparison engine runs a
+    fresh burst per window (held ranks stay on this machine: :class:`~accel_widgets.engine.held.HeldBurst`)."""
 
     options: BurstOptions
-
-    def __call__(self, workload: Workload, config: Config | None = None, *, steps: int | None = None,
-                 seconds: float | None = None, on_event: Callable[[Event], None] | None = None,
-                 stop: threading.Event | None = None, label: str = "",
-                 options: BurstOptions | None = None) -> BurstResult:
-        return run_burst(workload, config, steps=steps, seconds=seconds, on_event=on_event, stop=stop, label=label,
-                         options=self.options if options is None else options.over(self.options))
-
-
-@dataclass(frozen=True)
-class OnCluster:
-    """``engine``'s bursts with their ranks on ``cluster``: every call's options get the cluster laid over them, so
-    what a search or the panel adds (a timeout, a freed part, a profile) and the engine's own options still hold. Not
-    :func:`run_burst` itself, so the comparison engine runs a fresh burst per window: held ranks stay on this
-    machine (:class:`~accel_widgets.engine.held.HeldBurst`)."""
-
-    engine: Engine
-    cluster: RayCluster
+    engine: Engine = run_burst
 
     def __call__(self, workload: Workload, config: Config | None = None, *, steps: int | None = None,
                  seconds: float | None = None, on_event: Callable[[Event], None] | None = None,
                  stop: threading.Event | None = None, label: str = "",
                  options: BurstOptions | None = None) -> BurstResult:
         return self.engine(workload, config, steps=steps, seconds=seconds, on_event=on_event, stop=stop, label=label,
-                           options=replace(options or BurstOptions(), cluster=self.cluster))
+                           options=self.options if options is None else options.over(self.options))
 
 
 def prepare_burst(workload: Workload, config: Config | None, request: BurstRequest, *, called_at: float,

@@ -648,13 +648,15 @@ class PanelController:
     def _not_comparable(self, run: BurstResult, baseline: BurstResult) -> str:
         """Why the comparison engine, which interleaves both configs where the panel runs now, would not measure what
         these two runs measured ("" when it would): each ran somewhere else, or both elsewhere than now."""
-        if all(bool(where_ran(result)) == self._on_cluster for result in (run, baseline)):
+        mine, theirs = where_ran(run), where_ran(baseline)
+        if bool(mine) == bool(theirs) == self._on_cluster:
             return ""
-        mine, theirs = where_ran(run) or "on this machine", where_ran(baseline) or "on this machine"
-        if bool(where_ran(run)) != bool(where_ran(baseline)):
-            return f"it ran {mine} and its baseline {theirs}, and a comparison interleaves both configs in one place"
+        if bool(mine) != bool(theirs):
+            return (f"it ran {mine or 'on this machine'} and its baseline {theirs or 'on this machine'}, and a "
+                    "comparison interleaves both configs in one place")
         now = "on the Ray cluster" if self._on_cluster else "on this machine"
-        return f"it and its baseline ran {mine}, and the panel runs {now}: set Run on to where they ran"
+        return (f"it and its baseline ran {mine or 'on this machine'}, and the panel runs {now}: set Run on to where "
+                "they ran")
 
     def _burst(self, what: str, item: PlanItem, length: Length, progress: Callable[[float], float], *,
                live: bool = False, options: BurstOptions | None = None) -> BurstResult:

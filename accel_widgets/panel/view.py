@@ -18,8 +18,8 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from ..engine.forkserver import warm_up
-from ..engine.launcher import Engine, OnCluster, run_burst
-from ..engine.request import RayCluster
+from ..engine.launcher import BurstEngine, Engine, run_burst
+from ..engine.request import BurstOptions, RayCluster
 from ..inputs.device import DeviceInfo, probe_device
 from ..inputs.workload import Workload
 from ..knobs import data
@@ -111,7 +111,8 @@ class TuningPanel:
         self.controller = PanelController(workload, self.state, engine=engine, tuner=tuner, history=history,
                                           profile_steps=profile_steps, profile_dir=str(profile_dir))
         self._build_actions(steps)
-        self._engines = {RUN_HERE: engine, RUN_ON_CLUSTER: OnCluster(engine, cluster)} if cluster is not None else {}
+        self._engines = ({RUN_HERE: engine, RUN_ON_CLUSTER: BurstEngine(BurstOptions(cluster=cluster), engine)}
+                         if cluster is not None else {})
         self.run_on.observe(lambda change: self.controller.use_engine(
             self._engines[change["new"]], on_cluster=change["new"] == RUN_ON_CLUSTER), names="value")
         self.compare_runs.value = compare

@@ -25,7 +25,6 @@ from accel_widgets import (
 )
 from accel_widgets.analysis.diagnosis import diagnose
 from accel_widgets.analysis.usage import loader_cpu_pct
-from accel_widgets.engine import launcher
 from accel_widgets.engine.ranks import EXIT_GRACE_S
 from accel_widgets.results.burst import BurstPhase, ProfileCapture
 from accel_widgets.results.reliability import foreign_cpu_pct, reliability
@@ -196,12 +195,13 @@ def test_options_set_over_others_win_field_by_field():
         isolation="inprocess", timeout_s=5, device=cpu_device(), freed="data")
 
 
-def test_an_engine_keeps_its_options_under_those_a_search_adds(monkeypatch):
+def test_an_engine_keeps_its_options_under_those_a_search_adds():
     """A ``partial(run_burst, options=...)`` would lose its options to the headspace's ``freed``: the engine lays
-    what is added over its own."""
+    what is added over its own, and hands them to the engine it wraps (``run_burst`` by default)."""
     given = []
-    monkeypatch.setattr(launcher, "run_burst", lambda workload, config, **kwargs: given.append(kwargs["options"]))
-    engine = BurstEngine(BurstOptions(isolation="inprocess", timeout_s=20))
+    assert BurstEngine(BurstOptions()).engine is run_burst
+    engine = BurstEngine(BurstOptions(isolation="inprocess", timeout_s=20),
+                         lambda workload, config, **kwargs: given.append(kwargs["options"]))
     engine(tiny_workload(), Config(), steps=2, seconds=None, on_event=None, stop=None, label="")
     engine(tiny_workload(), Config(), steps=2, seconds=None, on_event=None, stop=None, label="",
            options=BurstOptions(freed="data"))
