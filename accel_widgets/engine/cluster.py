@@ -261,8 +261,9 @@ class ClusterRanks:
         # The events' queue lives on the driver's own node, never beside a rank: a node lost takes its rank, not the
         # word of how the burst ended (a soft affinity put it on the newest node whatever its load).
         here = ray.get_runtime_context().get_node_id()
-        self.events = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(
-            here, soft=False)})
+        # At the ranks' priority too: a niced queue on a busy node outlived its burst's teardown (ended by SIGTERM).
+        self.events = Queue(actor_options={"num_cpus": 0, "runtime_env": RANK_ENVIRONMENT,
+                                           "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)})
         self.group = placement_group([self.cluster.bundle()] * self.world_size, strategy=self.cluster.placement)
         try:
             ray.get(self.group.ready(), timeout=self._left())
