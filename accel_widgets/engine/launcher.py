@@ -233,7 +233,7 @@ def _run_in_workers(
         payload, notes = pickle_workload(workload, ranks.spec)
         result.warnings.extend(notes)
         ranks.start(payload)
-        outcome = ranks.collect(collected, on_event, stop, called_at + spec.request.options.timeout_s)
+        outcome = ranks.collect(collected, on_event, stop, _deadline(spec, called_at))
     except Unseated as refused:
         shielded(tear_down, reraise_interrupt=False)
         raise refused.error(result) from None
@@ -242,6 +242,14 @@ def _run_in_workers(
         raise
     shielded(tear_down, reraise_interrupt=True)
     return finish(result, collected, outcome, called_at, spec.request.options.timeout_s)
+
+
+def _deadline(spec: BurstSpec, called_at: float) -> float:
+    """When the burst's own ``timeout_s`` runs out, called once its ranks have started: it counts from the call for
+    ranks on this machine, and from now for a cluster's, whose set-up waits are each bounded by ``RayCluster.timeout_s``
+    (a slow placement must not eat the time the training, and its collectives' share of it, were given)."""
+    began = called_at if spec.request.options.cluster is None else time.perf_counter()
+    return began + spec.request.options.timeout_s
 
 
 def _rank_group(spec: BurstSpec) -> RankGroup | ClusterRanks:

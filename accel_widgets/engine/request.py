@@ -69,7 +69,8 @@ class BurstOptions:
     """How a burst runs besides its length: what it warms up, waits for and records, and where it trains.
 
     ``warmup_steps`` unmeasured steps before the window (None: the config's own,
-    :func:`accel_widgets.knobs.compiling.default_warmup_steps`); ``timeout_s`` for the whole burst; ``profile_steps``
+    :func:`accel_widgets.knobs.compiling.default_warmup_steps`); ``timeout_s`` for the whole burst (on a cluster, from
+    when its ranks are seated: :class:`RayCluster` bounds the set-up); ``profile_steps``
     more steady-state steps under torch.profiler after the window, their trace under ``profile_dir``; ``sync_debug``
     runs the window under CUDA's sync-debug mode. ``freed``: the part of the step the burst makes free, a headspace
     variant of the config (:mod:`accel_widgets.knobs.parts`); None trains the config as it is. ``isolation``

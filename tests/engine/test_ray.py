@@ -7,6 +7,7 @@ Skipped where Ray is not installed (``pip install 'accel-widgets[ray]'``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import select
@@ -58,9 +59,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-cluster")]
 
 ROOT = Path(__file__).resolve().parents[2]
 DDP = Config(parallel="ddp", world_size=2)
-#: Each wait of the set-up gets the whole RayCluster.timeout_s: two actors start within it on a loaded machine (11 s
-#: beside three CPU hogs here), and the rendezvous waits it out.
-RENDEZVOUS_TIMEOUT_S = 20
+#: The rendezvous test's cluster timeout, set once the actors have started (each wait of the set-up gets the whole
+#: RayCluster.timeout_s, and two actors need 11 s of it beside three CPU hogs here): the rendezvous waits it out.
+RENDEZVOUS_TIMEOUT_S = 4
 
 
 def _options(ray_cluster: Any, **settings: float | str) -> BurstOptions:
@@ -211,10 +212,11 @@ def test_a_rank_killed_ends_the_burst_named_and_leaves_nothing(ray_cluster):
     assert not gone(burst_processes)
 
 
-#: The burst's timeout in the frozen-rank test: a DDP collective gives up after half of it (30 s), and the set-up, the
-#: freeze, that wait and the 3 s to settle all fit in it however slowly the actors start on a loaded machine (at 36 s
-#: a loaded suite once ran out of it before the collective timed out).
-FROZEN_BURST_TIMEOUT_S = 60
+#: The burst's timeout in the frozen-rank test: a DDP collective gives up after half of it (10 s), and the freeze, that
+#: wait and the 3 s to settle fit in it because it counts from when the ranks are seated: the set-up (5.5 s here
+#: idle, 15 s and more in a loaded suite) has bounds of its own (at 36 s from the call a loaded suite once ran out of it
+#: before the collective timed out).
+FROZEN_BURST_TIMEOUT_S = 20
 
 
 def test_a_rank_that_freezes_mid_burst_is_named_once_its_peers_collective_times_out(ray_cluster):
@@ -338,7 +340,8 @@ def test_ranks_the_cluster_has_no_room_for_end_the_burst_within_its_timeout(ray_
 
 def test_a_rendezvous_a_node_does_not_reach_in_time_ends_the_burst_naming_it(ray_cluster, monkeypatch):
     """Rank 1's node hangs once its rank is placed (its actor stopped, as a node that freezes): the rendezvous waits
-    out the cluster's timeout, then ends the burst naming rank 1 and its node, and leaves nothing behind."""
+    out the cluster's timeout (a short one, set once the actors have started), then ends the burst naming rank 1 and
+    its node, and leaves nothing behind."""
     from accel_widgets.engine.cluster import ClusterRanks  # imports Ray, which this module skips without
 
     frozen: list[int] = []
@@ -347,12 +350,14 @@ def test_a_rendezvous_a_node_does_not_reach_in_time_ends_the_burst_naming_it(ray
     def with_rank_1_frozen(ranks: ClusterRanks) -> tuple[str, int]:
         frozen.append(ranks.placed[1].pid)
         os.kill(frozen[0], signal.SIGSTOP)
+        ranks.cluster = dataclasses.replace(ranks.cluster, timeout_s=RENDEZVOUS_TIMEOUT_S)
         return rendezvous(ranks)
 
     monkeypatch.setattr(ClusterRanks, "_rendezvous", with_rank_1_frozen)
     try:
-        with pytest.raises(BurstTimeout, match=r"rank 1 on node \w{12} \(127.0.0.1\) did not reach the rendezvous"):
-            run_burst(tiny_workload(), DDP, steps=5, options=_options(ray_cluster, timeout_s=RENDEZVOUS_TIMEOUT_S))
+        with pytest.raises(BurstTimeout, match=rf"rank 1 on node \w{{12}} \(127.0.0.1\) did not reach the "
+                           rf"rendezvous store at \S+ within {RENDEZVOUS_TIMEOUT_S} s"):
+            run_burst(tiny_workload(), DDP, steps=5, options=_options(ray_cluster))
     finally:
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
