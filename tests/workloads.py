@@ -375,10 +375,11 @@ class AugmentedItems(torch.utils.data.Dataset):
 
 def augmented_job_workload() -> Workload:
     """``tests.workloads:augmented_job_workload``: :func:`armed_model` on 96 randomly augmented items in batches of
-    16 (6 batches an epoch, 3 per rank under DDP x 2), with an LR schedule."""
+    16 (6 batches an epoch, 3 per rank under DDP x 2), with an LR schedule and an evaluation set."""
     return Workload(model=armed_model, dataset=AugmentedItems(), loss_fn=F.cross_entropy, batch_size=16,
                     name="augmented job",
-                    scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5))
+                    scheduler=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5),
+                    eval_dataset=tensors(96, seed=1))
 
 
 def gpt_workload(*, n_layer: int = 8, d_model: int = 16, seq_len: int = 64, batch_size: int = 128) -> Workload:

@@ -1,8 +1,9 @@
 """The exported job, run as a user runs it: stopped by SIGTERM, killed with SIGKILL, resumed, and every step after a
 resume trains as the uninterrupted burst does, loss for loss (one process, and DDP x 2 under torchrun).
 
-The workload (``tests.workloads:job_workload``) has an LR schedule and an evaluation set; the test arms it to send
-its own process a signal at a known training forward (``AW_TEST_SIGNAL``), so the stop lands at a known step.
+The workload (``tests.workloads:augmented_job_workload``) augments every item at random in the loader workers, keyed to
+the item, and has an LR schedule and an evaluation set; the test arms it to send its own process a signal at a known
+training forward (``AW_TEST_SIGNAL``), so the stop lands at a known step.
 Each launch costs seconds (importing torch), so each test chains its launches: the stops and the resumes of one job.
 """
 
@@ -28,15 +29,14 @@ from accel_widgets.job.options import JobOptions
 from accel_widgets.job.signals import StopRequest
 from accel_widgets.knobs.plan import resolve
 from tests.devices import cpu_device
-from tests.workloads import TinyNet, augmented_job_workload, job_workload, tiny_workload
+from tests.workloads import TinyNet, augmented_job_workload, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = "tests.workloads:job_workload"
-STEPS = 20
+WORKLOAD = "tests.workloads:augmented_job_workload"
 
 
-def launch(script: Path, nproc: int, where: Path, *flags: str, signal_at: str | None = None, steps: int = STEPS,
-           checkpoint_every: int = 4) -> subprocess.CompletedProcess[str]:
+def launch(script: Path, nproc: int, where: Path, *flags: str, signal_at: str | None = None, steps: int,
+           checkpoint_every: int) -> subprocess.CompletedProcess[str]:
     """The script as a user starts it: plain ``python`` for one process, ``torchrun`` for DDP."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(where)}
     env.pop("AW_TEST_SIGNAL", None)
@@ -46,8 +46,6 @@ def launch(script: Path, nproc: int, where: Path, *flags: str, signal_at: str | 
                                                   "--nproc-per-node", str(nproc)]
     common = ["--steps", str(steps), "--checkpoint-dir", str(where / "ckpt"), "--checkpoint-every",
               str(checkpoint_every)]
-    if "--log-every" not in flags:
-        common += ["--log-every", "5"]
     return subprocess.run([*runner, str(script), *common, *flags], cwd=where, env=env, capture_output=True,
                           text=True, timeout=240)
 
@@ -56,14 +54,6 @@ def final_line(done: subprocess.CompletedProcess[str]) -> tuple[list[float], int
     (line,) = [line for line in done.stdout.splitlines() if line.startswith('{"losses"')]
     record = json.loads(line)
     return record["losses"], record["first_step"]
-
-
-def burst_losses(config: Config) -> list[float]:
-    """The uninterrupted reference: a burst of the same config, 20 steps (the job trains through the same loop)."""
-    burst = run_burst(job_workload(), config, steps=STEPS - 2,
-                      options=BurstOptions(warmup_steps=2, device=cpu_device()))
-    assert burst.ok, burst.error
-    return burst.losses(rank=0)
 
 
 def steps_saved(where: Path) -> list[int]:
@@ -76,11 +66,7 @@ def logged_losses(where: Path) -> list[tuple[int, float]]:
     return [(record["step"], record["loss"]) for record in map(json.loads, lines)]
 
 
-# -- random augmentation in loader workers: every item keyed, so a resume at any step is exact -------------------
-AUGMENTED = "tests.workloads:augmented_job_workload"
-
-
-def augmented_reference(config: Config, steps: int) -> list[float]:
+def reference_losses(config: Config, steps: int) -> list[float]:
     """The uninterrupted run: a burst of ``config`` with no loader workers (keyed items make the workers' count
     irrelevant, so the job's 2 workers per rank must reproduce it too)."""
     burst = run_burst(augmented_job_workload(), config, steps=steps - 2,
@@ -93,13 +79,15 @@ def augmented_reference(config: Config, steps: int) -> list[float]:
 @pytest.mark.slow
 def test_one_process_with_augmenting_loader_workers_killed_five_times_inside_epochs_resumes_exactly(
         short_tmp: Path) -> None:
-    """2 loader workers, random augmentation from torch, Python and NumPy, 6 batches an epoch, a checkpoint every 5
-    steps: stopped in steps 7 (SIGKILL), 9 (SIGTERM), 13 (SIGKILL), 14 (SIGTERM) and 17 (SIGKILL), resumed each time
-    from a checkpoint inside an epoch (after steps 5, 9, 10, 14, 15), then trained to step 22. Every step any launch
-    trained, logged each step, has the uninterrupted run's loss: equal, not close."""
+    """fp16 with GradScaler, 2 loader workers, random augmentation from torch, Python and NumPy, 6 batches an epoch, a
+    StepLR schedule, a checkpoint every 5 steps: stopped in steps 7 (SIGKILL), 9 (SIGTERM: a checkpoint and exit 0),
+    13 (SIGKILL), 14 (SIGTERM) and 17 (SIGKILL), resumed each time from a checkpoint inside an epoch (after steps 5, 9,
+    10, 14, 15), then trained to step 22, evaluating every 5 steps, with TensorBoard and the model saved. Every step
+    any launch trained, logged each step, has the uninterrupted run's loss: equal, not close."""
     steps = 22
-    script = export_script(AUGMENTED, Config(num_workers=2), short_tmp / "train.py")
-    reference = augmented_reference(Config(), steps)
+    config = Config(precision="fp16")
+    script = export_script(WORKLOAD, config.replace(num_workers=2), short_tmp / "train.py")
+    reference = reference_losses(config, steps)
 
     def run(*flags: str, signal_at: str | None = None) -> subprocess.CompletedProcess[str]:
         return launch(script, 1, short_tmp, "--log-every", "1", *flags, signal_at=signal_at, steps=steps,
@@ -113,7 +101,7 @@ def test_one_process_with_augmenting_loader_workers_killed_five_times_inside_epo
     stopped = run("--resume", signal_at="SIGTERM@4")  # step 14, resumed after step 10
     assert "stopped by SIGTERM after step 14" in stopped.stdout and final_line(stopped) == (reference[10:14], 10)
     assert run("--resume", signal_at="SIGKILL@3").returncode == -9  # step 17, resumed after step 14
-    done = run("--resume")
+    done = run("--resume", "--eval-every", "5", "--save-model", "model.pt", "--tensorboard", "tb")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "epoch 2, its first 3 batches skipped at the sampler (not read)" in done.stdout
     assert final_line(done) == (reference[15:], 15)
@@ -122,97 +110,48 @@ def test_one_process_with_augmenting_loader_workers_killed_five_times_inside_epo
     assert [step for step, _ in logged] == [*range(1, 7), *range(6, 10), *range(10, 13), *range(11, 15),
                                             *range(15, 17), *range(16, 23)]
     assert max(abs(loss - reference[step - 1]) for step, loss in logged) == 0.0
-
-
-@pytest.mark.slow
-def test_ddp_ranks_with_augmenting_loader_workers_killed_and_stopped_inside_epochs_resume_exactly(
-        short_tmp: Path) -> None:
-    """DDP x 2, 2 loader workers each, 3 batches an epoch per rank, a checkpoint every 5 steps: rank 0 SIGKILLed in
-    step 7, resumed after step 5 (epoch 1); a SIGTERM on rank 0 in step 8 stops both ranks after it (epoch 2, its
-    second batch), resumed from there to step 13: rank 0's every step is the uninterrupted run's."""
-    steps = 13
-    config = Config(parallel="ddp", world_size=2)
-    script = export_script(AUGMENTED, config.replace(num_workers=2), short_tmp / "train.py")
-    reference = augmented_reference(config, steps)
-
-    def run(*flags: str, signal_at: str | None = None) -> subprocess.CompletedProcess[str]:
-        return launch(script, 2, short_tmp, "--log-every", "1", *flags, signal_at=signal_at, steps=steps,
-                      checkpoint_every=5)
-
-    assert run(signal_at="SIGKILL@7").returncode != 0 and steps_saved(short_tmp) == [5]
-    stopped = run("--resume", signal_at="SIGTERM@3")
-    assert stopped.returncode == 0 and "stopped by SIGTERM after step 8" in stopped.stdout, stopped.stderr[-3000:]
-    assert final_line(stopped) == (reference[5:8], 5)
-    done = run("--resume")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert final_line(done) == (reference[8:], 8)
-    assert max(abs(loss - reference[step - 1]) for step, loss in logged_losses(short_tmp)) == 0.0
-
-
-@pytest.mark.slow
-def test_one_process_stopped_by_sigterm_then_killed_resumes_exactly(short_tmp: Path) -> None:
-    """fp16 with GradScaler, 2 micro-batches a step, a StepLR schedule, epochs of 8 steps: SIGTERM in step 7 stops
-    the job after it with a checkpoint and exit 0; the resumed job is SIGKILLed in step 13, after its checkpoint at
-    12; resumed again (evaluating every 5 steps), steps 13-20 are the uninterrupted burst's."""
-    config = Config(precision="fp16", grad_accum_steps=2)
-    script = export_script(REFERENCE, config, short_tmp / "train.py")
-    reference = burst_losses(config)
-
-    stopped = launch(script, 1, short_tmp, signal_at="SIGTERM@13")  # forward 13: step 7's first micro-batch
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert "stopped by SIGTERM after step 7" in stopped.stdout
-    assert final_line(stopped) == (reference[:7], 0)
-
-    killed = launch(script, 1, short_tmp, "--resume", signal_at="SIGKILL@11")  # step 13 of a job resumed at 7
-    assert killed.returncode == -9
-    assert steps_saved(short_tmp) == [7, 8, 12]
-
-    resumed = launch(script, 1, short_tmp, "--resume", "--eval-every", "5", "--save-model", "model.pt",
-                     "--tensorboard", "tb")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "skipped at the sampler (not read)" in resumed.stdout
-    assert final_line(resumed) == (reference[12:], 12)  # equal, not close
-    assert steps_saved(short_tmp) == [12, 16, 20]
-
-    log = [json.loads(line) for line in (short_tmp / "ckpt" / "log.jsonl").read_text().splitlines()]
-    assert [record["step"] for record in log] == [5, 10, 15, 20]  # stopped after 7, killed in 13, resumed to 20
-    assert [record["loss"] for record in log[-2:]] == [reference[14], reference[19]]
-    assert [record["lr"] for record in log[-2:]] == [1e-3 * 0.5 ** 3, 1e-3 * 0.5 ** 4]  # StepLR: halved every 5
-    assert set(log[-1]["eval"]) == {"loss"} and 0.5 < log[-1]["eval"]["loss"] < 3
-    assert "eval" not in log[-3] and all(record["samples_per_s"] > 0 for record in log)
-
-    saved = torch.load(short_tmp / "model.pt")
-    assert list(saved) == list(TinyNet().state_dict())  # the plain module's keys
+    log = {record["step"]: record for record in map(json.loads, (short_tmp / "ckpt" / "log.jsonl").open())}
+    assert [log[step]["lr"] for step in (16, 20)] == [1e-3 * 0.5 ** 3, 1e-3 * 0.5 ** 4]  # StepLR: halved every 5
+    assert [step for step, record in log.items() if "eval" in record] == [20]
+    assert 0.5 < log[20]["eval"]["loss"] < 3 and all(record["samples_per_s"] > 0 for record in log.values())
+    assert list(torch.load(short_tmp / "model.pt")) == list(TinyNet().state_dict())  # the plain module's keys
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(short_tmp / "tb")).Reload()
-    assert [s.step for s in events.Scalars("train/loss")] == [15, 20]
-    assert events.Scalars("eval/loss")[-1].value == float(torch.tensor(log[-1]["eval"]["loss"]))
+    assert [s.step for s in events.Scalars("train/loss")] == list(range(16, 23))
+    assert events.Scalars("eval/loss")[-1].value == float(torch.tensor(log[20]["eval"]["loss"]))
 
 
 @pytest.mark.slow
-def test_ddp_ranks_killed_resume_exactly_and_stop_together_on_one_ranks_sigterm(short_tmp: Path) -> None:
-    """DDP x 2 (gloo), bf16, 2 micro-batches a step (no_sync): rank 0 is SIGKILLed in step 13, after the checkpoint
-    at 12. Resumed (logging every 2 steps), a SIGTERM that only rank 0 gets in step 17 stops both ranks at the next
-    log step, 18, where they agree, with a checkpoint and exit 0 (a rank that went on would fail in step 19's
-    all-reduce); steps 13-18 are the uninterrupted burst's, evaluating every 4 steps on both ranks' shares changing
-    none of them. (The one-process test resumes after a SIGTERM.)"""
+def test_ddp_ranks_with_augmenting_loader_workers_killed_then_stopped_together_inside_epochs_resume_exactly(
+        short_tmp: Path) -> None:
+    """DDP x 2 (gloo), bf16, 2 micro-batches a step (no_sync), 2 loader workers a rank augmenting keyed items, 3
+    batches an epoch per rank, a checkpoint every 5 steps. Rank 0 SIGKILLed in step 7 is resumed after step 5 (inside
+    epoch 4). Logging every 2 steps and evaluating every 4, a SIGTERM that only rank 0 gets in step 9 stops both ranks
+    at the next log step, 10, where they agree, with a checkpoint and exit 0 (a rank that went on would fail in step
+    11's all-reduce); resumed from there (inside epoch 7) to step 13. Every step rank 0 trained, logged each step, is
+    the uninterrupted run's: equal, not close; evaluating changed none of them."""
+    steps = 13
     config = Config(parallel="ddp", world_size=2, precision="bf16", grad_accum_steps=2)
-    script = export_script(REFERENCE, config, short_tmp / "train.py")
-    reference = burst_losses(config)
+    script = export_script(WORKLOAD, config.replace(num_workers=2), short_tmp / "train.py")
+    reference = reference_losses(config, steps)
 
-    killed = launch(script, 2, short_tmp, signal_at="SIGKILL@25")
-    assert killed.returncode != 0 and steps_saved(short_tmp) == [4, 8, 12]
+    def run(*flags: str, signal_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        return launch(script, 2, short_tmp, *flags, signal_at=signal_at, steps=steps, checkpoint_every=5)
 
-    resumed = launch(script, 2, short_tmp, "--resume", "--log-every", "2", "--eval-every", "4",
-                     signal_at="SIGTERM@9")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "stopped by SIGTERM after step 18" in resumed.stdout
-    assert final_line(resumed) == (reference[12:18], 12)  # equal, not close: evaluating changed nothing either
-    assert steps_saved(short_tmp) == [12, 16, 18]
+    killed = run("--log-every", "1", signal_at="SIGKILL@13")  # forward 13: step 7's first micro-batch
+    assert killed.returncode != 0 and steps_saved(short_tmp) == [5]
+    stopped = run("--resume", "--log-every", "2", "--eval-every", "4", signal_at="SIGTERM@7")  # step 9, resumed at 5
+    assert stopped.returncode == 0 and "stopped by SIGTERM after step 10" in stopped.stdout, stopped.stderr[-3000:]
+    assert final_line(stopped) == (reference[5:10], 5)
+    assert steps_saved(short_tmp) == [5, 10]
     log = [json.loads(line) for line in (short_tmp / "ckpt" / "log.jsonl").read_text().splitlines()]
-    assert [(record["step"], "eval" in record) for record in log[-3:]] == [(14, False), (16, True), (18, False)]
+    assert [(record["step"], "eval" in record) for record in log[-3:]] == [(6, False), (8, True), (10, False)]
     assert 0.5 < log[-2]["eval"]["loss"] < 3  # both ranks' halves of the 96 items, averaged
+    done = run("--resume", "--log-every", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert final_line(done) == (reference[10:], 10)
+    assert max(abs(loss - reference[step - 1]) for step, loss in logged_losses(short_tmp)) == 0.0
 
 
 def test_a_checkpoint_is_due_by_the_clock_and_a_signal_stops_the_loop_after_its_step(
