@@ -223,18 +223,18 @@ def test_run_burst_click_updates_plots_and_table_in_jupyterlab(tmp_path: Path, a
             page.goto(f"{base}/lab/tree/panel.ipynb?token={token}&reset")
             page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
             page.evaluate("() => { window.jupyterapp.shell.collapseLeft(); window.jupyterapp.shell.collapseRight(); }")
-            # What a user watches: the bursts, drawn live, with nothing else on the machine (its layout need not be).
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            # The notebook itself runs one burst programmatically; wait for it and for the kernel.
+            page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
+            page.wait_for_function(f"() => ({JS_ROWS})() === 1", timeout=KERNEL_READY_MS, polling=200)
+            page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
+            page.wait_for_function(f"() => ({JS_TIMELINE})() !== null", timeout=30_000, polling=200)
+            before = page.evaluate(JS_TIMELINE)
+            assert points(before, 0, "step") > 0 and points(before, 0, "util") > 0, before
+
+            # What a user watches: the clicked burst drawn live and its comparison window, with nothing else on the
+            # machine (the notebook's own burst, read only for its points, and the layout need not be).
             with alone():
-                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-                # The notebook itself runs one burst programmatically; wait for it and for the kernel.
-                page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
-                page.wait_for_function(f"() => ({JS_ROWS})() === 1", timeout=KERNEL_READY_MS, polling=200)
-                page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
-                page.wait_for_function(f"() => ({JS_TIMELINE})() !== null", timeout=30_000, polling=200)
-                before = page.evaluate(JS_TIMELINE)
-                assert points(before, 0, "step") > 0 and points(before, 0, "util") > 0, before
-
                 page.locator(".aw-run-burst").click()
                 updates = watch_live_updates(page, run=1)
                 page.wait_for_function(f"() => ({JS_STATUS})().includes('finished')",
