@@ -169,6 +169,7 @@ def test_the_loop_fits_one_screen_at_a_laptops_and_a_projectors_size_in_both_the
             page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
             run_to_the_end(page)
+            redraw_failed_views(page)
             text = page.evaluate(JS_OUTPUT_TEXT)
             runs = page.evaluate("() => document.querySelectorAll('.aw-runs tr.aw-run').length")
             for theme, name in THEMES.items():
@@ -215,6 +216,28 @@ def run_to_the_end(page: Page) -> None:
       const last = cells[cells.length - 1];
       return last.model.type === 'code' && last.model.executionCount !== null && last.model.outputs.length > 0;
     }""", timeout=RUN_ALL_MS, polling=500)
+    page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
+
+
+JS_FAILED_VIEWS = """() => [...document.querySelectorAll('.aw-panel .jupyter-widgets-error-widget')].map(error => {
+  error.parentElement.click();  // the widget manager's placeholder shows its message when clicked
+  return error.innerText.slice(0, 400);
+})"""
+
+
+def redraw_failed_views(page: Page) -> None:
+    """JupyterLab's widget manager gives a view 2 s to find its model and draws an error box in its place after that
+    ("widget model not found"): once in a loaded suite a VBox of the panel drew so at the notebook's first display. A
+    user reloads the page, which draws every view again from the kernel's models; so does this, once, saving the
+    notebook first and keeping what failed in the artifacts. The looks still fail on any error box after it."""
+    failed = page.evaluate(JS_FAILED_VIEWS)
+    if not failed:
+        return
+    (ARTIFACTS / "one-screen-redrawn.txt").write_text("\n".join(failed))
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.reload()
+    page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
     page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
 
 
