@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -75,6 +76,10 @@ def joined(group: ProcessGroup | None, rank: int, device: torch.device, *, rende
                             device_id=device if device.type == "cuda" else None)
     try:
         yield
+        # The group's users (a DDP model's reducer holds it) are freed now, in reference cycles too, while the
+        # interpreter is whole: a gloo group freed at interpreter exit aborts the process ("terminate called without
+        # an active exception"), and a torchrun peer then waits out its exit barrier.
+        gc.collect()
         dist.barrier()  # leave together: a rank destroying its group while a peer still uses it can abort
     finally:
         dist.destroy_process_group()

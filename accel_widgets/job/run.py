@@ -70,32 +70,39 @@ def train(workload_ref: str, config: Config, options: JobOptions | int) -> list[
             global_flags(plan.config),
             joined(plan.group, rank, device, rendezvous=None, timeout_s=COLLECTIVE_TIMEOUT_S),
         ):
-            newest, damaged = (checkpoints.resume_point(plan.ranks) if options.resume and checkpoints is not None
-                               else (None, []))
-            saved = (checkpoints.read_states(newest, plan.ranks)
-                     if checkpoints is not None and newest is not None else None)
-            log = JobLog(rank, options.log_path, options.tensorboard, first_step=saved[0].step if saved else 0)
-            for note in damaged:
-                log.note(note)
-            try:
-                loop, raw = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
-                                       clock_origin=time.perf_counter(), resume_at=saved[1].data if saved else None)
-                if checkpoints is not None and newest is not None and saved is not None:
-                    _resume(loop, raw, checkpoints, newest, *saved)
-                    log.note(f"resumed from {newest} at step {saved[0].step}; data: {loop.batches.resumed}")
-                elif options.resume:
-                    log.note(f"--resume: no checkpoint in {options.checkpoint_dir} yet, starting at step 0")
-                job = Job(loop, raw, workload, plan, options, checkpoints, log, stop, log.first_step,
-                          build_eval_loader(workload, plan, device, rank))
-                loop.hooks, loop.should_stop = job, job.stopping
-                remaining = options.steps - job.step
-                if remaining > 0:
-                    first_step_s, _ = loop.warm_up(1)
-                    loop.measure(remaining - 1, None, first_step_s)
-                job.finish()
-            finally:
-                log.close()
-        return log.losses
+            return _run_job(workload, plan, device, rank, options, checkpoints, stop)
+
+
+def _run_job(workload: Workload, plan: Plan, device: torch.device, rank: int, options: JobOptions,
+             checkpoints: Checkpoints | None, stop: StopRequest) -> list[float]:
+    """The job in its process group: resumed as asked, trained, its log closed; returns this process's losses. Its
+    model, loop and loaders are freed when it returns, while the group is still there (:func:`joined` collects
+    them before it leaves)."""
+    newest, damaged = (checkpoints.resume_point(plan.ranks) if options.resume and checkpoints is not None
+                       else (None, []))
+    saved = checkpoints.read_states(newest, plan.ranks) if checkpoints is not None and newest is not None else None
+    log = JobLog(rank, options.log_path, options.tensorboard, first_step=saved[0].step if saved else 0)
+    for note in damaged:
+        log.note(note)
+    try:
+        loop, raw = build_loop(workload, plan, device, rank, cache_dir=str(cache_root()), emit=log,
+                               clock_origin=time.perf_counter(), resume_at=saved[1].data if saved else None)
+        if checkpoints is not None and newest is not None and saved is not None:
+            _resume(loop, raw, checkpoints, newest, *saved)
+            log.note(f"resumed from {newest} at step {saved[0].step}; data: {loop.batches.resumed}")
+        elif options.resume:
+            log.note(f"--resume: no checkpoint in {options.checkpoint_dir} yet, starting at step 0")
+        job = Job(loop, raw, workload, plan, options, checkpoints, log, stop, log.first_step,
+                  build_eval_loader(workload, plan, device, rank))
+        loop.hooks, loop.should_stop = job, job.stopping
+        remaining = options.steps - job.step
+        if remaining > 0:
+            first_step_s, _ = loop.warm_up(1)
+            loop.measure(remaining - 1, None, first_step_s)
+        job.finish()
+    finally:
+        log.close()
+    return log.losses
 
 
 def _plan(config: Config, workload: Workload) -> Plan:
