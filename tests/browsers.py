@@ -18,10 +18,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = shutil.which("chromium")
 # Without the networking flags Chromium keeps trying to reach the outside (see ../shared/notes).
@@ -46,6 +50,14 @@ JS_EXECUTE = """code => new Promise((resolve, reject) => {
   const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
   kernel.requestExecute({code, store_history: false}).done.then(reply => resolve(reply.content.status), reject);
 })"""
+
+
+def save_and_reload(page: Page) -> None:
+    """Save the notebook, then reload the page: JupyterLab draws every widget view again from the kernel's models
+    (the notebook's outputs come back from the saved file)."""
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.reload()
 
 
 def free_port() -> int:

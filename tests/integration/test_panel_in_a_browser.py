@@ -29,6 +29,7 @@ from tests.browsers import (
     KERNEL_READY_MS,
     NEEDS_CHROMIUM,
     jupyter_lab,
+    save_and_reload,
     write_notebook,
 )
 
@@ -408,9 +409,7 @@ def live_mode(page: Page) -> dict[str, list]:
 
 def traces_after_reload(page: Page) -> list[dict]:
     """Save, reload the page and read the figure again: the restored view is built from widget state alone."""
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
-    page.reload()
+    save_and_reload(page)
     page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
     page.wait_for_function(f"() => ({JS_TIMELINE})() !== null && ({JS_ROWS})() === 2", timeout=60_000, polling=200)
     page.wait_for_function(f"() => Object.keys(({JS_TIMELINE})()).length === 2", timeout=10_000, polling=200)

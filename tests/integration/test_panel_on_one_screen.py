@@ -25,6 +25,7 @@ from tests.browsers import (
     KERNEL_READY_MS,
     NEEDS_CHROMIUM,
     jupyter_lab,
+    save_and_reload,
 )
 
 if TYPE_CHECKING:
@@ -234,9 +235,7 @@ def redraw_failed_views(page: Page) -> None:
     if not failed:
         return
     (ARTIFACTS / "one-screen-redrawn.txt").write_text("\n".join(failed))
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
-    page.reload()
+    save_and_reload(page)
     page.wait_for_selector(".aw-panel .aw-run-burst", timeout=KERNEL_READY_MS)
     page.wait_for_function(JS_KERNEL_IDLE, timeout=KERNEL_READY_MS, polling=200)
 
